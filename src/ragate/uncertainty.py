@@ -1,0 +1,137 @@
+"""Uncertainty math: pure functions over log-probabilities.
+
+Every gate and trigger in ragate scores a draft with one of these. They take plain sequences of floats (natural
+log-probabilities) so that they can be checked by hand and used on any backend's output.
+
+References (equation numbers as in ``../shared/papers``):
+- token entropy: TARG Eq. 1 (mean over a k-token prefix), ETC Eq. 3 (per step);
+- top-1/top-2 margin and the link exp(-g/beta): TARG Eq. 2 (beta = 3 by default);
+- normalised answer NLL: DTR Eqs. 2-3;
+- empirical disagreement across N samples: TARG Eq. 3 (N = 5, T = 0.7 by default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+DEFAULT_MARGIN_BETA = 3.0
+END_OF_SAMPLE = "\x00<end>"  # the symbol a sample that already ended contributes at later steps
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Natural log-probabilities from logits over the last axis, computed stably in float64."""
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def entropy(logprobs: Sequence[float] | np.ndarray) -> float:
+    """Exact entropy H = -sum_v p(v) log p(v) of one full next-token distribution (ETC Eq. 3; TARG's H_t).
+
+    ``logprobs`` must cover the whole vocabulary (they are renormalised, so raw logits work too).
+    Zero-probability entries contribute 0 (the limit of p log p).
+    """
+    lp = log_softmax(np.asarray(logprobs, dtype=np.float64))
+    p = np.exp(lp)
+    return float(-(p[p > 0] * lp[p > 0]).sum())
+
+
+def topk_entropy(top_logprobs: Sequence[float]) -> float:
+    """APPROXIMATE entropy from only the top-k log-probabilities of a step.
+
+    The probability mass outside the top k, r = 1 - sum(p_k), is treated as one extra outcome:
+    H_k = -sum_k p_k log p_k - r log r. Lumping the tail together can only lower the entropy, so this is a
+    lower bound on the exact :func:`entropy`; it equals it when the top k hold all the mass. Use it only where a
+    backend returns no full distribution (OpenAI-compatible servers), and say so in results.
+    """
+    if len(top_logprobs) == 0:
+        raise ValueError("topk_entropy needs at least one log-probability")
+    p = np.exp(np.asarray(top_logprobs, dtype=np.float64))
+    total = p.sum()
+    if total > 1 + 1e-6:
+        raise ValueError(f"top-k probabilities sum to {total:.6f} > 1: are these log-probabilities?")
+    rest = max(0.0, 1.0 - total)
+    h = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+    return h - rest * math.log(rest) if rest > 0 else h
+
+
+def margin(top_logprobs: Sequence[float]) -> float:
+    """Top-1 minus top-2 gap g_t >= 0 of one step (TARG Eq. 2).
+
+    The gap between the two largest logits equals the gap between their log-probabilities (the softmax
+    normaliser cancels), so top-2 log-probabilities suffice. The order of ``top_logprobs`` does not matter.
+    """
+    if len(top_logprobs) < 2:
+        raise ValueError("margin needs the top-2 log-probabilities of the step (request top_logprobs >= 2)")
+    first, second = sorted(top_logprobs, reverse=True)[:2]
+    return float(first - second)
+
+
+def margin_uncertainty(gap: float, beta: float = DEFAULT_MARGIN_BETA) -> float:
+    """The margin link phi(g) = exp(-g / beta) in (0, 1] (TARG Eq. 2): a small gap means high uncertainty."""
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if gap < 0:
+        raise ValueError(f"a top-1/top-2 gap is >= 0, got {gap}")
+    return math.exp(-gap / beta)
+
+
+def mean_entropy(entropies: Sequence[float], k: int | None = None) -> float:
+    """U_ent(k) = (1/k) sum_{t<=k} H_t (TARG Eq. 1) over the first ``k`` steps (all steps when ``k`` is None)."""
+    return _mean_prefix(entropies, k, "mean_entropy")
+
+
+def mean_margin_uncertainty(
+    gaps: Sequence[float], k: int | None = None, beta: float = DEFAULT_MARGIN_BETA
+) -> float:
+    """U_mar(k; beta) = (1/k) sum_{t<=k} exp(-g_t / beta) in (0, 1] (TARG Eq. 2)."""
+    return _mean_prefix([margin_uncertainty(g, beta) for g in _prefix(gaps, k)], None, "mean_margin_uncertainty")
+
+
+def normalised_nll(logprobs: Sequence[float]) -> float:
+    """u = -(1/T) sum_t log P(a_t | q, a_<t) (DTR Eqs. 2-3): the length-normalised NLL of an answer.
+
+    ``logprobs`` are the answer tokens' log-probabilities, end-of-sequence excluded (T = answer tokens).
+    """
+    if len(logprobs) == 0:
+        raise ValueError("normalised_nll of an empty answer is undefined (T = 0)")
+    return float(-math.fsum(logprobs) / len(logprobs))
+
+
+def disagreement(samples: Sequence[Sequence[Hashable]], k: int | None = None) -> float:
+    """U_var(k, N) = (1/k) sum_{t<=k} d_t with d_t = 1 - max_j p_hat_t(j) (TARG Eq. 3).
+
+    ``samples`` are N token sequences (ids or strings) drawn for the same prompt. p_hat_t is the empirical
+    distribution of the N tokens at step t. A sample that ended before step t counts as one more symbol
+    (``END_OF_SAMPLE``), so ending early disagrees with going on. Steps run to ``k`` or to the longest sample,
+    whichever is shorter. The result lies in [0, (N-1)/N] (TARG Lemma 2); 0 when all samples are empty.
+    """
+    n = len(samples)
+    if n == 0:
+        raise ValueError("disagreement needs at least one sample")
+    longest = max(len(s) for s in samples)
+    steps = longest if k is None else min(k, longest)
+    if steps == 0:
+        return 0.0
+    d = []
+    for t in range(steps):
+        counts = Counter(s[t] if t < len(s) else END_OF_SAMPLE for s in samples)
+        d.append(1.0 - max(counts.values()) / n)
+    return float(math.fsum(d) / steps)
+
+
+def _prefix(values: Sequence[float], k: int | None) -> Sequence[float]:
+    if k is not None and k < 1:
+        raise ValueError(f"prefix length k must be >= 1, got {k}")
+    return values if k is None else values[:k]
+
+
+def _mean_prefix(values: Sequence[float], k: int | None, name: str) -> float:
+    head = _prefix(values, k)
+    if len(head) == 0:
+        raise ValueError(f"{name} of an empty draft is undefined: the draft has no tokens")
+    return float(math.fsum(head) / len(head))
