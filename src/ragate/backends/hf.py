@@ -1,0 +1,166 @@
+"""Hugging Face transformers backend: the engine for attention-based methods (DRAGIN, ETC's attention query).
+
+Loads a local model directory or a GGUF file (dequantised to float32 by transformers; needs the ``gguf``
+package). Decoding runs ragate's own loop (:mod:`ragate.backends.decoding`) over the model's forward pass with a
+key/value cache that is kept between requests: a request whose prompt extends the previous sequence (the N samples
+of TARG's variance gate, a draft continued after a gate) only pays for the new tokens. Greedy output equals
+``model.generate(do_sample=False)`` token for token. Requests in a batch run one after another (CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.backends.base import Backend, Capabilities
+from ragate.backends.decoding import common_prefix_len, decode
+from ragate.errors import ModelNotFoundError, RagateError
+from ragate.types import Generation, GenerationRequest
+
+MAX_TOP_K = 100
+
+
+def _import_transformers() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as err:
+        raise RagateError(
+            "the transformers backend needs torch and transformers: run `pip install torch==2.13.0` "
+            "(the local CPU wheel) and `pip install 'ragate[transformers]'`"
+        ) from err
+    return torch, transformers
+
+
+class TransformersBackend(Backend):
+    """A causal LM run by transformers on the CPU, with per-token logprobs, top-k, exact entropy and attentions."""
+
+    engine = "transformers"
+
+    def __init__(self, model_path: str | Path, *, name: str | None = None, max_context: int | None = None) -> None:
+        torch, transformers = _import_transformers()
+        path = Path(model_path)
+        if not path.exists():
+            raise ModelNotFoundError(f"no model at {path}: give a GGUF file or a model directory with config.json")
+        source, extra = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
+        self._torch = torch
+        self._tok = transformers.AutoTokenizer.from_pretrained(source, **extra)
+        # eager attention so that attentions can be returned on request
+        self._model = transformers.AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch.float32, attn_implementation="eager", **extra
+        ).eval()
+        self.model = name or str(path)
+        config = self._model.config
+        self.max_context = max_context or int(getattr(config, "max_position_embeddings", 2048))
+        self.eos_token_ids = _eos_ids(self._tok, self._model)
+        self.capabilities = Capabilities(
+            logprobs=True,
+            top_k=MAX_TOP_K,
+            attentions=True,
+            sampling=True,
+            chat_template=bool(getattr(self._tok, "chat_template", None)),
+            full_distribution=True,
+            token_ids=True,
+            prefix_cache=True,
+        )
+        self._cache_ids: list[int] = []
+        self._past: Any = None
+
+    @property
+    def hf_model(self) -> Any:
+        """The underlying transformers model (for callers that need the engine's own API)."""
+        return self._model
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        return self._tok
+
+    # -- LogitSource -------------------------------------------------------------------------------------------
+    def is_end(self, token_id: int) -> bool:
+        return token_id in self.eos_token_ids
+
+    def next_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        torch = self._torch
+        keep = common_prefix_len(self._cache_ids, token_ids)
+        if keep == len(token_ids):
+            keep -= 1  # re-run the last token to get its logits
+        if self._past is not None and keep > 0:
+            extra = self._past.get_seq_length() - keep
+            if extra > 0:
+                self._past.crop(-extra)  # a negative argument removes that many tokens (transformers 4.x and 5.x)
+        else:
+            self._past, keep = None, 0
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=torch.tensor([list(token_ids[keep:])], dtype=torch.long),
+                past_key_values=self._past,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        self._past = out.past_key_values
+        self._cache_ids = list(token_ids)
+        return out.logits[0, -1].float().numpy()
+
+    def decode_completion(self, completion_ids: Sequence[int], prompt_ids: Sequence[int]) -> str:
+        return str(
+            self._tok.decode(list(completion_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        )
+
+    def piece(self, token_id: int) -> str:
+        return str(self._tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    # -- Backend -----------------------------------------------------------------------------------------------
+    def tokenize(self, prompt: str | tuple[Any, ...]) -> list[int]:
+        """Token ids of a text prompt (with the model's special prefix) or of chat messages (with its template)."""
+        if isinstance(prompt, str):
+            return list(self._tok(prompt, add_special_tokens=True)["input_ids"])
+        rendered = self._tok.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in prompt], add_generation_prompt=True, tokenize=False
+        )
+        return list(self._tok(rendered, add_special_tokens=False)["input_ids"])
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        results = []
+        for request in requests:
+            prompt_ids = self.tokenize(request.prompt)
+            if len(prompt_ids) >= self.max_context:
+                raise RagateError(
+                    f"the prompt has {len(prompt_ids)} tokens but the model's context holds {self.max_context}: "
+                    "shorten the prompt (fewer or shorter documents)"
+                )
+            gen = decode(self, request, prompt_ids, max_context=self.max_context)
+            if request.attentions:
+                gen = _with_attentions(gen, self._attentions(prompt_ids + list(gen.token_ids), len(prompt_ids)))
+            results.append(gen)
+        return results
+
+    def _attentions(self, ids: list[int], n_prompt: int) -> np.ndarray:
+        """Last layer's attention, averaged over heads, of each generated position over all positions."""
+        torch = self._torch
+        with torch.inference_mode():
+            out = self._model(input_ids=torch.tensor([ids], dtype=torch.long), output_attentions=True, use_cache=False)
+        last = out.attentions[-1][0].float().mean(dim=0)  # (L, L)
+        return last[n_prompt:, :].numpy().astype(np.float32)
+
+    def close(self) -> None:
+        self._past, self._cache_ids = None, []
+
+
+def _with_attentions(gen: Generation, attentions: np.ndarray) -> Generation:
+    from dataclasses import replace
+
+    return replace(gen, attentions=attentions)
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for value in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+

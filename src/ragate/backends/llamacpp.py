@@ -1,0 +1,136 @@
+"""llama.cpp backend (llama-cpp-python): GGUF models, the fast default on CPU.
+
+The model's logits are read after each step and ragate's own loop (:mod:`ragate.backends.decoding`) picks tokens,
+so every step carries the exact log-probability, top-k list and entropy without ``logits_all`` (which would keep
+a context-by-vocabulary float matrix in memory). Prompts are tokenised exactly as ``Llama.create_completion``
+does, and greedy output equals its ``temperature=0`` output. The key/value cache is kept between requests: a
+prompt that extends the previous sequence (a draft continued, N samples of one prompt) only evaluates new tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.backends.base import Backend, Capabilities
+from ragate.backends.decoding import common_prefix_len, decode
+from ragate.errors import ModelNotFoundError, RagateError
+from ragate.types import Generation, GenerationRequest, Message
+
+MAX_TOP_K = 100
+DEFAULT_CONTEXT = 4096
+
+
+def _import_llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise RagateError(
+            "the llama.cpp backend needs llama-cpp-python: run `pip install 'ragate[llamacpp]'` "
+            "(it builds from source the first time, ~8 minutes on 2 cores)"
+        ) from err
+    return llama_cpp
+
+
+class LlamaCppBackend(Backend):
+    """A GGUF model run by llama.cpp, with per-token logprobs, top-k and exact entropy; no attentions."""
+
+    engine = "llama.cpp"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        name: str | None = None,
+        n_ctx: int = DEFAULT_CONTEXT,
+        n_threads: int | None = None,
+    ) -> None:
+        llama_cpp = _import_llama_cpp()
+        path = Path(model_path)
+        if not path.is_file():
+            raise ModelNotFoundError(f"no GGUF file at {path}: the llama.cpp backend loads a .gguf file")
+        self._lib = llama_cpp
+        self._llm = llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=n_threads or max(1, os.cpu_count() or 1),
+            logits_all=False,
+            verbose=False,
+        )
+        self.model = name or str(path)
+        self.max_context = n_ctx
+        self._n_vocab = self._llm.n_vocab()
+        template = self._llm.metadata.get("tokenizer.chat_template")
+        self._chat = None
+        if template:
+            internals = self._llm._model
+            eos, bos = self._llm.token_eos(), self._llm.token_bos()
+            self._chat = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+                template=template,
+                eos_token=internals.token_get_text(eos) if eos != -1 else "",
+                bos_token=internals.token_get_text(bos) if bos != -1 else "",
+            )
+        self.capabilities = Capabilities(
+            logprobs=True,
+            top_k=MAX_TOP_K,
+            attentions=False,
+            sampling=True,
+            chat_template=self._chat is not None,
+            full_distribution=True,
+            token_ids=True,
+            prefix_cache=True,
+        )
+
+    # -- LogitSource -------------------------------------------------------------------------------------------
+    def is_end(self, token_id: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._llm._model.vocab, token_id))
+
+    def next_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        llm = self._llm
+        keep = common_prefix_len(llm.input_ids[: llm.n_tokens].tolist(), token_ids)
+        if keep == len(token_ids):
+            keep -= 1  # re-evaluate the last token to get its logits
+        llm.n_tokens = keep
+        llm.eval(list(token_ids[keep:]))
+        ptr = self._lib.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()
+
+    def decode_completion(self, completion_ids: Sequence[int], prompt_ids: Sequence[int]) -> str:
+        return self._llm.detokenize(list(completion_ids), prev_tokens=list(prompt_ids)).decode("utf-8", "replace")
+
+    def piece(self, token_id: int) -> str:
+        return self._llm.detokenize([token_id]).decode("utf-8", "replace")
+
+    # -- Backend -----------------------------------------------------------------------------------------------
+    def tokenize(self, prompt: str | tuple[Message, ...]) -> list[int]:
+        """Token ids as ``create_completion`` makes them (BOS when the model adds one, special tokens parsed);
+        chat messages are rendered with the GGUF's own chat template first, as ``create_chat_completion`` does."""
+        llm = self._llm
+        if isinstance(prompt, str):
+            bos = llm.token_bos()
+            prefix = [bos] if llm._model.add_bos_token() and bos != -1 else []
+            return prefix + llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        assert self._chat is not None  # checked by Backend.check
+        rendered = self._chat(messages=[{"role": m.role, "content": m.content} for m in prompt]).prompt
+        return llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        results = []
+        for request in requests:
+            prompt_ids = self.tokenize(request.prompt)
+            if len(prompt_ids) >= self.max_context:
+                raise RagateError(
+                    f"the prompt has {len(prompt_ids)} tokens but the context window holds {self.max_context}: "
+                    "shorten the prompt or load the model with a larger n_ctx"
+                )
+            results.append(decode(self, request, prompt_ids, max_context=self.max_context))
+        return results
+
+    def close(self) -> None:
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is not None:
+            llm.close()

@@ -1,0 +1,1 @@
+"""The ``ragate`` command: one module per subcommand, each exposing ``register(subparsers)``."""

@@ -1,0 +1,184 @@
+"""``ragate ask``: answer one question and show how sure the model was of every token.
+
+Closed-book for now (issue C adds ``--method`` and ``--index``). The prompt is DTR's direct-answer prompt
+(Appendix D, Figure 11), sent through the model's chat template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ragate.backends import ENGINES, load_backend
+from ragate.errors import RagateError
+from ragate.types import Generation, GenerationRequest, Message
+from ragate.uncertainty import (
+    DEFAULT_MARGIN_BETA,
+    margin_uncertainty,
+    mean_entropy,
+    mean_margin_uncertainty,
+    normalised_nll,
+)
+
+MAX_QUESTION_CHARS = 4000
+CLOSED_BOOK_PROMPT = "{question}\nAnswer the question using a single word or phrase."  # DTR Fig. 11
+
+
+@dataclass(frozen=True)
+class AskResult:
+    """One answered question with the generation behind it."""
+
+    question: str
+    generation: Generation
+    model: str
+    engine: str
+
+    def to_json(self) -> dict[str, Any]:
+        gen = self.generation
+        entropies, exact = gen.step_entropies()
+        gaps = _gaps(gen)
+        tokens = [
+            {
+                "token": tok,
+                "token_id": gen.token_ids[i] if gen.token_ids else None,
+                "offset": list(gen.offsets[i]),
+                "logprob": gen.logprobs[i],
+                "entropy": entropies[i],
+                "margin": gaps[i],
+                "top_logprobs": [{"token": t.token, "token_id": t.token_id, "logprob": t.logprob} for t in top],
+            }
+            for i, (tok, top) in enumerate(zip(gen.tokens, gen.top_logprobs, strict=True))
+        ]
+        return {
+            "question": self.question,
+            "answer": gen.text.strip(),
+            "model": self.model,
+            "backend": self.engine,
+            "finish_reason": gen.finish_reason,
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": gen.completion_tokens,
+            "seconds": round(gen.seconds, 4),
+            "entropy": "exact" if exact else "top-k approximation (lower bound)",
+            "uncertainty": summary(gen),
+            "tokens": tokens,
+        }
+
+
+def summary(gen: Generation) -> dict[str, float | None]:
+    """Whole-answer scores: DTR's u (Eq. 3), TARG's U_ent (Eq. 1) and U_mar with beta=3 (Eq. 2)."""
+    if len(gen) == 0:
+        return {"normalised_nll": None, "mean_entropy": None, "mean_margin_uncertainty": None}
+    entropies, _ = gen.step_entropies()
+    gaps = [g for g in _gaps(gen) if g is not None]
+    return {
+        "normalised_nll": normalised_nll(gen.logprobs),
+        "mean_entropy": mean_entropy(entropies),
+        "mean_margin_uncertainty": mean_margin_uncertainty(gaps) if gaps else None,
+    }
+
+
+def ask(question: str, *, model: str | None, engine: str, max_tokens: int, top_k: int, **options: Any) -> AskResult:
+    question = question.strip()
+    if not question:
+        raise RagateError("the question is empty: pass it in quotes, e.g. ragate ask \"Who wrote Hamlet?\"")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise RagateError(
+            f"the question is {len(question)} characters; ragate ask takes at most {MAX_QUESTION_CHARS} "
+            "(put documents in an index, not in the question)"
+        )
+    try:
+        request = GenerationRequest(
+            prompt=(Message("user", CLOSED_BOOK_PROMPT.format(question=question)),),
+            max_tokens=max_tokens,
+            top_logprobs=top_k,
+        )
+    except ValueError as err:
+        raise RagateError(str(err)) from err
+    with load_backend(model, engine, **options) as backend:
+        [gen] = backend.generate([request])
+        return AskResult(question, gen, backend.model, backend.engine)
+
+
+def render(result: AskResult) -> str:
+    """A human-readable answer followed by one line per token: logprob, probability, entropy, margin."""
+    gen = result.generation
+    scores = summary(gen)
+    entropies, exact = gen.step_entropies()
+    gaps = _gaps(gen)
+    lines = [
+        f"Q: {result.question}",
+        f"A: {gen.text.strip() or '(empty answer)'}",
+        "",
+        f"model {result.model} on {result.engine}: {gen.completion_tokens} tokens in {gen.seconds:.2f} s "
+        f"(finish: {gen.finish_reason})",
+        "uncertainty: " + ", ".join(
+            f"{label} {_fmt(scores[key])}"
+            for label, key in (
+                ("DTR normalised NLL u", "normalised_nll"),
+                ("mean entropy", "mean_entropy"),
+                (f"TARG margin U (beta={DEFAULT_MARGIN_BETA:g})", "mean_margin_uncertainty"),
+            )
+        ),
+        "",
+        f"{'#':>3}  {'token':<16} {'logprob':>8} {'prob':>6} {'entropy':>8} {'margin':>7} {'exp(-g/3)':>9}  "
+        "runner-up",
+    ]
+    if not exact:
+        lines[-1] += "   (entropy: top-k approximation)"
+    for i, tok in enumerate(gen.tokens):
+        top = gen.top_logprobs[i]
+        runner = next((t for t in top if t.token != tok), None)
+        gap = gaps[i]
+        lines.append(
+            f"{i + 1:>3}  {tok!r:<16} {gen.logprobs[i]:>8.3f} {math.exp(gen.logprobs[i]):>6.3f} "
+            f"{entropies[i]:>8.3f} {_fmt(gap, 7, 2)} {_fmt(None if gap is None else margin_uncertainty(gap), 9, 3)}  "
+            + (f"{runner.token!r} {runner.logprob:.2f}" if runner else "")
+        )
+    return "\n".join(lines)
+
+
+def _gaps(gen: Generation) -> list[float | None]:
+    return [gen.top1_top2_gaps[i] if len(top) >= 2 else None for i, top in enumerate(gen.top_logprobs)]
+
+
+def _fmt(value: float | None, width: int = 0, digits: int = 3) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    options: dict[str, Any] = {}
+    if args.backend == "openai":
+        if not args.openai_base_url:
+            raise RagateError("--backend openai needs --openai-base-url (e.g. http://127.0.0.1:8000/v1)")
+        options["base_url"] = args.openai_base_url
+    result = ask(args.question, model=args.model, engine=args.backend, max_tokens=args.max_tokens, top_k=args.top_k,
+                 **options)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        print(render(result))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "ask",
+        help="answer a question and show per-token uncertainty",
+        description="Answer a question closed-book with the default (or given) model and show, for every "
+        "token, its log-probability, entropy and top-1/top-2 margin.",
+    )
+    parser.add_argument("question", help="the question, in quotes")
+    parser.add_argument("--model", default=None, help="model name (see `ragate models list`), GGUF file or "
+                        "model directory; default: smollm2-135m")
+    parser.add_argument("--backend", default="llama.cpp", choices=list(ENGINES), help="engine (default llama.cpp)")
+    parser.add_argument("--openai-base-url", default=None, help="base URL of an OpenAI-compatible server "
+                        "(with --backend openai)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="longest answer in tokens (default 32)")
+    parser.add_argument("--top-k", type=int, default=5, help="alternatives shown per token (default 5)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.set_defaults(run=run)
