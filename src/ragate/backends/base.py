@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Self
 
 from ragate.errors import CapabilityError
 from ragate.types import Generation, GenerationRequest
@@ -72,10 +73,10 @@ class Backend(ABC):
                 f"the {self.engine} backend has no chat template for model {self.model!r}; send a text prompt"
             )
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release the model or connection. Safe to call twice."""
 
-    def __enter__(self) -> Backend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -113,8 +113,10 @@ def render(result: AskResult) -> str:
         f"Q: {result.question}",
         f"A: {gen.text.strip() or '(empty answer)'}",
         "",
-        f"model {result.model} on {result.engine}: {gen.completion_tokens} tokens in {gen.seconds:.2f} s "
-        f"(finish: {gen.finish_reason})",
+        (
+            f"model {result.model} on {result.engine}: {gen.completion_tokens} tokens in {gen.seconds:.2f} s "
+            f"(finish: {gen.finish_reason})"
+        ),
         "uncertainty: " + ", ".join(
             f"{label} {_fmt(scores[key])}"
             for label, key in (
@@ -124,8 +126,10 @@ def render(result: AskResult) -> str:
             )
         ),
         "",
-        f"{'#':>3}  {'token':<16} {'logprob':>8} {'prob':>6} {'entropy':>8} {'margin':>7} {'exp(-g/3)':>9}  "
-        "runner-up",
+        (
+            f"{'#':>3}  {'token':<16} {'logprob':>8} {'prob':>6} {'entropy':>8} {'margin':>7} {'exp(-g/3)':>9}  "
+            "runner-up"
+        ),
     ]
     if not exact:
         lines[-1] += "   (entropy: top-k approximation)"
