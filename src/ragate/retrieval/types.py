@@ -1,0 +1,85 @@
+"""Retrieval data types: a passage of the corpus, a search hit, and the retriever interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable unit of the corpus: a Wikipedia paragraph or a chunk of a longer document."""
+
+    id: str
+    title: str
+    text: str
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("a passage needs a non-empty id")
+
+    @property
+    def contents(self) -> str:
+        """``"title\\ntext"``, the form FlashRAG indexes and the encoders embed (just ``text`` without a title)."""
+        return f"{self.title}\n{self.text}" if self.title else self.text
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A passage returned for a query, with its score under the retriever that found it and its 1-based rank."""
+
+    passage: Passage
+    score: float
+    rank: int
+
+    @property
+    def id(self) -> str:
+        return self.passage.id
+
+
+class Retriever(ABC):
+    """Ranked search over a corpus. ``search`` is batched: a list of queries in, one ranked list per query out.
+
+    Retrievers that hold passage embeddings (dense, hybrid, Milvus) also answer ``embed_queries`` and
+    ``passage_embeddings`` with L2-normalised float32 vectors from the same encoder, which DTR's and PAIRS's
+    adaptive information selection need (cosine = inner product).
+    """
+
+    kind: str
+
+    @abstractmethod
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def passage(self, passage_id: str) -> Passage:
+        """The passage with this id; ``KeyError`` naming the id when the corpus has none."""
+
+    @property
+    def has_embeddings(self) -> bool:
+        return False
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError(f"a {self.kind} retriever holds no embeddings; use a dense or hybrid index")
+
+    def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError(f"a {self.kind} retriever holds no embeddings; use a dense or hybrid index")
+
+    def close(self) -> None:
+        """Release files or connections. Safe to call twice."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
