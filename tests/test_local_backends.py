@@ -154,3 +154,21 @@ def test_hf_chat_sampling_and_attentions(hf_backend: Any) -> None:
     assert a.attentions.shape == (len(a), n_prompt + len(a))
     assert np.allclose(a.attentions.sum(axis=1), 1.0, atol=1e-4)  # each row is a distribution
     assert np.allclose(np.triu(a.attentions[:, n_prompt:], k=1), 0.0)  # causal: nothing after the token
+
+
+def test_hf_loads_a_model_directory(hf_backend: Any, tmp_path: Any) -> None:
+    """A transformers model directory (here: the default model saved with save_pretrained) works by path."""
+    from ragate.backends.hf import TransformersBackend
+
+    # transformers refuses to serialise a GGUF-loaded model as such; copy its (de-quantised) weights into a
+    # plain model of the same config and save that.
+    loaded = hf_backend.hf_model
+    plain = type(loaded)(loaded.config)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(tmp_path)
+    hf_backend.hf_tokenizer.save_pretrained(tmp_path)
+    request = GenerationRequest(PROMPT, max_tokens=8)
+    with TransformersBackend(tmp_path, name="saved") as from_dir:
+        [a] = from_dir.generate([request])
+    [b] = hf_backend.generate([request])
+    assert a.token_ids == b.token_ids and a.text == b.text
