@@ -25,3 +25,19 @@ class BackendUnavailableError(BackendError):
 
 class CapabilityError(RagateError):
     """A request asks a backend for something it cannot do (attentions from llama.cpp, too many top-k, ...)."""
+
+
+class IndexFormatError(RagateError):
+    """An index directory that is missing, incomplete, corrupted or of an unknown format version."""
+
+
+class EncoderMismatchError(RagateError):
+    """An index opened with an encoder other than the one that built it (another embedding space)."""
+
+
+class CorpusFormatError(RagateError):
+    """A corpus file that cannot be read as passages: bad JSON, a missing field, wrong columns, a duplicate id."""
+
+
+class DataNotFoundError(RagateError):
+    """A data file or directory (corpus, QA files) that is not where it was expected."""
