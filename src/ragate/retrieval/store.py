@@ -1,0 +1,322 @@
+"""Index directories: the manifest, checksums, atomic writes, and the memory-mapped passage store.
+
+Every index directory holds::
+
+    manifest.json           format version, kind, encoder identity, passage count, build params, created-at,
+                            ragate version, and the size and sha256 of every other file
+    passages.jsonl          one passage per line: {"id", "title", "text", "source"}, in row order
+    passages.offsets.npy    int64 (n + 1,) byte offsets of the lines (memory-mapped)
+    ids.sorted.npy          the ids as UTF-8 bytes (numpy ``S`` dtype), sorted (memory-mapped)
+    ids.rows.npy            int64 row of each sorted id (memory-mapped)
+
+plus the files of its kind (``bm25/`` arrays, ``embeddings.npy``, ``hnsw.faiss``). Nothing is pickled: arrays are
+``.npy`` files read with ``allow_pickle=False``, metadata is JSON. A directory is written under a temporary name
+beside the target, fsynced, then renamed into place, so a crash never leaves a half index under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ragate.errors import IndexFormatError
+from ragate.retrieval.types import Passage
+
+FORMAT_NAME = "ragate-index"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PASSAGES = "passages.jsonl"
+OFFSETS = "passages.offsets.npy"
+IDS_SORTED = "ids.sorted.npy"
+IDS_ROWS = "ids.rows.npy"
+KINDS = ("bm25", "dense", "hybrid")
+_HASH_CHUNK = 1 << 22
+_HASH_PROGRESS_BYTES = 256 << 20
+
+
+def rebuild_hint(
+    index_dir: Path, manifest: dict[str, Any] | None = None, *, encoder: str | None = None
+) -> str:
+    """The exact ``ragate index build`` command that rebuilds this index (placeholders where unknown)."""
+    manifest = manifest or {}
+    corpus = manifest.get("corpus") or "CORPUS"
+    kind = manifest.get("kind") if manifest.get("kind") in KINDS else "bm25|dense|hybrid"
+    parts = ["ragate index build", f"--corpus {corpus}", f"--kind {kind}", f"--out {index_dir}"]
+    encoder = encoder or (manifest.get("encoder") or {}).get("source")
+    if encoder:
+        parts.append(f"--encoder {encoder}")
+    if (manifest.get("params") or {}).get("hnsw"):
+        parts.append("--hnsw")
+    parts.append("--force")
+    return " ".join(parts)
+
+
+def sha256_file(path: Path, *, progress: bool = False) -> str:
+    digest = hashlib.sha256()
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            desc=f"sha256 {path.name}",
+            disable=not progress,
+        ) as bar,
+    ):
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _index_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Checksum every file under ``root``, fsync them, and write ``manifest.json`` last. Returns the manifest."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in _index_files(root):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        files[path.relative_to(root).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    full = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        **manifest,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "files": files,
+    }
+    with open(root / MANIFEST, "w", encoding="utf-8") as f:
+        json.dump(full, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    for directory in {p.parent for p in _index_files(root)} | {root}:
+        _fsync_dir(directory)
+    return full
+
+
+@contextlib.contextmanager
+def staged_directory(out_dir: Path, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``out_dir``; on success rename it to ``out_dir``.
+
+    Refuses a non-empty ``out_dir`` unless ``overwrite``; then the old directory is moved aside, the new one
+    renamed in and the old one deleted. On any error the temporary directory is removed and ``out_dir`` is
+    left as it was.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise IndexFormatError(f"{out_dir} exists and is not a directory: choose another --out path")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise IndexFormatError(
+            f"{out_dir} exists and is not empty: choose another --out directory, or pass --force "
+            "(overwrite=True) to replace it"
+        )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
+    staging.mkdir()
+    try:
+        yield staging
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{tag}"
+            os.replace(out_dir, old)
+            os.replace(staging, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out_dir)
+        _fsync_dir(out_dir.parent)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_manifest(index_dir: Path) -> dict[str, Any]:
+    """Parse and check ``manifest.json`` (format and version); files are checked by :func:`verify_files`."""
+    index_dir = Path(index_dir)
+    path = index_dir / MANIFEST
+    if not index_dir.is_dir():
+        raise IndexFormatError(
+            f"{index_dir} is not a directory: build an index with `{rebuild_hint(index_dir)}`"
+        )
+    if not path.is_file():
+        raise IndexFormatError(
+            f"{path} is missing: {index_dir} is not a ragate index or its build was interrupted; "
+            f"rebuild it with `{rebuild_hint(index_dir)}`"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise IndexFormatError(
+            f"{path} is not valid JSON ({err}); rebuild the index with `{rebuild_hint(index_dir)}`"
+        ) from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise IndexFormatError(
+            f"{path} is not a ragate index manifest; rebuild with `{rebuild_hint(index_dir)}`"
+        )
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{index_dir} has index format version {version!r}, this ragate reads version {FORMAT_VERSION}; "
+            f"rebuild it with this version: `{rebuild_hint(index_dir, manifest)}` "
+            "(or use the ragate version that built it)"
+        )
+    if manifest.get("kind") not in KINDS or not isinstance(manifest.get("files"), dict):
+        raise IndexFormatError(
+            f"{path} is incomplete (kind or files); rebuild with `{rebuild_hint(index_dir)}`"
+        )
+    return manifest
+
+
+def verify_files(index_dir: Path, manifest: dict[str, Any], *, checksums: bool = True) -> None:
+    """Every file the manifest lists exists with its size and (if ``checksums``) its sha256."""
+    index_dir = Path(index_dir)
+    files: dict[str, dict[str, Any]] = manifest["files"]
+    hint = rebuild_hint(index_dir, manifest)
+    total = sum(int(entry["size"]) for entry in files.values())
+    for rel, entry in files.items():
+        path = index_dir / rel
+        if not path.is_file():
+            raise IndexFormatError(f"{path} is missing from the index; rebuild it with `{hint}`")
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise IndexFormatError(
+                f"{path} is {size} bytes, the manifest says {entry['size']} (truncated or modified); "
+                f"rebuild the index with `{hint}`"
+            )
+    if not checksums:
+        return
+    for rel, entry in files.items():
+        path = index_dir / rel
+        if sha256_file(path, progress=total >= _HASH_PROGRESS_BYTES) != entry["sha256"]:
+            raise IndexFormatError(
+                f"{path} is corrupted (its sha256 differs from the manifest's); rebuild the index with `{hint}`"
+            )
+
+
+def load_array(path: Path, *, mmap_mode: Literal["r"] | None = "r") -> np.ndarray:
+    """A ``.npy`` array, memory-mapped read-only by default, never unpickled."""
+    try:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except ValueError as err:
+        raise IndexFormatError(f"{path} is not a plain numpy array file ({err}); rebuild the index") from err
+
+
+def passage_to_json(passage: Passage) -> str:
+    record = {"id": passage.id, "title": passage.title, "text": passage.text, "source": passage.source}
+    return json.dumps(record, ensure_ascii=False)
+
+
+def passage_from_json(line: bytes | str) -> Passage:
+    record = json.loads(line)
+    return Passage(id=record["id"], title=record["title"], text=record["text"], source=record.get("source"))
+
+
+def write_passage_store(passages: Iterable[Passage], root: Path, *, progress: bool = True) -> int:
+    """Write ``passages.jsonl`` and its offsets and id arrays into ``root``. Returns the passage count.
+
+    Duplicate ids are refused (lookup by id must be unambiguous); so is an empty corpus.
+    """
+    offsets = [0]
+    ids: list[bytes] = []
+    with open(root / PASSAGES, "wb") as f:
+        for passage in tqdm(passages, desc="store passages", unit=" passages", disable=not progress):
+            if not isinstance(passage, Passage):
+                raise TypeError(f"expected Passage objects, got {type(passage).__name__}")
+            line = (passage_to_json(passage) + "\n").encode("utf-8")
+            f.write(line)
+            offsets.append(offsets[-1] + len(line))
+            ids.append(passage.id.encode("utf-8"))
+    if not ids:
+        raise IndexFormatError("the corpus has no passages: check the --corpus file (is it empty?)")
+    np.save(root / OFFSETS, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
+    id_array = np.asarray(ids, dtype=np.bytes_)
+    if any(raw.endswith(b"\x00") for raw in ids):
+        raise IndexFormatError("a passage id ends with a NUL character: clean the ids in the corpus")
+    order = np.argsort(id_array, kind="stable")
+    sorted_ids = id_array[order]
+    dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+    if dup.size:
+        first = sorted_ids[dup[0]].decode("utf-8")
+        raise IndexFormatError(
+            f"passage id {first!r} occurs more than once in the corpus ({dup.size} duplicate ids in all): "
+            "ids must be unique; de-duplicate the corpus (ragate corpus build does) and rebuild"
+        )
+    np.save(root / IDS_SORTED, sorted_ids, allow_pickle=False)
+    np.save(root / IDS_ROWS, order.astype(np.int64), allow_pickle=False)
+    return len(ids)
+
+
+def iter_passage_file(path: Path) -> Iterator[Passage]:
+    """Stream the passages of a ``passages.jsonl`` written by :func:`write_passage_store`."""
+    with open(path, "rb") as f:
+        for line in f:
+            yield passage_from_json(line)
+
+
+@dataclass
+class PassageStore:
+    """Passages of an index by row or by id, read lazily from memory-mapped files (nothing loaded up front)."""
+
+    root: Path
+    offsets: np.ndarray = field(repr=False)
+    sorted_ids: np.ndarray = field(repr=False)
+    rows: np.ndarray = field(repr=False)
+    _map: mmap.mmap | None = field(repr=False, default=None)
+
+    @classmethod
+    def open(cls, root: Path) -> PassageStore:
+        offsets = load_array(root / OFFSETS)
+        with open(root / PASSAGES, "rb") as f:  # the map keeps its own handle on the file
+            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return cls(root, offsets, load_array(root / IDS_SORTED), load_array(root / IDS_ROWS), view)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def by_row(self, row: int) -> Passage:
+        if self._map is None:
+            raise ValueError(f"the passage store at {self.root} is closed")
+        start, end = int(self.offsets[row]), int(self.offsets[row + 1])
+        return passage_from_json(self._map[start:end])
+
+    def row_of(self, passage_id: str) -> int:
+        """The row of a passage id; ``KeyError`` naming the id when the corpus has none."""
+        key = np.bytes_(passage_id.encode("utf-8"))
+        i = int(np.searchsorted(self.sorted_ids, key))
+        if i >= len(self.sorted_ids) or self.sorted_ids[i] != key:
+            raise KeyError(f"no passage with id {passage_id!r} in the index at {self.root}")
+        return int(self.rows[i])
+
+    def rows_of(self, passage_ids: Sequence[str]) -> np.ndarray:
+        return np.asarray([self.row_of(pid) for pid in passage_ids], dtype=np.int64)
+
+    def get(self, passage_id: str) -> Passage:
+        return self.by_row(self.row_of(passage_id))
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
