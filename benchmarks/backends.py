@@ -56,7 +56,9 @@ def bench_engine(engine: str, model: str | None, repeats: int) -> dict[str, floa
 
     def gen_run(k: int) -> Callable[[], Any]:
         # a fresh prompt prefix per call would add prompt cost; the cache keeps it at one re-evaluated token
-        return lambda: backend.generate([GenerationRequest(GEN_PROMPT, max_tokens=GEN_TOKENS, top_logprobs=k)])[0]
+        return lambda: backend.generate(
+            [GenerationRequest(GEN_PROMPT, max_tokens=GEN_TOKENS, top_logprobs=k)]
+        )[0]
 
     for k in (0, 5):
         secs, gen = median_time(gen_run(k), repeats)
@@ -74,7 +76,9 @@ def engine_reference(engine: str, backend: Any, repeats: int) -> float:
 
         def run() -> int:
             llm.reset()
-            out = llm.create_completion(GEN_PROMPT, max_tokens=GEN_TOKENS, temperature=0.0, repeat_penalty=1.0)
+            out = llm.create_completion(
+                GEN_PROMPT, max_tokens=GEN_TOKENS, temperature=0.0, repeat_penalty=1.0
+            )
             return int(out["usage"]["completion_tokens"])
 
     else:
@@ -100,8 +104,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     rows = {engine: bench_engine(engine, args.model, args.repeats) for engine in args.engines.split(",")}
-    print(f"model: {args.model or 'smollm2-135m'}; medians of {args.repeats} runs; {GEN_TOKENS} generated tokens\n")
-    print("| engine | load s | prompt tok/s | gen tok/s (top-0) | gen tok/s (top-5) | top-5 extra | engine's own loop tok/s |")
+    print(
+        f"model: {args.model or 'smollm2-135m'}; medians of {args.repeats} runs; {GEN_TOKENS} generated tokens\n"
+    )
+    print(
+        "| engine | load s | prompt tok/s | gen tok/s (top-0) | gen tok/s (top-5) | top-5 extra | engine's own loop tok/s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for engine, r in rows.items():
         print(

@@ -47,7 +47,9 @@ def load_gold(corpus_dir: Path, dataset: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f]
 
 
-def recall_at_k(retriever: Retriever, questions: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[int, float]:
+def recall_at_k(
+    retriever: Retriever, questions: Sequence[dict[str, Any]], ks: Sequence[int]
+) -> dict[int, float]:
     """Mean share of each question's gold documents found among the top-k hits (chunks map to documents)."""
     hits = retriever.search([q["question"] for q in questions], max(ks))
     totals = dict.fromkeys(ks, 0.0)
@@ -125,12 +127,16 @@ def stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
     lat_queries = [q["question"] for q in nq[: args.latency_queries]]
     out: dict[str, Any] = {"stage": name}
     if name == "pooled-bm25":
-        out["build"] = timed_build(read_passages(corpus_file), bench / "pooled-bm25", "bm25", n_real, args.rebuild)
+        out["build"] = timed_build(
+            read_passages(corpus_file), bench / "pooled-bm25", "bm25", n_real, args.rebuild
+        )
         with open_index(bench / "pooled-bm25") as r:
             out["recall"] = {d: recall_at_k(r, load_gold(corpus_dir, d), KS) for d in DATASETS}
             out["latency"] = latency(r, lat_queries)
     elif name == "pooled-dense":
-        out["build"] = timed_build(read_passages(corpus_file), bench / "pooled-dense", "dense", n_real, args.rebuild)
+        out["build"] = timed_build(
+            read_passages(corpus_file), bench / "pooled-dense", "dense", n_real, args.rebuild
+        )
         with open_index(bench / "pooled-dense") as r:
             out["recall"] = {d: recall_at_k(r, load_gold(corpus_dir, d), KS) for d in DATASETS}
             out["latency"] = latency(r, lat_queries)
@@ -144,7 +150,9 @@ def stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
     elif name == "synthetic-bm25":
         real = list(read_passages(corpus_file))
         target = bench / f"synthetic-{args.synthetic}-bm25"
-        out["build"] = timed_build(synthetic_passages(real, args.synthetic), target, "bm25", args.synthetic, args.rebuild)
+        out["build"] = timed_build(
+            synthetic_passages(real, args.synthetic), target, "bm25", args.synthetic, args.rebuild
+        )
         del real
         with open_index(target, verify=False) as r:
             out["latency"] = latency(r, lat_queries)
@@ -166,10 +174,14 @@ def synthetic_dense(bench: Path, args: argparse.Namespace, lat_queries: list[str
     t0 = time.perf_counter()
     if not vec_file.exists() or args.rebuild:
         rng = np.random.default_rng(1)
-        out = np.lib.format.open_memmap(vec_file, mode="w+", dtype=np.float32, shape=(args.synthetic, real.shape[1]))
+        out = np.lib.format.open_memmap(
+            vec_file, mode="w+", dtype=np.float32, shape=(args.synthetic, real.shape[1])
+        )
         for start in range(0, args.synthetic, 50_000):
             m = min(50_000, args.synthetic - start)
-            v = real[rng.integers(0, len(real), m)] + rng.normal(0, 0.05, (m, real.shape[1])).astype(np.float32)
+            v = real[rng.integers(0, len(real), m)] + rng.normal(0, 0.05, (m, real.shape[1])).astype(
+                np.float32
+            )
             out[start : start + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
         out.flush()
         del out
@@ -182,7 +194,9 @@ def synthetic_dense(bench: Path, args: argparse.Namespace, lat_queries: list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/data", help="the shared QA data folder")
-    parser.add_argument("--corpus-dir", default=None, help="pooled corpus (default: <ragate home>/corpora/pooled)")
+    parser.add_argument(
+        "--corpus-dir", default=None, help="pooled corpus (default: <ragate home>/corpora/pooled)"
+    )
     parser.add_argument("--synthetic", type=int, default=1_000_000, help="synthetic corpus size (0: skip)")
     parser.add_argument("--latency-queries", type=int, default=200)
     parser.add_argument("--rebuild", action="store_true", help="rebuild indexes even if present")
@@ -193,15 +207,37 @@ def main() -> None:
         print(json.dumps(stage(args.stage, args)))
         return
     if not (Path(args.corpus_dir) / "passages.jsonl").exists():
-        subprocess.run([sys.executable, "-m", "ragate.cli.main", "corpus", "build", "--data", args.data,
-                        "--out", args.corpus_dir], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ragate.cli.main",
+                "corpus",
+                "build",
+                "--data",
+                args.data,
+                "--out",
+                args.corpus_dir,
+            ],
+            check=True,
+        )
     stages = ["pooled-bm25", "pooled-dense", "pooled-hybrid"]
     if args.synthetic:
         stages += ["synthetic-bm25", "synthetic-dense"]
     results = {}
     for name in stages:
-        cmd = [sys.executable, __file__, "--stage", name, "--corpus-dir", args.corpus_dir,
-               "--synthetic", str(args.synthetic), "--latency-queries", str(args.latency_queries)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--stage",
+            name,
+            "--corpus-dir",
+            args.corpus_dir,
+            "--synthetic",
+            str(args.synthetic),
+            "--latency-queries",
+            str(args.latency_queries),
+        ]
         cmd += ["--rebuild"] if args.rebuild else []
         proc = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -226,8 +262,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         rate = f"{build['passages_per_s']:.0f}" if "passages_per_s" in build else "-"
         if kind == "dense" and corpus == "synthetic":
             rate = "n/a (synthetic vectors)"
-        print(f"| {corpus} | {kind} | {n} | {rate} | {r['latency']['p50_ms']:.1f} | {r['latency']['p99_ms']:.1f} | "
-              f"{r['peak_rss_mb']:.0f} |")
+        print(
+            f"| {corpus} | {kind} | {n} | {rate} | {r['latency']['p50_ms']:.1f} | {r['latency']['p99_ms']:.1f} | "
+            f"{r['peak_rss_mb']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

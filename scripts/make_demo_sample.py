@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ragate.retrieval.corpus import atomic_writer, read_passages, write_passages
+from ragate.fileio import atomic_writer
+from ragate.retrieval.corpus import read_passages, write_passages
 from ragate.retrieval.pooled import build_pooled_corpus, pooled_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +40,9 @@ def make_demo(data_dir: Path, pooled_dir: Path, out_dir: Path) -> tuple[int, int
     """Write ``passages.jsonl`` and ``questions.jsonl`` to ``out_dir`` from an unchunked pooled corpus; returns
     (passages, questions)."""
     passages = {p.id: p for p in read_passages(pooled_dir / "passages.jsonl")}
-    questions = _gold_lines(pooled_dir, "nq_open_oracle", N_NQ) + _gold_lines(pooled_dir, "hotpotqa_dev", N_HOTPOT)
+    questions = _gold_lines(pooled_dir, "nq_open_oracle", N_NQ) + _gold_lines(
+        pooled_dir, "hotpotqa_dev", N_HOTPOT
+    )
     chosen: dict[str, None] = {}
     for q in questions:
         chosen.update(dict.fromkeys(q["gold_ids"]))
@@ -50,7 +53,11 @@ def make_demo(data_dir: Path, pooled_dir: Path, out_dir: Path) -> tuple[int, int
         if len(chosen) >= TOTAL:
             break
         passage = passages[pid]
-        if pid not in chosen and len(passage.text) <= MAX_FILLER_CHARS and passage.source not in EXCLUDED_SOURCES:
+        if (
+            pid not in chosen
+            and len(passage.text) <= MAX_FILLER_CHARS
+            and passage.source not in EXCLUDED_SOURCES
+        ):
             chosen[pid] = None
     missing = [pid for pid in chosen if pid not in passages]
     if missing:

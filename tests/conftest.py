@@ -7,8 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from ragate.errors import ModelNotFoundError
+
+# No per-example deadline: this machine is shared and a loaded core makes timing-based failures meaningless.
+settings.register_profile("ragate", deadline=None)
+settings.load_profile("ragate")
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,10 @@ def test_ask_json_from_the_installed_command(smollm2_path: Path) -> None:
         pytest.skip("the ragate command is not installed in this environment (pip install -e .)")
     proc = subprocess.run(
         [str(ragate), "ask", "What is the capital of France?", "--json", "--max-tokens", "12"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -65,7 +68,11 @@ def test_ask_table(smollm2_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     ],
 )
 def test_ask_errors_name_the_problem_and_the_fix(
-    argv: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("RAGATE_HOME", str(tmp_path))  # an empty home: the 1.5B model is not installed there
     assert main(argv) == 2

@@ -32,7 +32,9 @@ from ragate.retrieval.types import Passage
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"the real QA data is not at {DATA} (../shared/data)")
+needs_data = pytest.mark.skipif(
+    not DATA.is_dir(), reason=f"the real QA data is not at {DATA} (../shared/data)"
+)
 
 
 def _write(path: Path, text: str) -> Path:
@@ -49,19 +51,28 @@ def _write(path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("name", ["c.jsonl", "c.jsonl.gz"])
 def test_ragate_jsonl(tmp_path: Path, name: str) -> None:
-    path = _write(tmp_path / name, '{"id": "a", "title": "T", "text": "one", "source": "s"}\n\n'
-                                   '{"id": 7, "text": "two"}\n')
+    path = _write(
+        tmp_path / name,
+        '{"id": "a", "title": "T", "text": "one", "source": "s"}\n\n{"id": 7, "text": "two"}\n',
+    )
     assert detect_format(path) == "jsonl"
     assert list(read_passages(path)) == [Passage("a", "T", "one", "s"), Passage("7", "", "two")]
 
 
 def test_flashrag_contents(tmp_path: Path) -> None:
-    rows = [{"id": "0", "contents": '"Aaron"\nAaron is a prophet.'}, {"id": "1", "contents": "Abba\nA band."},
-            {"id": "2", "contents": "no title line"}]
+    rows = [
+        {"id": "0", "contents": '"Aaron"\nAaron is a prophet.'},
+        {"id": "1", "contents": "Abba\nA band."},
+        {"id": "2", "contents": "no title line"},
+    ]
     path = _write(tmp_path / "f.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     assert detect_format(path) == "flashrag"
     got = [(p.id, p.title, p.text) for p in read_passages(path)]
-    assert got == [("0", "Aaron", "Aaron is a prophet."), ("1", "Abba", "A band."), ("2", "", "no title line")]
+    assert got == [
+        ("0", "Aaron", "Aaron is a prophet."),
+        ("1", "Abba", "A band."),
+        ("2", "", "no title line"),
+    ]
     assert split_contents('"Quoted "inner" title"\ntext') == ('Quoted "inner" title', "text")
 
 
@@ -71,7 +82,10 @@ def test_dpr_tsv_with_header_and_quotes(tmp_path: Path, name: str) -> None:
     path = _write(tmp_path / name, text)
     assert detect_format(path) == "tsv"
     got = list(read_passages(path))
-    assert got == [Passage("1", "Aaron", 'Aaron ( or ; "Ahärôn") is a prophet'), Passage("2", "B", "plain text")]
+    assert got == [
+        Passage("1", "Aaron", 'Aaron ( or ; "Ahärôn") is a prophet'),
+        Passage("2", "B", "plain text"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -82,12 +96,19 @@ def test_dpr_tsv_with_header_and_quotes(tmp_path: Path, name: str) -> None:
         ("c.jsonl", '{"id": "a", "text": 3}\n', 1, '"text" must be a string'),
         ("d.jsonl", '["a", "x"]\n', 1, "expected a JSON object"),
         ("e.tsv", "1\tx\tT\n2\tonly two\n", 2, "expected 3 tab-separated columns"),
-        ("f.jsonl", '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', 2, "duplicate id 'a' (first on line 1)"),
+        (
+            "f.jsonl",
+            '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n',
+            2,
+            "duplicate id 'a' (first on line 1)",
+        ),
         ("g.jsonl", '{"id": "a", "text": "x"}\n{"id": "b", "te', 2, "the file looks truncated"),
         ("h.jsonl.gz", '{"id": "a", "text": "x"}\n{"id": "b", "te', 2, "the file looks truncated"),
     ],
 )
-def test_malformed_line_names_file_and_line(tmp_path: Path, name: str, content: str, line: int, reason: str) -> None:
+def test_malformed_line_names_file_and_line(
+    tmp_path: Path, name: str, content: str, line: int, reason: str
+) -> None:
     path = _write(tmp_path / name, content)
     with pytest.raises(CorpusFormatError) as err:
         list(read_passages(path))
@@ -96,8 +117,15 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, name: str, content: 
 
 
 def test_skip_bad_counts(tmp_path: Path) -> None:
-    lines = ['{"id": "a", "text": "x"}', "not json", '{"id": "b"}', '{"id": "a", "text": "again"}',
-             '{"id": "c", "text": "y"}', b"\xff\xfe".decode("latin-1"), '{"id": "d", "te']
+    lines = [
+        '{"id": "a", "text": "x"}',
+        "not json",
+        '{"id": "b"}',
+        '{"id": "a", "text": "again"}',
+        '{"id": "c", "text": "y"}',
+        b"\xff\xfe".decode("latin-1"),
+        '{"id": "d", "te',
+    ]
     path = tmp_path / "bad.jsonl"
     path.write_bytes(("\n".join(lines[:5]) + "\n").encode() + b"\xff\xfe\n" + lines[6].encode())
     stats = ReadStats()
@@ -235,13 +263,18 @@ def test_pooled_corpus_over_real_data(pooled: PooledCorpus) -> None:
 
     manifest = json.loads(pooled.manifest_path.read_text())
     assert manifest["passages_sha256"] == pooled.sha256 and manifest["passages"] == pooled.passages
-    assert manifest["gold"]["nq_open_oracle"] == {"file": "gold/nq_open_oracle.jsonl", "questions": 1750,
-                                                  "covered": 1750}
+    assert manifest["gold"]["nq_open_oracle"] == {
+        "file": "gold/nq_open_oracle.jsonl",
+        "questions": 1750,
+        "covered": 1750,
+    }
 
 
 @needs_data
 def test_demo_sample_regenerates_from_the_data(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("make_demo_sample", REPO / "scripts" / "make_demo_sample.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_demo_sample", REPO / "scripts" / "make_demo_sample.py"
+    )
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -255,7 +288,9 @@ def test_demo_sample_regenerates_from_the_data(tmp_path: Path) -> None:
 
 @needs_data
 def test_cli_corpus_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["corpus", "build", "--data", str(DATA), "--out", str(tmp_path), "--no-chunk", "--quiet"]) == 0
+    assert (
+        main(["corpus", "build", "--data", str(DATA), "--out", str(tmp_path), "--no-chunk", "--quiet"]) == 0
+    )
     out = capsys.readouterr().out
     assert "nq_open_oracle: 1,750/1,750 questions have their gold passage" in out
     assert "duplicates removed" in out and "not chunked" in out

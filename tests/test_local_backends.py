@@ -21,7 +21,13 @@ N_TOKENS = 24
 
 
 def check_alignment(gen: Any) -> None:
-    assert len(gen.tokens) == len(gen.token_ids) == len(gen.logprobs) == len(gen.offsets) == gen.completion_tokens
+    assert (
+        len(gen.tokens)
+        == len(gen.token_ids)
+        == len(gen.logprobs)
+        == len(gen.offsets)
+        == gen.completion_tokens
+    )
     assert "".join(gen.text[s:e] for s, e in gen.offsets) == gen.text
     for lp, top, tid in zip(gen.logprobs, gen.top_logprobs, gen.token_ids, strict=True):
         assert lp <= 0
@@ -84,7 +90,9 @@ def test_llama_sampling_is_seeded(llama_backend: Any) -> None:
     req = GenerationRequest(PROMPT, max_tokens=12, temperature=0.7, seed=3)
     a, b = llama_backend.generate([req, req])
     assert a.text == b.text and a.token_ids == b.token_ids
-    others = llama_backend.generate([GenerationRequest(PROMPT, max_tokens=12, temperature=1.5, seed=s) for s in range(4)])
+    others = llama_backend.generate(
+        [GenerationRequest(PROMPT, max_tokens=12, temperature=1.5, seed=s) for s in range(4)]
+    )
     assert len({g.token_ids for g in others}) > 1
 
 
@@ -120,13 +128,22 @@ def test_hf_greedy_equals_direct_generate(hf_backend: Any) -> None:
     ids = hf_backend.tokenize(PROMPT)
     with torch.inference_mode():
         out = hf_backend.hf_model.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False, max_new_tokens=N_TOKENS, repetition_penalty=1.0,
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=N_TOKENS,
+            repetition_penalty=1.0,
         )
-    new = out[0, len(ids):].tolist()
-    new = [t for t in new if t not in hf_backend.eos_token_ids][: len(gen.token_ids)] if gen.finish_reason == "stop" else new
+    new = out[0, len(ids) :].tolist()
+    new = (
+        [t for t in new if t not in hf_backend.eos_token_ids][: len(gen.token_ids)]
+        if gen.finish_reason == "stop"
+        else new
+    )
     assert list(gen.token_ids) == new
-    assert gen.text == hf_backend.hf_tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    assert gen.text == hf_backend.hf_tokenizer.decode(
+        new, skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
     check_alignment(gen)
 
 

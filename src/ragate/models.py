@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from ragate.errors import ChecksumError, ModelNotFoundError, RagateError
+from ragate.fileio import sha256_file
 
 CHUNK = 1 << 20
 
@@ -236,14 +237,6 @@ def resolve_model(
         f"model {spec.name!r} at {status.path} is incomplete ({status.size} of {spec.size} bytes); "
         f"delete it and reinstall with: {spec.install_hint}"
     )
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check(what: str, size: int | None, sha256: str | None, got_size: int, got_sha: str, fix: str) -> None:

@@ -89,7 +89,9 @@ def mean_margin_uncertainty(
     gaps: Sequence[float], k: int | None = None, beta: float = DEFAULT_MARGIN_BETA
 ) -> float:
     """U_mar(k; beta) = (1/k) sum_{t<=k} exp(-g_t / beta) in (0, 1] (TARG Eq. 2)."""
-    return _mean_prefix([margin_uncertainty(g, beta) for g in _prefix(gaps, k)], None, "mean_margin_uncertainty")
+    return _mean_prefix(
+        [margin_uncertainty(g, beta) for g in _prefix(gaps, k)], None, "mean_margin_uncertainty"
+    )
 
 
 def normalised_nll(logprobs: Sequence[float]) -> float:

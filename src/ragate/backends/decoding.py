@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ragate.errors import RagateError
 from ragate.types import FinishReason, Generation, GenerationRequest, TopLogprob
 from ragate.uncertainty import log_softmax
 
@@ -98,7 +99,17 @@ def find_stop(text: str, stops: Sequence[str], search_from: int) -> int | None:
     return min(hits) if hits else None
 
 
-def decode(source: LogitSource, request: GenerationRequest, prompt_ids: Sequence[int], *, max_context: int) -> Generation:
+def check_prompt_fits(n_prompt: int, max_context: int, fix: str) -> None:
+    """Raise a :class:`RagateError` naming the sizes and ``fix`` when a prompt leaves no room to generate."""
+    if n_prompt >= max_context:
+        raise RagateError(
+            f"the prompt has {n_prompt} tokens but the context window holds {max_context}: {fix}"
+        )
+
+
+def decode(
+    source: LogitSource, request: GenerationRequest, prompt_ids: Sequence[int], *, max_context: int
+) -> Generation:
     """Run ``request`` on ``source`` from the tokenised prompt ``prompt_ids``; see the module docstring.
 
     The chosen token's log-probability and the top-k list come from the model's own distribution (temperature 1),
@@ -134,9 +145,15 @@ def decode(source: LogitSource, request: GenerationRequest, prompt_ids: Sequence
         out_ids.append(token)
         logprobs.append(float(stats.logprobs[token]))
         entropies.append(stats.entropy)
-        tops.append(tuple(TopLogprob(int(t), source.piece(int(t)), float(stats.logprobs[t])) for t in stats.top_ids[:k]))
+        tops.append(
+            tuple(
+                TopLogprob(int(t), source.piece(int(t)), float(stats.logprobs[t])) for t in stats.top_ids[:k]
+            )
+        )
         new_text = source.decode_completion(out_ids, prompt_ids)
-        if new_text.endswith("\ufffd"):  # the token ends inside a multi-byte character: the next one completes it
+        if new_text.endswith(
+            "\ufffd"
+        ):  # the token ends inside a multi-byte character: the next one completes it
             offsets.append((len(text), len(text)))
             continue
         common = len(text) if new_text.startswith(text) else common_prefix_len(text, new_text)

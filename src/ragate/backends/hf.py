@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.backends.decoding import common_prefix_len, decode
+from ragate.backends.decoding import check_prompt_fits, common_prefix_len, decode
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest
 
@@ -40,11 +40,15 @@ class TransformersBackend(Backend):
 
     engine = "transformers"
 
-    def __init__(self, model_path: str | Path, *, name: str | None = None, max_context: int | None = None) -> None:
+    def __init__(
+        self, model_path: str | Path, *, name: str | None = None, max_context: int | None = None
+    ) -> None:
         torch, transformers = _import_transformers()
         path = Path(model_path)
         if not path.exists():
-            raise ModelNotFoundError(f"no model at {path}: give a GGUF file or a model directory with config.json")
+            raise ModelNotFoundError(
+                f"no model at {path}: give a GGUF file or a model directory with config.json"
+            )
         source, extra = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
         self._torch = torch
         self._tok = transformers.AutoTokenizer.from_pretrained(source, **extra)
@@ -90,7 +94,9 @@ class TransformersBackend(Backend):
         if self._past is not None and keep > 0:
             extra = self._past.get_seq_length() - keep
             if extra > 0:
-                self._past.crop(-extra)  # a negative argument removes that many tokens (transformers 4.x and 5.x)
+                self._past.crop(
+                    -extra
+                )  # a negative argument removes that many tokens (transformers 4.x and 5.x)
         else:
             self._past, keep = None, 0
         with torch.inference_mode():
@@ -106,11 +112,15 @@ class TransformersBackend(Backend):
 
     def decode_completion(self, completion_ids: Sequence[int], prompt_ids: Sequence[int]) -> str:
         return str(
-            self._tok.decode(list(completion_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            self._tok.decode(
+                list(completion_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )
         )
 
     def piece(self, token_id: int) -> str:
-        return str(self._tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        return str(
+            self._tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        )
 
     # -- Backend -----------------------------------------------------------------------------------------------
     def tokenize(self, prompt: str | tuple[Any, ...]) -> list[int]:
@@ -118,7 +128,9 @@ class TransformersBackend(Backend):
         if isinstance(prompt, str):
             return list(self._tok(prompt, add_special_tokens=True)["input_ids"])
         rendered = self._tok.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in prompt], add_generation_prompt=True, tokenize=False
+            [{"role": m.role, "content": m.content} for m in prompt],
+            add_generation_prompt=True,
+            tokenize=False,
         )
         return list(self._tok(rendered, add_special_tokens=False)["input_ids"])
 
@@ -126,14 +138,14 @@ class TransformersBackend(Backend):
         results = []
         for request in requests:
             prompt_ids = self.tokenize(request.prompt)
-            if len(prompt_ids) >= self.max_context:
-                raise RagateError(
-                    f"the prompt has {len(prompt_ids)} tokens but the model's context holds {self.max_context}: "
-                    "shorten the prompt (fewer or shorter documents)"
-                )
+            check_prompt_fits(
+                len(prompt_ids), self.max_context, "shorten the prompt (fewer or shorter documents)"
+            )
             gen = decode(self, request, prompt_ids, max_context=self.max_context)
             if request.attentions:
-                gen = _with_attentions(gen, self._attentions(prompt_ids + list(gen.token_ids), len(prompt_ids)))
+                gen = _with_attentions(
+                    gen, self._attentions(prompt_ids + list(gen.token_ids), len(prompt_ids))
+                )
             results.append(gen)
         return results
 
@@ -141,7 +153,9 @@ class TransformersBackend(Backend):
         """Last layer's attention, averaged over heads, of each generated position over all positions."""
         torch = self._torch
         with torch.inference_mode():
-            out = self._model(input_ids=torch.tensor([ids], dtype=torch.long), output_attentions=True, use_cache=False)
+            out = self._model(
+                input_ids=torch.tensor([ids], dtype=torch.long), output_attentions=True, use_cache=False
+            )
         last = out.attentions[-1][0].float().mean(dim=0)  # (L, L)
         return last[n_prompt:, :].numpy().astype(np.float32)
 
@@ -157,10 +171,12 @@ def _with_attentions(gen: Generation, attentions: np.ndarray) -> Generation:
 
 def _eos_ids(tokenizer: Any, model: Any) -> frozenset[int]:
     ids: set[int] = set()
-    for value in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(model.generation_config, "eos_token_id", None),
+    ):
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, list | tuple):
             ids.update(int(v) for v in value)
     return frozenset(ids)
-

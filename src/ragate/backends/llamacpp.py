@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.backends.decoding import common_prefix_len, decode
+from ragate.backends.decoding import check_prompt_fits, common_prefix_len, decode
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest, Message
 
@@ -100,7 +100,9 @@ class LlamaCppBackend(Backend):
         return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()
 
     def decode_completion(self, completion_ids: Sequence[int], prompt_ids: Sequence[int]) -> str:
-        return self._llm.detokenize(list(completion_ids), prev_tokens=list(prompt_ids)).decode("utf-8", "replace")
+        return self._llm.detokenize(list(completion_ids), prev_tokens=list(prompt_ids)).decode(
+            "utf-8", "replace"
+        )
 
     def piece(self, token_id: int) -> str:
         return self._llm.detokenize([token_id]).decode("utf-8", "replace")
@@ -122,11 +124,9 @@ class LlamaCppBackend(Backend):
         results = []
         for request in requests:
             prompt_ids = self.tokenize(request.prompt)
-            if len(prompt_ids) >= self.max_context:
-                raise RagateError(
-                    f"the prompt has {len(prompt_ids)} tokens but the context window holds {self.max_context}: "
-                    "shorten the prompt or load the model with a larger n_ctx"
-                )
+            check_prompt_fits(
+                len(prompt_ids), self.max_context, "shorten the prompt or load with a larger n_ctx"
+            )
             results.append(decode(self, request, prompt_ids, max_context=self.max_context))
         return results
 

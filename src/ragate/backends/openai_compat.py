@@ -107,7 +107,9 @@ class OpenAICompatBackend(Backend):
         if request.seed is not None:
             body["seed"] = request.seed
         if request.repetition_penalty != 1.0:
-            body["repetition_penalty"] = request.repetition_penalty  # vLLM / SGLang name; not OpenAI's own API
+            body["repetition_penalty"] = (
+                request.repetition_penalty
+            )  # vLLM / SGLang name; not OpenAI's own API
         if isinstance(request.prompt, str):
             path = "/completions"
             body.update(prompt=request.prompt, logprobs=request.top_logprobs)

@@ -49,7 +49,9 @@ class AskResult:
                 "logprob": gen.logprobs[i],
                 "entropy": entropies[i],
                 "margin": gaps[i],
-                "top_logprobs": [{"token": t.token, "token_id": t.token_id, "logprob": t.logprob} for t in top],
+                "top_logprobs": [
+                    {"token": t.token, "token_id": t.token_id, "logprob": t.logprob} for t in top
+                ],
             }
             for i, (tok, top) in enumerate(zip(gen.tokens, gen.top_logprobs, strict=True))
         ]
@@ -81,10 +83,12 @@ def summary(gen: Generation) -> dict[str, float | None]:
     }
 
 
-def ask(question: str, *, model: str | None, engine: str, max_tokens: int, top_k: int, **options: Any) -> AskResult:
+def ask(
+    question: str, *, model: str | None, engine: str, max_tokens: int, top_k: int, **options: Any
+) -> AskResult:
     question = question.strip()
     if not question:
-        raise RagateError("the question is empty: pass it in quotes, e.g. ragate ask \"Who wrote Hamlet?\"")
+        raise RagateError('the question is empty: pass it in quotes, e.g. ragate ask "Who wrote Hamlet?"')
     if len(question) > MAX_QUESTION_CHARS:
         raise RagateError(
             f"the question is {len(question)} characters; ragate ask takes at most {MAX_QUESTION_CHARS} "
@@ -117,7 +121,8 @@ def render(result: AskResult) -> str:
             f"model {result.model} on {result.engine}: {gen.completion_tokens} tokens in {gen.seconds:.2f} s "
             f"(finish: {gen.finish_reason})"
         ),
-        "uncertainty: " + ", ".join(
+        "uncertainty: "
+        + ", ".join(
             f"{label} {_fmt(scores[key])}"
             for label, key in (
                 ("DTR normalised NLL u", "normalised_nll"),
@@ -159,8 +164,14 @@ def run(args: argparse.Namespace) -> int:
         if not args.openai_base_url:
             raise RagateError("--backend openai needs --openai-base-url (e.g. http://127.0.0.1:8000/v1)")
         options["base_url"] = args.openai_base_url
-    result = ask(args.question, model=args.model, engine=args.backend, max_tokens=args.max_tokens, top_k=args.top_k,
-                 **options)
+    result = ask(
+        args.question,
+        model=args.model,
+        engine=args.backend,
+        max_tokens=args.max_tokens,
+        top_k=args.top_k,
+        **options,
+    )
     if args.json:
         json.dump(result.to_json(), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
@@ -177,11 +188,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "token, its log-probability, entropy and top-1/top-2 margin.",
     )
     parser.add_argument("question", help="the question, in quotes")
-    parser.add_argument("--model", default=None, help="model name (see `ragate models list`), GGUF file or "
-                        "model directory; default: smollm2-135m")
-    parser.add_argument("--backend", default="llama.cpp", choices=list(ENGINES), help="engine (default llama.cpp)")
-    parser.add_argument("--openai-base-url", default=None, help="base URL of an OpenAI-compatible server "
-                        "(with --backend openai)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model name (see `ragate models list`), GGUF file or model directory; default: smollm2-135m",
+    )
+    parser.add_argument(
+        "--backend", default="llama.cpp", choices=list(ENGINES), help="engine (default llama.cpp)"
+    )
+    parser.add_argument(
+        "--openai-base-url",
+        default=None,
+        help="base URL of an OpenAI-compatible server (with --backend openai)",
+    )
     parser.add_argument("--max-tokens", type=int, default=32, help="longest answer in tokens (default 32)")
     parser.add_argument("--top-k", type=int, default=5, help="alternatives shown per token (default 5)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

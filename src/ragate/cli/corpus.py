@@ -16,16 +16,24 @@ def default_out() -> Path:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("corpus", help="build and inspect passage corpora", description=__doc__.split("\n")[0])
+    parser = subparsers.add_parser(
+        "corpus", help="build and inspect passage corpora", description=__doc__.split("\n")[0]
+    )
     commands = parser.add_subparsers(dest="corpus_command", metavar="ACTION", required=True)
 
     build = commands.add_parser(
         "build",
         help="pool the Wikipedia paragraphs of ../shared/data into one de-duplicated corpus with gold ids",
     )
-    build.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"the QA data folder (default: {DEFAULT_DATA})")
-    build.add_argument("--out", type=Path, default=None, help="output folder (default: <ragate home>/corpora/pooled)")
-    build.add_argument("--no-chunk", action="store_true", help="keep paragraphs whole (default: chunk as TARG does)")
+    build.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help=f"the QA data folder (default: {DEFAULT_DATA})"
+    )
+    build.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: <ragate home>/corpora/pooled)"
+    )
+    build.add_argument(
+        "--no-chunk", action="store_true", help="keep paragraphs whole (default: chunk as TARG does)"
+    )
     build.add_argument("--chunk-size", type=int, default=1000, help="characters per chunk (default 1000)")
     build.add_argument("--chunk-overlap", type=int, default=100, help="characters of overlap (default 100)")
     build.add_argument("--chunk-min", type=int, default=200, help="shortest trailing chunk (default 200)")
@@ -35,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats = commands.add_parser("stats", help="count the passages and malformed lines of a corpus file")
     stats.add_argument("file", type=Path, help="JSONL (ragate or FlashRAG form) or DPR TSV, optionally .gz")
     stats.add_argument("--format", default="auto", choices=("auto", "jsonl", "flashrag", "tsv"))
-    stats.add_argument("--skip-bad", action="store_true", help="skip and count malformed lines instead of stopping")
+    stats.add_argument(
+        "--skip-bad", action="store_true", help="skip and count malformed lines instead of stopping"
+    )
     stats.set_defaults(run=run_stats)
 
 
@@ -57,8 +67,10 @@ def run_build(args: argparse.Namespace) -> int:
 
     chunking = f"chunked {chunk.size}/{chunk.overlap}/{chunk.min_size}" if chunk else "not chunked"
     print(f"passages: {result.passages:,} ({result.documents:,} paragraphs, {chunking})")
-    print(f"duplicates removed: {result.duplicates_removed:,} (same text, white space and case folded; "
-          f"{result.title_conflicts} with differing titles)")
+    print(
+        f"duplicates removed: {result.duplicates_removed:,} (same text, white space and case folded; "
+        f"{result.title_conflicts} with differing titles)"
+    )
     print("per source (paragraphs read / new to the corpus):")
     width = max(len(s.name) for s in result.sources)
     for s in result.sources:
@@ -82,8 +94,10 @@ def run_stats(args: argparse.Namespace) -> int:
         chunks += "#" in passage.id
     print(f"{args.file}: {stats.passages:,} passages ({stats.format})")
     if stats.passages:
-        print(f"  mean length {n_chars / stats.passages:.0f} characters; {titled:,} with a title; "
-              f"{chunks:,} chunk ids (id#n)")
+        print(
+            f"  mean length {n_chars / stats.passages:.0f} characters; {titled:,} with a title; "
+            f"{chunks:,} chunk ids (id#n)"
+        )
     print(f"  lines {stats.lines:,}; malformed {stats.malformed:,}; duplicate ids {stats.duplicates:,}")
     for example in stats.examples:
         print(f"  skipped {example}")

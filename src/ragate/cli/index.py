@@ -17,8 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     commands = parser.add_subparsers(dest="index_command", metavar="ACTION", required=True)
 
-    build = commands.add_parser("build", help="index a corpus file as BM25, dense or hybrid (BM25 + dense, RRF)")
-    build.add_argument("--corpus", type=Path, required=True, help="passages: ragate/FlashRAG JSONL or DPR TSV")
+    build = commands.add_parser(
+        "build", help="index a corpus file as BM25, dense or hybrid (BM25 + dense, RRF)"
+    )
+    build.add_argument(
+        "--corpus", type=Path, required=True, help="passages: ragate/FlashRAG JSONL or DPR TSV"
+    )
     build.add_argument("--kind", choices=("bm25", "dense", "hybrid"), required=True)
     build.add_argument("--out", type=Path, required=True, help="index directory to create")
     build.add_argument(
@@ -26,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="dense/hybrid: all-MiniLM-L6-v2 (default) or a local sentence-transformers directory",
     )
-    build.add_argument("--hnsw", action="store_true", help="dense/hybrid: approximate HNSW instead of exact flat")
+    build.add_argument(
+        "--hnsw", action="store_true", help="dense/hybrid: approximate HNSW instead of exact flat"
+    )
     build.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node (default 32)")
     build.add_argument("--ef-construction", type=int, default=200, help="HNSW build beam (default 200)")
     build.add_argument("--ef-search", type=int, default=128, help="HNSW search beam (default 128)")
@@ -81,7 +87,9 @@ def run_build(args: argparse.Namespace) -> int:
     rate = stats.passages / seconds if seconds > 0 else float("inf")
     print(f"indexed {stats.passages:,} passages ({args.kind}) in {seconds:.1f} s: {rate:,.0f} passages/s")
     if stats.skipped:
-        print(f"skipped {stats.malformed:,} malformed lines and {stats.duplicates:,} duplicate ids; first problems:")
+        print(
+            f"skipped {stats.malformed:,} malformed lines and {stats.duplicates:,} duplicate ids; first problems:"
+        )
         for example in stats.examples:
             print(f"  {example}")
     print(out)

@@ -13,17 +13,15 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import os
 import re
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, cast, get_args
+from typing import Any, Literal, get_args
 
 from ragate.errors import CorpusFormatError, DataNotFoundError
+from ragate.fileio import atomic_writer
 from ragate.retrieval.types import Passage
 
 Format = Literal["jsonl", "flashrag", "tsv"]
@@ -101,7 +99,9 @@ def read_passages(
     """
     path = Path(path)
     if not path.is_file():
-        raise DataNotFoundError(f"no corpus file at {path}; check the path (formats: {', '.join(FORMATS)}, .gz ok)")
+        raise DataNotFoundError(
+            f"no corpus file at {path}; check the path (formats: {', '.join(FORMATS)}, .gz ok)"
+        )
     fmt: Format = detect_format(path) if format == "auto" else format
     if fmt not in FORMATS:
         raise CorpusFormatError(f"unknown corpus format {fmt!r}; use one of: auto, {', '.join(FORMATS)}")
@@ -174,7 +174,9 @@ def _json_object(line: str) -> dict[str, Any]:
 
 def _id(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise _BadLine('missing "id" (a string or integer)' if value is None else f'"id" must be a string, not {value!r}')
+        raise _BadLine(
+            'missing "id" (a string or integer)' if value is None else f'"id" must be a string, not {value!r}'
+        )
     pid = str(value)
     if not pid.strip():
         raise _BadLine('"id" is empty')
@@ -197,7 +199,9 @@ def _from_jsonl(obj: dict[str, Any]) -> Passage:
     text = _str_field(obj, "text", required=True)
     assert text is not None
     title = _str_field(obj, "title", required=False) or ""
-    return Passage(id=_id(obj.get("id")), title=title, text=text, source=_str_field(obj, "source", required=False))
+    return Passage(
+        id=_id(obj.get("id")), title=title, text=text, source=_str_field(obj, "source", required=False)
+    )
 
 
 def _from_flashrag(obj: dict[str, Any]) -> Passage:
@@ -237,31 +241,6 @@ def _from_tsv(fields: list[str]) -> Passage:
 # ----------------------------------------------------------------------------------------------- writing
 
 
-@contextmanager
-def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
-    """A binary file that appears at ``path`` only when the block ends without error: written to a temporary
-    file in the same directory, flushed, fsynced, then ``os.replace``-d. ``.gz`` paths are gzip-compressed
-    (mtime 0, so equal content gives equal bytes)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as raw:
-            if path.name.lower().endswith(".gz"):
-                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-                    yield cast(IO[bytes], gz)
-            else:
-                yield raw
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def passage_json(passage: Passage) -> str:
     """One line of ragate's JSONL form (``source`` only when set)."""
     obj: dict[str, str] = {"id": passage.id, "title": passage.title, "text": passage.text}
@@ -286,7 +265,9 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)|\n")
 _SPACE = re.compile(r"\s")
 
 
-def chunk_spans(text: str, size: int = 1000, overlap: int = 100, min_size: int = 200) -> list[tuple[int, int]]:
+def chunk_spans(
+    text: str, size: int = 1000, overlap: int = 100, min_size: int = 200
+) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of the chunks of ``text``; see :func:`chunk_text`.
 
     Guarantees (tested as properties): the spans cover the text from 0 to ``len(text)``; each starts after the
@@ -295,8 +276,10 @@ def chunk_spans(text: str, size: int = 1000, overlap: int = 100, min_size: int =
     ``min_size`` is merged into the chunk before it), and all but the last are at most ``size`` before merging.
     """
     if size < 1 or not 0 <= overlap < size or not 0 <= min_size <= size:
-        raise ValueError(f"need size >= 1, 0 <= overlap < size and 0 <= min_size <= size; got {size}, {overlap}, "
-                         f"{min_size}")
+        raise ValueError(
+            f"need size >= 1, 0 <= overlap < size and 0 <= min_size <= size; got {size}, {overlap}, "
+            f"{min_size}"
+        )
     n = len(text)
     if n == 0:
         return []

@@ -40,7 +40,8 @@ from tqdm import tqdm
 
 from ragate import __version__
 from ragate.errors import CorpusFormatError, DataNotFoundError
-from ragate.retrieval.corpus import atomic_writer, chunk_passages, document_id, read_passages, write_passages
+from ragate.fileio import atomic_writer
+from ragate.retrieval.corpus import chunk_passages, document_id, read_passages, write_passages
 from ragate.retrieval.types import Passage
 
 FORMAT_VERSION = 1
@@ -180,14 +181,18 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 yield line_no, json.loads(line)
             except json.JSONDecodeError as err:
-                raise CorpusFormatError(f"{path}:{line_no}: not valid JSON ({err.msg}); restore the file") from None
+                raise CorpusFormatError(
+                    f"{path}:{line_no}: not valid JSON ({err.msg}); restore the file"
+                ) from None
 
 
 def _unique(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(item for item in items if item))
 
 
-def _question(dataset: str, qid: object, question: str, answers: list[str], gold: list[str | None]) -> GoldQuestion:
+def _question(
+    dataset: str, qid: object, question: str, answers: list[str], gold: list[str | None]
+) -> GoldQuestion:
     return GoldQuestion(str(qid), question, _unique(answers), _unique([g for g in gold if g]), dataset)
 
 
@@ -235,7 +240,9 @@ def _read_hipporag(path: Path, pool: _Pool, name: str) -> list[GoldQuestion]:
     with path.with_name(path.name.replace("_corpus", "")).open(encoding="utf-8") as f:
         questions = json.load(f)
     return [
-        _question(name, q["_id"], q["question"], [q["answer"]], [ids.get(t) for t, _ in q["supporting_facts"]])
+        _question(
+            name, q["_id"], q["question"], [q["answer"]], [ids.get(t) for t, _ in q["supporting_facts"]]
+        )
         for q in questions
     ]
 
@@ -322,8 +329,13 @@ def build_pooled_corpus(
         found = source.reader(data_dir / source.file, pool, source.name)
         if source.has_questions:
             questions[source.name] = found
-        counts.append(SourceCount(source.name, source.file, *(a - b for a, b in zip(
-            (pool.read, pool.new, pool.empty), before, strict=True))))
+        counts.append(
+            SourceCount(
+                source.name,
+                source.file,
+                *(a - b for a, b in zip((pool.read, pool.new, pool.empty), before, strict=True)),
+            )
+        )
 
     documents = list(pool.passages.values())
     final = list(chunk_passages(documents, chunk.size, chunk.overlap, chunk.min_size)) if chunk else documents
@@ -365,8 +377,10 @@ def build_pooled_corpus(
         "chunking": asdict(chunk) if chunk else None,
         "dedup": "text only: NFKC, white space folded, case-folded; id = 'p' + sha1(key)[:12]",
         "sources": [asdict(c) for c in counts],
-        "gold": {c.dataset: {"file": f"gold/{c.dataset}.jsonl", "questions": c.questions, "covered": c.covered}
-                 for c in coverage},
+        "gold": {
+            c.dataset: {"file": f"gold/{c.dataset}.jsonl", "questions": c.questions, "covered": c.covered}
+            for c in coverage
+        },
         "inputs": {f: _sha256(data_dir / f) for s in SOURCES for f in _input_files(s)},
     }
     with atomic_writer(out_dir / "corpus.json") as f:

@@ -17,7 +17,6 @@ beside the target, fsynced, then renamed into place, so a crash never leaves a h
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import mmap
 import os
@@ -33,6 +32,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ragate.errors import IndexFormatError
+from ragate.fileio import sha256_file
+from ragate.retrieval.corpus import passage_json
 from ragate.retrieval.types import Passage
 
 FORMAT_NAME = "ragate-index"
@@ -43,7 +44,6 @@ OFFSETS = "passages.offsets.npy"
 IDS_SORTED = "ids.sorted.npy"
 IDS_ROWS = "ids.rows.npy"
 KINDS = ("bm25", "dense", "hybrid")
-_HASH_CHUNK = 1 << 22
 _HASH_PROGRESS_BYTES = 256 << 20
 
 
@@ -62,24 +62,6 @@ def rebuild_hint(
         parts.append("--hnsw")
     parts.append("--force")
     return " ".join(parts)
-
-
-def sha256_file(path: Path, *, progress: bool = False) -> str:
-    digest = hashlib.sha256()
-    with (
-        open(path, "rb") as f,
-        tqdm(
-            total=path.stat().st_size,
-            unit="B",
-            unit_scale=True,
-            desc=f"sha256 {path.name}",
-            disable=not progress,
-        ) as bar,
-    ):
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-            bar.update(len(chunk))
-    return digest.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -224,11 +206,6 @@ def load_array(path: Path, *, mmap_mode: Literal["r"] | None = "r") -> np.ndarra
         raise IndexFormatError(f"{path} is not a plain numpy array file ({err}); rebuild the index") from err
 
 
-def passage_to_json(passage: Passage) -> str:
-    record = {"id": passage.id, "title": passage.title, "text": passage.text, "source": passage.source}
-    return json.dumps(record, ensure_ascii=False)
-
-
 def passage_from_json(line: bytes | str) -> Passage:
     record = json.loads(line)
     return Passage(id=record["id"], title=record["title"], text=record["text"], source=record.get("source"))
@@ -245,7 +222,7 @@ def write_passage_store(passages: Iterable[Passage], root: Path, *, progress: bo
         for passage in tqdm(passages, desc="store passages", unit=" passages", disable=not progress):
             if not isinstance(passage, Passage):
                 raise TypeError(f"expected Passage objects, got {type(passage).__name__}")
-            line = (passage_to_json(passage) + "\n").encode("utf-8")
+            line = (passage_json(passage) + "\n").encode("utf-8")
             f.write(line)
             offsets.append(offsets[-1] + len(line))
             ids.append(passage.id.encode("utf-8"))

@@ -1,0 +1,61 @@
+"""File helpers shared by every layer: atomic writes and streaming sha256."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, cast
+
+from tqdm.auto import tqdm
+
+HASH_CHUNK = 1 << 22
+
+
+@contextmanager
+def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
+    """A binary file that appears at ``path`` only when the block ends without error: written to a temporary
+    file in the same directory, flushed, fsynced, then ``os.replace``-d. ``.gz`` paths are gzip-compressed
+    (mtime 0, so equal content gives equal bytes)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as raw:
+            if path.name.lower().endswith(".gz"):
+                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+                    yield cast(IO[bytes], gz)
+            else:
+                yield raw
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def sha256_file(path: Path | str, *, progress: bool = False) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks (with a byte progress bar when ``progress``)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    with (
+        path.open("rb") as f,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            desc=f"sha256 {path.name}",
+            disable=not progress,
+        ) as bar,
+    ):
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
