@@ -1,0 +1,32 @@
+"""The trivial gates: never, always, and a seeded random gate, the honest control for any comparison."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ragate.gates.base import GateDecision
+
+
+def never() -> GateDecision:
+    """No retrieval: answer from the model's parameters (the papers' No Retrieval / Never-RAG)."""
+    return GateDecision(False, 0.0, 0.0, "never retrieves")
+
+
+def always() -> GateDecision:
+    """Retrieve for every question (Standard RAG / Always-RAG)."""
+    return GateDecision(True, 1.0, 0.0, "always retrieves")
+
+
+def random_gate(key: str, rate: float, seed: int = 0) -> GateDecision:
+    """Retrieve for a fraction ``rate`` of questions, chosen by a hash of (seed, key): reproducible, independent
+    of order and of the model. Compare a gate with this at the same retrieval rate to show it beats chance.
+
+    The score is 1 - u for a uniform u in [0, 1) derived from the hash, and the threshold 1 - rate, so that
+    retrieving means score > threshold like every other gate.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"rate must be in [0, 1], got {rate}")
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    score, threshold = 1.0 - u, 1.0 - rate
+    return GateDecision(score > threshold, score, threshold, f"random draw {u:.3f} vs rate {rate:g}")

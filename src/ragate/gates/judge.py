@@ -1,0 +1,49 @@
+"""The LLM-judge / self-eval gate: ask the model whether it needs external information (DTR Fig. 15; TARG's
+Self-Eval gate, "do you need to search for this?").
+
+The decision reads the reply: "Yes" retrieves, "No" does not, anything else retrieves (conservatively). The score
+is P(yes) = p(yes) / (p(yes) + p(no)) from the first step's top log-probabilities (case and leading-space variants
+summed), so the judge can also be thresholded and swept like any other gate.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ragate.gates.base import GateDecision
+from ragate.text import normalize_answer
+from ragate.types import Generation
+
+JUDGE_PROMPT = (  # DTR Appendix D, Figure 15
+    "{question}\n"
+    'Determine whether external information is needed to answer the question accurately. Respond with "Yes" if '
+    'additional information is required, or "No" if the question can be answered without it.'
+)
+
+
+def p_yes(reply: Generation) -> float:
+    """P(yes) among yes/no at the reply's first step; 0.5 when neither appears in the top-k list."""
+    if len(reply) == 0:
+        return 0.5
+    yes = no = 0.0
+    for alt in reply.top_logprobs[0]:
+        word = alt.token.strip().lower()
+        if word == "yes":
+            yes += math.exp(alt.logprob)
+        elif word == "no":
+            no += math.exp(alt.logprob)
+    return yes / (yes + no) if yes + no > 0 else 0.5
+
+
+def llm_judge(reply: Generation) -> GateDecision:
+    """Decide from the judge's reply text; the score is :func:`p_yes` (threshold 0.5)."""
+    score = p_yes(reply)
+    words = normalize_answer(reply.text).split()
+    first = words[0] if words else ""
+    if first == "yes":
+        return GateDecision(True, score, 0.5, f"the model says it needs information (P(yes) = {score:.3f})")
+    if first == "no":
+        return GateDecision(False, score, 0.5, f"the model says it can answer (P(yes) = {score:.3f})")
+    return GateDecision(
+        True, score, 0.5, f"unclear judge reply {reply.text.strip()[:40]!r}: retrieve to be safe"
+    )

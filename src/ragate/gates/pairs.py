@@ -1,0 +1,50 @@
+"""PAIRS's parametric verification: answer directly (a1) and from a self-written pseudo-context (a2); if the two
+agree, the model's knowledge is trusted and the question is answered without retrieval.
+
+The paper says the answers must "converge (the same or demonstrating semantic consistency)" without a rule;
+ragate's default is exact match of the ``<answer>`` contents after SQuAD normalisation. ``embedding`` agreement
+(cosine of the two answers' embeddings >= a threshold) is the semantic option; its threshold is ragate's choice,
+not the paper's. "Exclude num" (PAIRS Table 5): an answer with a digit always retrieves, as numbers are where the
+model's agreeing answers are most often hallucinated.
+"""
+
+from __future__ import annotations
+
+from ragate.gates.base import GateDecision
+from ragate.text import extract_tagged_answer, has_digit, normalize_answer
+
+DEFAULT_EMBEDDING_AGREEMENT = 0.9  # ragate's choice: the paper gives no threshold
+
+
+def pairs_agreement(direct: str, with_pseudo_context: str, *, exclude_numbers: bool = False) -> GateDecision:
+    """Retrieve unless the two answers agree after extraction and normalisation. Score 1 = disagree, 0 = agree."""
+    a1, a2 = (
+        normalize_answer(extract_tagged_answer(direct)),
+        normalize_answer(extract_tagged_answer(with_pseudo_context)),
+    )
+    agree = a1 == a2 and a1 != ""
+    if agree and exclude_numbers and has_digit(a1):
+        return GateDecision(True, 1.0, 0.5, f"answers agree ({a1!r}) but contain a number: retrieve anyway")
+    if agree:
+        return GateDecision(False, 0.0, 0.5, f"direct and pseudo-context answers agree: {a1!r}")
+    return GateDecision(True, 1.0, 0.5, f"answers differ: {a1!r} vs {a2!r}")
+
+
+def pairs_embedding_agreement(
+    direct: str,
+    with_pseudo_context: str,
+    similarity: float,
+    *,
+    threshold: float = DEFAULT_EMBEDDING_AGREEMENT,
+    exclude_numbers: bool = False,
+) -> GateDecision:
+    """Retrieve unless the answers' embedding cosine ``similarity`` reaches ``threshold``. Score = 1 - similarity."""
+    a1 = normalize_answer(extract_tagged_answer(direct))
+    score, limit = 1.0 - similarity, 1.0 - threshold
+    if exclude_numbers and has_digit(a1):
+        return GateDecision(True, score, limit, f"answer {a1!r} contains a number: retrieve anyway")
+    retrieve = score > limit
+    verdict = "differ" if retrieve else "agree"
+    return GateDecision(
+        retrieve, score, limit, f"answers {verdict}: cosine {similarity:.3f} vs {threshold:g}"
+    )

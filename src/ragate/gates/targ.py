@@ -1,0 +1,64 @@
+"""TARG's prefix gates: score a short no-context draft (k = 20 tokens by default) and retrieve iff U > tau.
+
+- entropy (Eq. 1): U = mean over the first k steps of the step entropy H_t (exact when the backend gives the
+  full distribution, else the labelled top-k approximation);
+- margin (Eq. 2): U = mean of exp(-g_t / beta), g_t the top-1/top-2 logit gap, beta = 3;
+- variance (Eq. 3): N = 5 extra prefixes sampled at T = 0.7; d_t = 1 - (share of the most common token at t),
+  U = mean d_t in [0, (N-1)/N].
+
+A draft that ends before k tokens is scored on the steps it has (end-of-sequence is not a step); an empty draft
+retrieves. Thresholds are model-specific: calibrate tau to a retrieval budget (TARG section 3.3) rather than
+reusing the paper's numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ragate.gates.base import GateDecision
+from ragate.types import Generation
+from ragate.uncertainty import DEFAULT_MARGIN_BETA, disagreement, mean_entropy, mean_margin_uncertainty
+
+DEFAULT_PREFIX = 20
+DEFAULT_SAMPLES = 5
+DEFAULT_SAMPLE_TEMPERATURE = 0.7
+
+
+def _decide(name: str, u: float, tau: float, detail: str = "") -> GateDecision:
+    retrieve = u > tau
+    return GateDecision(
+        retrieve, u, tau, f"{name} U = {u:.4g} {'>' if retrieve else '<='} tau = {tau:g}{detail}"
+    )
+
+
+def _empty(tau: float) -> GateDecision:
+    return GateDecision(True, math.inf, tau, "empty draft: nothing to score")
+
+
+def targ_entropy(draft: Generation, tau: float, *, k: int = DEFAULT_PREFIX) -> GateDecision:
+    """TARG Eq. 1 over the draft's first ``k`` steps."""
+    if len(draft) == 0:
+        return _empty(tau)
+    entropies, exact = draft.step_entropies()
+    detail = "" if exact else " (top-k entropy approximation)"
+    return _decide("mean entropy", mean_entropy(entropies, k), tau, detail)
+
+
+def targ_margin(
+    draft: Generation, tau: float, *, k: int = DEFAULT_PREFIX, beta: float = DEFAULT_MARGIN_BETA
+) -> GateDecision:
+    """TARG Eq. 2 over the draft's first ``k`` steps; needs at least the top-2 log-probabilities per step."""
+    if len(draft) == 0:
+        return _empty(tau)
+    return _decide(f"margin (beta={beta:g})", mean_margin_uncertainty(draft.top1_top2_gaps, k, beta), tau)
+
+
+def targ_variance(samples: Sequence[Generation], tau: float, *, k: int = DEFAULT_PREFIX) -> GateDecision:
+    """TARG Eq. 3 across N sampled prefixes of the same prompt (token ids when the backend has them, else text)."""
+    if not samples:
+        raise ValueError("the variance gate needs the N sampled prefixes (N = 5 by default)")
+    sequences = [s.token_ids if s.token_ids else s.tokens for s in samples]
+    if all(len(s) == 0 for s in sequences):
+        return _empty(tau)
+    return _decide(f"disagreement over {len(samples)} samples", disagreement(sequences, k), tau)

@@ -1,0 +1,30 @@
+"""DTR's uncertainty-guided triggering (UGT): retrieve when the model is unsure of its own greedy answer.
+
+u = -(1/T) * sum_t log P(a_t | q, a_<t)   (DTR Eqs. 2-3; T = answer tokens, end-of-sequence excluded)
+
+The paper answers without retrieval when u is "no greater than" the threshold, so ragate retrieves iff u > tau
+(``compare="gt"``, the default). The authors' code retrieves iff u >= tau (``compare="ge"``), which also makes
+tau = 0 mean "always". The paper reports tau in {0.001, 0.005, 0.01}; 0.001 is the code's default and ragate's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from ragate.gates.base import GateDecision
+from ragate.types import Generation
+from ragate.uncertainty import normalised_nll
+
+DEFAULT_TAU = 0.001
+UGT_TAUS = (0.001, 0.005, 0.01)
+
+
+def ugt(draft: Generation, tau: float = DEFAULT_TAU, *, compare: Literal["gt", "ge"] = "gt") -> GateDecision:
+    """Decide from the greedy direct answer ``draft`` (DTR Eq. 3). An empty answer retrieves (u = +inf)."""
+    if len(draft) == 0:
+        return GateDecision(True, math.inf, tau, "empty answer: nothing to be sure of")
+    u = normalised_nll(draft.logprobs)
+    retrieve = u > tau if compare == "gt" else u >= tau
+    sign = (">" if compare == "gt" else ">=") if retrieve else ("<=" if compare == "gt" else "<")
+    return GateDecision(retrieve, u, tau, f"normalised answer NLL u = {u:.4g} {sign} tau = {tau:g}")
