@@ -39,6 +39,8 @@ class GenerationRequest:
     attention of each generated token over the whole sequence (only backends with that capability).
     ``repetition_penalty`` (1 = none) penalises tokens already in the prompt or output when choosing, as
     transformers does; reported log-probabilities stay those of the unpenalised distribution.
+    ``assistant_prefix`` is text the answer already starts with (a draft being continued): it is placed after
+    the rendered prompt and generation goes on from its end; it is not part of the returned text.
     """
 
     prompt: str | tuple[Message, ...]
@@ -50,6 +52,7 @@ class GenerationRequest:
     seed: int | None = None
     attentions: bool = False
     repetition_penalty: float = 1.0
+    assistant_prefix: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt, str):

@@ -123,21 +123,21 @@ class TransformersBackend(Backend):
         )
 
     # -- Backend -----------------------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | tuple[Any, ...]) -> list[int]:
+    def tokenize(self, prompt: str | tuple[Any, ...], assistant_prefix: str = "") -> list[int]:
         """Token ids of a text prompt (with the model's special prefix) or of chat messages (with its template)."""
         if isinstance(prompt, str):
-            return list(self._tok(prompt, add_special_tokens=True)["input_ids"])
+            return list(self._tok(prompt + assistant_prefix, add_special_tokens=True)["input_ids"])
         rendered = self._tok.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in prompt],
             add_generation_prompt=True,
             tokenize=False,
         )
-        return list(self._tok(rendered, add_special_tokens=False)["input_ids"])
+        return list(self._tok(rendered + assistant_prefix, add_special_tokens=False)["input_ids"])
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         results = []
         for request in requests:
-            prompt_ids = self.tokenize(request.prompt)
+            prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
             check_prompt_fits(
                 len(prompt_ids), self.max_context, "shorten the prompt (fewer or shorter documents)"
             )

@@ -108,22 +108,23 @@ class LlamaCppBackend(Backend):
         return self._llm.detokenize([token_id]).decode("utf-8", "replace")
 
     # -- Backend -----------------------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | tuple[Message, ...]) -> list[int]:
+    def tokenize(self, prompt: str | tuple[Message, ...], assistant_prefix: str = "") -> list[int]:
         """Token ids as ``create_completion`` makes them (BOS when the model adds one, special tokens parsed);
         chat messages are rendered with the GGUF's own chat template first, as ``create_chat_completion`` does."""
         llm = self._llm
         if isinstance(prompt, str):
             bos = llm.token_bos()
             prefix = [bos] if llm._model.add_bos_token() and bos != -1 else []
-            return prefix + llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+            text = prompt + assistant_prefix
+            return prefix + llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         assert self._chat is not None  # checked by Backend.check
         rendered = self._chat(messages=[{"role": m.role, "content": m.content} for m in prompt]).prompt
-        return llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
+        return llm.tokenize((rendered + assistant_prefix).encode("utf-8"), add_bos=False, special=True)
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         results = []
         for request in requests:
-            prompt_ids = self.tokenize(request.prompt)
+            prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
             check_prompt_fits(
                 len(prompt_ids), self.max_context, "shorten the prompt or load with a larger n_ctx"
             )

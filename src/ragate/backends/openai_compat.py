@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.errors import BackendError, BackendUnavailableError
+from ragate.errors import BackendError, BackendUnavailableError, CapabilityError
 from ragate.types import FinishReason, Generation, GenerationRequest, TopLogprob
 
 Step = tuple[str, float, list[tuple[str, float]], bytes | None]  # token, logprob, alternatives, raw bytes
@@ -112,8 +112,13 @@ class OpenAICompatBackend(Backend):
             )  # vLLM / SGLang name; not OpenAI's own API
         if isinstance(request.prompt, str):
             path = "/completions"
-            body.update(prompt=request.prompt, logprobs=request.top_logprobs)
+            body.update(prompt=request.prompt + request.assistant_prefix, logprobs=request.top_logprobs)
         else:
+            if request.assistant_prefix:
+                raise CapabilityError(
+                    "continuing an assistant prefix through /chat/completions is server-specific; "
+                    "send a text prompt (the model's chat template applied) to continue a draft"
+                )
             path = "/chat/completions"
             messages = [{"role": m.role, "content": m.content} for m in request.prompt]
             body.update(messages=messages, logprobs=True, top_logprobs=request.top_logprobs)

@@ -1,6 +1,8 @@
 """``ragate ask``: answer one question and show how sure the model was of every token.
 
-Closed-book for now (issue C adds ``--method`` and ``--index``). The prompt is DTR's direct-answer prompt
+Without ``--method`` it answers closed-book and shows every token's scores; with ``--method NAME`` it runs that
+adaptive-retrieval method against ``--index`` (default: the demo index) and shows the gate's decision, the
+documents read and the cost of every stage. The closed-book prompt is DTR's direct-answer prompt
 (Appendix D, Figure 11), sent through the model's chat template.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from ragate.backends import ENGINES, load_backend
 from ragate.errors import RagateError
+from ragate.methods.trace import Trace
 from ragate.types import Generation, GenerationRequest, Message
 from ragate.uncertainty import (
     DEFAULT_MARGIN_BETA,
@@ -83,9 +86,7 @@ def summary(gen: Generation) -> dict[str, float | None]:
     }
 
 
-def ask(
-    question: str, *, model: str | None, engine: str, max_tokens: int, top_k: int, **options: Any
-) -> AskResult:
+def _check_question(question: str) -> str:
     question = question.strip()
     if not question:
         raise RagateError('the question is empty: pass it in quotes, e.g. ragate ask "Who wrote Hamlet?"')
@@ -94,6 +95,13 @@ def ask(
             f"the question is {len(question)} characters; ragate ask takes at most {MAX_QUESTION_CHARS} "
             "(put documents in an index, not in the question)"
         )
+    return question
+
+
+def ask(
+    question: str, *, model: str | None, engine: str, max_tokens: int, top_k: int, **options: Any
+) -> AskResult:
+    question = _check_question(question)
     try:
         request = GenerationRequest(
             prompt=(Message("user", CLOSED_BOOK_PROMPT.format(question=question)),),
@@ -158,12 +166,77 @@ def _fmt(value: float | None, width: int = 0, digits: int = 3) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
+def ask_with_method(
+    question: str,
+    method: str,
+    *,
+    index: str | None,
+    model: str | None,
+    engine: str,
+    threshold: float | None,
+    **options: Any,
+) -> Trace:
+    """Run a named method (``ragate.methods``) on one question against ``index`` (default: the demo index)."""
+    from dataclasses import replace
+
+    from ragate.methods import get_method, run_method
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    question = _check_question(question)
+    spec = get_method(method)
+    if threshold is not None:
+        spec = spec.with_(gate=replace(spec.gate, threshold=threshold))
+    with open_index(index or demo_index()) as retriever, load_backend(model, engine, **options) as backend:
+        return run_method(spec, question, backend, retriever)
+
+
+def render_trace(trace: Trace) -> str:
+    """The answer, the gate's decision and why, the documents read, and the cost of every stage."""
+    gate = trace.gate
+    verdict = "retrieved" if trace.retrieved else "answered without retrieval"
+    lines = [
+        f"Q: {trace.question}",
+        f"A: {trace.answer or '(empty answer)'}",
+        "",
+        f"method {trace.method}: {verdict} (score {gate.score:.4g}, threshold {gate.threshold:g}): {gate.reason}",
+    ]
+    if trace.documents:
+        lines.append("documents read:")
+        lines += [f"  {h.rank}. [{h.id}] {h.passage.title} (score {h.score:.3f})" for h in trace.documents]
+    lines.append(f"time {trace.seconds:.2f} s, {trace.lm_calls} LM calls, {trace.tokens} tokens:")
+    for s in trace.stages:
+        tokens = (
+            f"{s.prompt_tokens:>5} prompt + {s.completion_tokens:>4} generated tokens"
+            if s.prompt_tokens
+            else ""
+        )
+        lines.append(f"  {s.name:<15} {s.seconds:6.2f} s  {tokens}" + ("  (overhead)" if s.overhead else ""))
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.backend == "openai":
         if not args.openai_base_url:
             raise RagateError("--backend openai needs --openai-base-url (e.g. http://127.0.0.1:8000/v1)")
         options["base_url"] = args.openai_base_url
+    if args.method:
+        trace = ask_with_method(
+            args.question,
+            args.method,
+            index=args.index,
+            model=args.model,
+            engine=args.backend,
+            threshold=args.threshold,
+            **options,
+        )
+        print(json.dumps(trace.to_json(), ensure_ascii=False) if args.json else render_trace(trace))
+        return 0
+    if args.index:
+        raise RagateError(
+            "--index goes with --method (e.g. --method dtr); without a method ragate ask is closed-book"
+        )
     result = ask(
         args.question,
         model=args.model,
@@ -203,5 +276,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--max-tokens", type=int, default=32, help="longest answer in tokens (default 32)")
     parser.add_argument("--top-k", type=int, default=5, help="alternatives shown per token (default 5)")
+    parser.add_argument(
+        "--method",
+        default=None,
+        help="decide whether to retrieve with a named method (dtr, pairs, targ-margin, ...; see docs/methods.md); "
+        "without it: closed-book with per-token scores",
+    )
+    parser.add_argument(
+        "--index",
+        default=None,
+        help="index directory for --method (default: the demo index, built on first use from the Wikipedia "
+        "sample that ships with ragate)",
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=None, help="the gate's threshold (default: the paper's)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(run=run)

@@ -179,6 +179,13 @@ class DenseRetriever(Retriever):
             out.append((q_rows[keep].astype(np.int64), q_scores[keep]))
         return out
 
+    def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        scores, rows = self.search_vectors(vectors, k)
+        return [
+            make_hits(r[r >= 0].astype(np.int64), s[r >= 0], self.passages.by_row)
+            for r, s in zip(rows, scores, strict=True)
+        ]
+
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         return [
             make_hits(rows, scores, self.passages.by_row) for rows, scores in self.search_rows(queries, k)

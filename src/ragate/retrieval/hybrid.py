@@ -62,6 +62,10 @@ class HybridRetriever(Retriever):
     def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
         return self.dense.passage_embeddings(passage_ids)
 
+    def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """By vector there is no BM25 side: the dense half answers."""
+        return self.dense.search_by_vectors(vectors, k)
+
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         check_queries(queries, k)
         depth = max(k, self.fusion_depth)

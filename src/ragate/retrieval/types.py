@@ -73,6 +73,10 @@ class Retriever(ABC):
     def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
         raise NotImplementedError(f"a {self.kind} retriever holds no embeddings; use a dense or hybrid index")
 
+    def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Nearest passages to already-encoded, normalised query vectors (HyDE averages several encodings)."""
+        raise NotImplementedError(f"a {self.kind} retriever cannot search by vector; use a dense or hybrid index")
+
     def close(self) -> None:
         """Release files or connections. Safe to call twice."""
 

@@ -1,0 +1,75 @@
+"""The papers' prompts, verbatim, each with its source. Each is sent as one user message through the model's chat
+template. ``{question}`` is the question; ``{context}`` the formatted documents or the pseudo-context.
+
+See docs/notes/single-shot-methods-spec.md for how these compare with the authors' code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ragate.gates.judge import JUDGE_PROMPT
+from ragate.retrieval.types import Passage
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The prompts one paper's family of methods uses."""
+
+    name: str
+    direct: str  # answer without documents
+    with_context: str  # answer with documents ({context})
+    pseudo_context: str  # write a passage that answers the question
+    system: str | None = None
+
+    def format_passages(self, passages: Sequence[Passage]) -> str:
+        return "\n".join(f"{p.title}: {p.text}" if p.title else p.text for p in passages)
+
+
+DTR = PromptSet(
+    name="dtr",
+    direct="{question}\nAnswer the question using a single word or phrase.",  # Appendix D, Fig. 11
+    # Fig. 12 lists the passages after the question, then the instruction.
+    with_context="{question}\n{context}\nAnswer the question based on the above context using a single word or phrase.",
+    pseudo_context="{question}\nWrite a passage to answer this question.",  # Fig. 13
+)
+
+PAIRS = PromptSet(  # PAIRS Fig. 9 (a) pseudo-context, (b) direct answer, (c) answer with context
+    name="pairs",
+    direct=(
+        "Your task is to answer the given question. Please directly provide the concise answer inside <answer> and "
+        "</answer> without detailed description, e.g., <answer>Beijing</answer>.\nQuestion: {question}"
+    ),
+    with_context=(
+        "Your task is to answer the given question based on the Context. Please directly provide the answer inside "
+        "<answer> and </answer> without detailed description, e.g., <answer>Beijing</answer>.\n"
+        "Context: {context}\nQuestion: {question}"
+    ),
+    pseudo_context="Your task is to write a detailed passage to answer the given question.\nQuestion: {question}",
+)
+
+
+@dataclass(frozen=True)
+class TargPromptSet(PromptSet):
+    """TARG formats each retrieved passage as ``[title] text`` (section 4) after the base prompt B(q)."""
+
+    def format_passages(self, passages: Sequence[Passage]) -> str:
+        return "\n".join(f"[{p.title}] {p.text}" if p.title else p.text for p in passages)
+
+
+TARG = TargPromptSet(  # TARG A.12 "Default" template as the system message; x = B(q) + C (Eq. 5)
+    name="targ",
+    direct="{question}",
+    with_context="{context}\n\n{question}",
+    pseudo_context=DTR.pseudo_context,
+    system="You are a helpful assistant. Answer concisely and factually.",
+)
+
+COT = "Answer the following question:\n{question}\nGive the rationale before answering"  # DTR Fig. 14
+HYDE = (
+    "Please write a passage to answer the question\nQuestion: {question}\nPassage:"  # HyDE (Gao et al., 2023)
+)
+JUDGE = JUDGE_PROMPT  # DTR Fig. 15
+
+PROMPT_SETS = {p.name: p for p in (DTR, PAIRS, TARG)}

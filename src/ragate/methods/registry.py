@@ -1,0 +1,109 @@
+"""Named methods with their papers' defaults. ``get_method("dtr")``; a typo gets "did you mean".
+
+Recipes are small frozen records; the modules that run them are imported only when a method runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from ragate.errors import RagateError
+from ragate.methods.prompts import PAIRS, TARG
+from ragate.methods.spec import GateSpec, MethodSpec, SelectorSpec
+
+_Q = SelectorSpec("question")
+_DPR = SelectorSpec("dpr-ais")
+_TARG_SELECT = SelectorSpec("question", k=5)  # TARG: top-K = 5, "[title] text"
+
+_METHODS = (
+    MethodSpec("no-retrieval", "answer from the question alone (DTR Fig. 11)", GateSpec("never"), _Q),
+    MethodSpec(
+        "standard-rag", "always retrieve top-3 for the question (DTR Fig. 12)", GateSpec("always"), _Q
+    ),
+    MethodSpec(
+        "llm-judge", "ask the model whether it needs information (DTR Fig. 15)", GateSpec("llm-judge"), _Q
+    ),
+    MethodSpec(
+        "hyde",
+        "always retrieve with a hypothetical document (HyDE)",
+        GateSpec("always"),
+        SelectorSpec("hyde"),
+    ),
+    MethodSpec(
+        "q2d",
+        "always retrieve with question x5 + pseudo-document (Query2doc)",
+        GateSpec("always"),
+        SelectorSpec("q2d"),
+    ),
+    MethodSpec(
+        "cot",
+        "always retrieve with question x5 + chain of thought (DTR Fig. 14)",
+        GateSpec("always"),
+        SelectorSpec("cot"),
+    ),
+    MethodSpec("dtr", "DTR: UGT gate (tau 0.001) + dual-path retrieval + AIS cos", GateSpec("ugt"), _DPR),
+    MethodSpec("dtr-no-ugt", "DTR without UGT: DPR-AIS for every question", GateSpec("always"), _DPR),
+    MethodSpec(
+        "dpr-ais", "PAIRS's DPR-AIS for every question (PAIRS prompts)", GateSpec("always"), _DPR, PAIRS
+    ),
+    MethodSpec(
+        "dpr-ais-dynamic",
+        "DPR-AIS with PAIRS's dynamic alpha (Eq. 8)",
+        GateSpec("always"),
+        SelectorSpec("dpr-ais", score="dynamic"),
+        PAIRS,
+    ),
+    MethodSpec(
+        "dpr-ais-rerank",
+        "DPR pool reranked by K(d,q) + K(d,p) (PAIRS Eq. 7)",
+        GateSpec("always"),
+        SelectorSpec("dpr-ais-rerank"),
+        PAIRS,
+    ),
+    MethodSpec(
+        "pairs",
+        "PAIRS: skip retrieval when direct and pseudo-context answers agree, else DPR-AIS",
+        GateSpec("pairs"),
+        _DPR,
+        PAIRS,
+    ),
+    MethodSpec(
+        "pairs-exclude-num",
+        "PAIRS, but answers with numbers always retrieve (Table 5)",
+        GateSpec("pairs-exclude-num"),
+        _DPR,
+        PAIRS,
+    ),
+    MethodSpec(
+        "targ-entropy",
+        "TARG: mean entropy of a 20-token draft (Eq. 1)",
+        GateSpec("targ-entropy"),
+        _TARG_SELECT,
+        TARG,
+    ),
+    MethodSpec(
+        "targ-margin",
+        "TARG: mean exp(-gap/3) of a 20-token draft (Eq. 2)",
+        GateSpec("targ-margin"),
+        _TARG_SELECT,
+        TARG,
+    ),
+    MethodSpec(
+        "targ-variance",
+        "TARG: disagreement of 5 sampled 20-token drafts at T=0.7 (Eq. 3)",
+        GateSpec("targ-variance"),
+        _TARG_SELECT,
+        TARG,
+    ),
+    MethodSpec("random", "retrieve for a random half of the questions (the control)", GateSpec("random"), _Q),
+)
+METHODS: dict[str, MethodSpec] = {m.name: m for m in _METHODS}
+
+
+def get_method(name: str) -> MethodSpec:
+    try:
+        return METHODS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, METHODS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise RagateError(f"unknown method {name!r}.{hint} Methods: {', '.join(METHODS)}") from None

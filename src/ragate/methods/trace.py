@@ -1,0 +1,70 @@
+"""What a method did for one question: its answer, its gate's decision, what it searched and read, and the cost
+of every stage."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ragate.gates.base import GateDecision
+from ragate.retrieval.types import Hit
+from ragate.types import Generation
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step: an LM call (tokens > 0) or a retrieval (tokens 0). ``overhead`` marks work the answer does not
+    reuse (a draft thrown away because the gate said "retrieve", a judge's reply, the variance gate's samples)."""
+
+    name: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    overhead: bool = False
+
+    @classmethod
+    def of(cls, name: str, gen: Generation, *, overhead: bool = False) -> Stage:
+        return cls(name, gen.prompt_tokens, gen.completion_tokens, gen.seconds, overhead)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The record of one question through one method (one JSON line in an evaluation run)."""
+
+    method: str
+    question: str
+    answer: str
+    retrieved: bool
+    gate: GateDecision
+    queries: tuple[str, ...]
+    documents: tuple[Hit, ...]
+    stages: tuple[Stage, ...]
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.stages)
+
+    @property
+    def lm_calls(self) -> int:
+        return sum(1 for s in self.stages if s.prompt_tokens or s.completion_tokens)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.prompt_tokens + s.completion_tokens for s in self.stages)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "question": self.question,
+            "answer": self.answer,
+            "retrieved": self.retrieved,
+            "gate": asdict(self.gate),
+            "queries": list(self.queries),
+            "documents": [
+                {"id": h.id, "title": h.passage.title, "score": h.score, "rank": h.rank}
+                for h in self.documents
+            ],
+            "stages": [asdict(s) for s in self.stages],
+            "seconds": self.seconds,
+            "tokens": self.tokens,
+        }

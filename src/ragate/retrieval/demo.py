@@ -1,0 +1,23 @@
+"""The demo index: a hybrid index over the small real Wikipedia sample that ships in the package, built on first
+use under ``<ragate home>/indexes/demo`` (about half a minute on 2 cores, then reused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ragate.models import ragate_home
+from ragate.retrieval.corpus import demo_dir, read_passages
+from ragate.retrieval.index import IndexKind, build_index
+
+DEMO_KIND: IndexKind = "hybrid"
+
+
+def demo_index(home: Path | str | None = None, *, progress: bool = True) -> Path:
+    """The demo index directory, built from ``ragate/data/demo/passages.jsonl`` if it is not there yet."""
+    target = ragate_home(home) / "indexes" / "demo"
+    if (target / "manifest.json").exists():
+        return target
+    passages = demo_dir() / "passages.jsonl"
+    return build_index(
+        read_passages(passages), target, DEMO_KIND, progress=progress, overwrite=True, corpus=str(passages)
+    )
