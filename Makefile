@@ -21,6 +21,7 @@ install: $(STAMP)
 
 demo: install
 	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)"
+	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)" --method dtr
 
 test: install
 	$(PY) -m pytest

@@ -126,18 +126,12 @@ def stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
     nq = load_gold(corpus_dir, "nq_open_oracle")
     lat_queries = [q["question"] for q in nq[: args.latency_queries]]
     out: dict[str, Any] = {"stage": name}
-    if name == "pooled-bm25":
+    if name in ("pooled-bm25", "pooled-dense"):
+        kind = name.split("-")[1]
         out["build"] = timed_build(
-            read_passages(corpus_file), bench / "pooled-bm25", "bm25", n_real, args.rebuild
+            read_passages(corpus_file), bench / name, kind, n_real, args.rebuild, corpus=str(corpus_file)
         )
-        with open_index(bench / "pooled-bm25") as r:
-            out["recall"] = {d: recall_at_k(r, load_gold(corpus_dir, d), KS) for d in DATASETS}
-            out["latency"] = latency(r, lat_queries)
-    elif name == "pooled-dense":
-        out["build"] = timed_build(
-            read_passages(corpus_file), bench / "pooled-dense", "dense", n_real, args.rebuild
-        )
-        with open_index(bench / "pooled-dense") as r:
+        with open_index(bench / name) as r:
             out["recall"] = {d: recall_at_k(r, load_gold(corpus_dir, d), KS) for d in DATASETS}
             out["latency"] = latency(r, lat_queries)
     elif name == "pooled-hybrid":
