@@ -9,7 +9,8 @@ line scores up.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from types import TracebackType
+from typing import Literal, Self
 
 import numpy as np
 
@@ -150,3 +151,18 @@ class Generation:
         if self.entropies is not None:
             return self.entropies, True
         return tuple(topk_entropy([t.logprob for t in step]) for step in self.top_logprobs), False
+
+
+class Closeable:
+    """A resource used as a context manager: ``with load_backend(...) as lm:`` closes it on the way out."""
+
+    def close(self) -> None:
+        """Release files, models or connections. Safe to call twice."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

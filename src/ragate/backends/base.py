@@ -5,11 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 from ragate.errors import CapabilityError
-from ragate.types import Generation, GenerationRequest
+from ragate.types import Closeable, Generation, GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,7 @@ class Capabilities:
     prefix_cache: bool
 
 
-class Backend(ABC):
+class Backend(Closeable, ABC):
     """A language model behind one engine (llama.cpp, transformers, an OpenAI-compatible server, a script).
 
     ``generate`` takes a list of requests and returns one :class:`Generation` per request, in order; each engine
@@ -72,17 +70,6 @@ class Backend(ABC):
             raise CapabilityError(
                 f"the {self.engine} backend has no chat template for model {self.model!r}; send a text prompt"
             )
-
-    def close(self) -> None:
-        """Release the model or connection. Safe to call twice."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r})"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 import numpy as np
+
+from ragate.types import Closeable
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Hit:
         return self.passage.id
 
 
-class Retriever(ABC):
+class Retriever(Closeable, ABC):
     """Ranked search over a corpus. ``search`` is batched: a list of queries in, one ranked list per query out.
 
     Retrievers that hold passage embeddings (dense, hybrid, Milvus) also answer ``embed_queries`` and
@@ -75,15 +75,6 @@ class Retriever(ABC):
 
     def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         """Nearest passages to already-encoded, normalised query vectors (HyDE averages several encodings)."""
-        raise NotImplementedError(f"a {self.kind} retriever cannot search by vector; use a dense or hybrid index")
-
-    def close(self) -> None:
-        """Release files or connections. Safe to call twice."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        raise NotImplementedError(
+            f"a {self.kind} retriever cannot search by vector; use a dense or hybrid index"
+        )
