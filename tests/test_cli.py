@@ -65,6 +65,10 @@ def test_ask_table(smollm2_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         (["ask", "hi", "--model", "qwen2.5-coder-1.5b"], "ragate models install qwen2.5-coder-1.5b"),
         (["ask", "hi", "--model", "/no/such/model.gguf"], "/no/such/model.gguf"),
         (["ask", "hi", "--backend", "openai"], "--openai-base-url"),
+        (["ask", "hi", "--method", "dtrr"], "Did you mean 'dtr'"),
+        (["ask", "hi", "--method", "dtr", "--gate", "targ-margn"], "Did you mean 'targ-margin'"),
+        (["ask", "hi", "--method", "dtr", "--selector", "hide"], "Did you mean 'hyde'"),
+        (["ask", "hi", "--index", "/tmp"], "--index goes with --method"),
     ],
 )
 def test_ask_errors_name_the_problem_and_the_fix(

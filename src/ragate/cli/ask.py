@@ -9,6 +9,7 @@ documents read and the cost of every stage. The closed-book prompt is DTR's dire
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import sys
@@ -174,21 +175,37 @@ def ask_with_method(
     model: str | None,
     engine: str,
     threshold: float | None,
+    gate: str | None = None,
+    selector: str | None = None,
     **options: Any,
 ) -> Trace:
     """Run a named method (``ragate.methods``) on one question against ``index`` (default: the demo index)."""
     from dataclasses import replace
 
-    from ragate.methods import get_method, run_method
+    from ragate.methods import GateSpec, get_method, run_method
+    from ragate.methods.spec import GATES, SELECTORS
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
 
     question = _check_question(question)
     spec = get_method(method)
+    if gate is not None:
+        spec = spec.with_(gate=GateSpec(_choice(gate, GATES, "gate")))  # type: ignore[arg-type]
+    if selector is not None:
+        kind = _choice(selector, SELECTORS, "selector")
+        spec = spec.with_(selector=replace(spec.selector, kind=kind))  # type: ignore[arg-type]
     if threshold is not None:
         spec = spec.with_(gate=replace(spec.gate, threshold=threshold))
     with open_index(index or demo_index()) as retriever, load_backend(model, engine, **options) as backend:
         return run_method(spec, question, backend, retriever)
+
+
+def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        close = difflib.get_close_matches(value, allowed, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise RagateError(f"unknown {what} {value!r}.{hint} Choose one of: {', '.join(allowed)}")
+    return value
 
 
 def render_trace(trace: Trace) -> str:
@@ -229,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             engine=args.backend,
             threshold=args.threshold,
+            gate=args.gate,
+            selector=args.selector,
             **options,
         )
         print(json.dumps(trace.to_json(), ensure_ascii=False) if args.json else render_trace(trace))
@@ -287,6 +306,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         help="index directory for --method (default: the demo index, built on first use from the Wikipedia "
         "sample that ships with ragate)",
+    )
+    parser.add_argument(
+        "--gate", default=None, help="replace the method's gate (e.g. targ-margin, ugt, pairs)"
+    )
+    parser.add_argument(
+        "--selector", default=None, help="replace the method's selector (e.g. hyde, dpr-ais, q2d)"
     )
     parser.add_argument(
         "--threshold", type=float, default=None, help="the gate's threshold (default: the paper's)"

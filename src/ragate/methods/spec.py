@@ -6,7 +6,7 @@ Any gate combines with any selector: a named method is just a default pairing wi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
 from ragate.gates.targ import DEFAULT_PREFIX, DEFAULT_SAMPLE_TEMPERATURE, DEFAULT_SAMPLES
 from ragate.gates.ugt import DEFAULT_TAU
@@ -23,8 +23,8 @@ SelectorKind = Literal[
     "fixed-2q1p", "fixed-1q2p", "dpr-ais-rerank",
 ]  # fmt: skip
 
-GATES: tuple[GateKind, ...] = GateKind.__args__  # type: ignore[attr-defined]
-SELECTORS: tuple[SelectorKind, ...] = SelectorKind.__args__  # type: ignore[attr-defined]
+GATES: tuple[GateKind, ...] = get_args(GateKind)
+SELECTORS: tuple[SelectorKind, ...] = get_args(SelectorKind)
 
 # TARG's thresholds are model-specific and should be calibrated to a budget (TARG section 3.3); these defaults
 # are the middle of the ranges TARG reports for Qwen2.5-7B (Table 1) and only a starting point.
