@@ -10,7 +10,9 @@ questions, the floor is what an oracle gate with no cost of its own would spend 
 
 with t(never) the seconds of the no-retrieval answer and t(retrieval) + t(context decode) the extra seconds of
 the always-retrieve answer, both measured on the same questions in the same run (each question runs every
-method back to back, in rotated order, so machine drift hits all alike). Overhead = seconds / floor - 1.
+method back to back, in rotated order, so machine drift hits all alike; the backend's prompt cache is cleared
+before each method, or a method would reuse the previous one's identical prompt for free).
+Overhead = seconds / floor - 1.
 Thresholds are each gate's default; pass ``--threshold GATE=VALUE`` to change one.
 """
 
@@ -62,6 +64,7 @@ def main() -> None:
         for i, question in enumerate(tqdm(questions, desc="questions")):
             order = GATES[i % len(GATES) :] + GATES[: i % len(GATES)]
             for gate in order:
+                lm.clear_cache()  # the previous method's prompt must not make this one's look free
                 trace = run_method(specs[gate], question, lm, index, seed=i)
                 seconds[gate].append(trace.seconds)
                 retrieved[gate].append(trace.retrieved)

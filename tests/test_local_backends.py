@@ -189,3 +189,10 @@ def test_hf_loads_a_model_directory(hf_backend: Any, tmp_path: Any) -> None:
         [a] = from_dir.generate([request])
     [b] = hf_backend.generate([request])
     assert a.token_ids == b.token_ids and a.text == b.text
+
+
+def test_llama_clear_cache_keeps_results(llama_backend: Any) -> None:
+    [a] = llama_backend.generate([GenerationRequest(PROMPT, max_tokens=6)])
+    llama_backend.clear_cache()
+    [b] = llama_backend.generate([GenerationRequest(PROMPT, max_tokens=6)])
+    assert a.token_ids == b.token_ids

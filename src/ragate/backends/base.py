@@ -71,5 +71,9 @@ class Backend(Closeable, ABC):
                 f"the {self.engine} backend has no chat template for model {self.model!r}; send a text prompt"
             )
 
+    def clear_cache(self) -> None:
+        """Forget cached prompt state (the key/value cache kept for prefix reuse), so that the next request is
+        timed cold. Benchmarks comparing methods on the same question need this; serving does not."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model={self.model!r})"

@@ -159,8 +159,11 @@ class TransformersBackend(Backend):
         last = out.attentions[-1][0].float().mean(dim=0)  # (L, L)
         return last[n_prompt:, :].numpy().astype(np.float32)
 
-    def close(self) -> None:
+    def clear_cache(self) -> None:
         self._past, self._cache_ids = None, []
+
+    def close(self) -> None:
+        self.clear_cache()
 
 
 def _with_attentions(gen: Generation, attentions: np.ndarray) -> Generation:

@@ -131,6 +131,9 @@ class LlamaCppBackend(Backend):
             results.append(decode(self, request, prompt_ids, max_context=self.max_context))
         return results
 
+    def clear_cache(self) -> None:
+        self._llm.reset()
+
     def close(self) -> None:
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is not None:
