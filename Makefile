@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ragate-installed
 DEMO_QUESTION ?= Who wrote the novel Pride and Prejudice?
+# a question whose evidence is in the demo corpus (src/ragate/data/demo: NQ-open oracle passages)
+DEMO_RAG_QUESTION ?= who got the first nobel prize in physics
 
 .PHONY: install demo test bench lint clean
 
@@ -21,7 +23,7 @@ install: $(STAMP)
 
 demo: install
 	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)"
-	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)" --method dtr
+	$(VENV)/bin/ragate ask "$(DEMO_RAG_QUESTION)" --method dtr
 
 test: install
 	$(PY) -m pytest
