@@ -10,6 +10,7 @@ of TARG's variance gate, a draft continued after a gate) only pays for the new t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,8 @@ class TransformersBackend(Backend):
             )
             gen = decode(self, request, prompt_ids, max_context=self.max_context)
             if request.attentions:
-                gen = _with_attentions(
-                    gen, self._attentions(prompt_ids + list(gen.token_ids), len(prompt_ids))
-                )
+                attentions = self._attentions(prompt_ids + list(gen.token_ids), len(prompt_ids))
+                gen = replace(gen, attentions=attentions)
             results.append(gen)
         return results
 
@@ -164,12 +164,6 @@ class TransformersBackend(Backend):
 
     def close(self) -> None:
         self.clear_cache()
-
-
-def _with_attentions(gen: Generation, attentions: np.ndarray) -> Generation:
-    from dataclasses import replace
-
-    return replace(gen, attentions=attentions)
 
 
 def _eos_ids(tokenizer: Any, model: Any) -> frozenset[int]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ragate.gates.judge import JUDGE_PROMPT
 from ragate.retrieval.types import Passage
+from ragate.text import extract_tagged_answer
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,11 @@ class PromptSet:
     with_context: str  # answer with documents ({context})
     pseudo_context: str  # write a passage that answers the question
     system: str | None = None
+    tagged_answers: bool = False  # answers come inside <answer>...</answer> (PAIRS Fig. 9)
+
+    def answer_text(self, generated: str) -> str:
+        """The answer in a generated reply: the tagged span for tagged prompt sets, else the text, stripped."""
+        return extract_tagged_answer(generated) if self.tagged_answers else generated.strip()
 
     def format_passages(self, passages: Sequence[Passage]) -> str:
         return "\n".join(f"{p.title}: {p.text}" if p.title else p.text for p in passages)
@@ -47,6 +53,7 @@ PAIRS = PromptSet(  # PAIRS Fig. 9 (a) pseudo-context, (b) direct answer, (c) an
         "Context: {context}\nQuestion: {question}"
     ),
     pseudo_context="Your task is to write a detailed passage to answer the given question.\nQuestion: {question}",
+    tagged_answers=True,
 )
 
 

@@ -88,12 +88,11 @@ def run_method(
         documents = tuple(_select(run, spec.selector, pseudo))
         context = spec.prompts.format_passages([h.passage for h in documents])
         answer = run.one("answer", spec.prompts.with_context, context=context).text
-    if spec.prompts.name == "pairs":
-        answer = extract_tagged_answer(answer)
+    answer = spec.prompts.answer_text(answer)
     return Trace(
         spec.name,
         question,
-        answer.strip(),
+        answer,
         decision.retrieve,
         decision,
         tuple(run.queries),
