@@ -1,6 +1,6 @@
 """What deciding costs: seconds per question of each gate against the floor it cannot beat.
 
-    .venv/bin/python benchmarks/gate_overhead.py [--questions 100] [--index DIR] [--model smollm2-135m]
+    .venv/bin/python benchmarks/gate_overhead.py [--questions 100] [--budget 0.5] [--out FILE.jsonl]
 
 On the first ``--questions`` NQ-open dev questions, every gate runs with the same reader, prompts (DTR's) and
 selector (the question's top 3), so that only the gate differs. For a gate that retrieves for a share pi of the
@@ -9,25 +9,38 @@ questions, the floor is what an oracle gate with no cost of its own would spend 
     floor = t(never) + pi * (t(retrieval) + t(context decode))
 
 with t(never) the seconds of the no-retrieval answer and t(retrieval) + t(context decode) the extra seconds of
-the always-retrieve answer, both measured on the same questions in the same run (each question runs every
-method back to back, in rotated order, so machine drift hits all alike; the backend's prompt cache is cleared
-before each method, or a method would reuse the previous one's identical prompt for free).
-Overhead = seconds / floor - 1.
-Thresholds are each gate's default; pass ``--threshold GATE=VALUE`` to change one.
+the always-retrieve answer, both measured on the same questions in the same run. The table gives that floor
+(means over all questions) and the paired one, which sums t(never, q) + [gate retrieved q] * (t(always, q) -
+t(never, q)) over the questions the gate actually retrieved for, so the cost of *which* questions it picks does
+not count as overhead. Overhead = seconds / floor - 1. Seconds are wall-clock around the whole method call.
+
+Each question runs every method back to back, in rotated order, so machine drift hits all alike; the backend's
+prompt cache is cleared before each method, or a method would reuse the previous one's identical prompt for free.
+
+Thresholds: with ``--budget RHO`` (default 0.5) the thresholded gates (UGT, TARG's three) are calibrated to
+retrieve for a share RHO of questions: tau = F^-1(1 - RHO) over their scores on ``--calibration`` other NQ-open
+questions (from the end of the file, disjoint from the measured ones), and the random gate's rate is RHO. With
+``--budget paper`` every gate keeps its paper default. ``--threshold GATE=VALUE`` overrides one gate.
+PAIRS and the LLM judge have no threshold: their rate is what the model makes it.
+
+``--out`` keeps one JSON line per (question, gate) as it finishes; rerunning with the same file resumes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from ragate.backends import load_backend
-from ragate.methods import GateSpec, MethodSpec, SelectorSpec, run_method
+from ragate.eval.calibrate import threshold_for_budget
+from ragate.methods import GateSpec, MethodSpec, SelectorSpec, decide, run_method
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
 
@@ -35,50 +48,128 @@ GATES = (
     "never", "always", "ugt", "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "pairs",
     "pairs-exclude-num", "random",
 )  # fmt: skip
+CALIBRATED = ("ugt", "targ-entropy", "targ-margin", "targ-variance")
 NQ = Path("../shared/data/nq_open/NQ-open.dev.jsonl")
+
+
+def read_questions(path: Path, first: int, last: int) -> tuple[list[str], list[str]]:
+    lines = path.read_text().splitlines()
+    questions = [json.loads(line)["question"] for line in lines]
+    return questions[:first], questions[len(questions) - last :] if last else []
+
+
+def calibrate(budget: float, questions: list[str], lm, index) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    thresholds = {}
+    for gate in CALIBRATED:
+        spec = MethodSpec(gate, gate, GateSpec(gate), SelectorSpec("question"))  # type: ignore[arg-type]
+        scores = [
+            decide(spec, q, lm, index, seed=10_000 + i).score
+            for i, q in enumerate(tqdm(questions, desc=f"calibrate {gate}", leave=False))
+        ]
+        thresholds[gate] = threshold_for_budget(scores, budget)
+    return thresholds
+
+
+def load_rows(path: Path | None) -> list[dict]:  # type: ignore[type-arg]
+    if path is None or not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: that measurement is simply redone
+            continue
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=100)
+    parser.add_argument("--calibration", type=int, default=20, help="questions to calibrate thresholds on")
+    parser.add_argument("--budget", default="0.5", help="retrieval budget rho in [0, 1], or 'paper'")
     parser.add_argument("--data", type=Path, default=NQ, help="NQ-open JSONL ({'question', 'answer'})")
     parser.add_argument("--index", default=None, help="index directory (default: the demo index)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--threshold", action="append", default=[], help="GATE=VALUE, repeatable")
+    parser.add_argument("--out", type=Path, default=None, help="JSONL of measurements; resumes if it exists")
     args = parser.parse_args()
     if not args.data.exists():
         sys.exit(
             f"{args.data} not found: pass --data with NQ-open's NQ-open.dev.jsonl (see ../shared/data/README.md)"
         )
-    with args.data.open() as f:
-        questions = [json.loads(line)["question"] for _, line in zip(range(args.questions), f, strict=False)]
-    thresholds = {k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)}
-    specs = {
-        g: MethodSpec(g, g, GateSpec(g, threshold=thresholds.get(g)), SelectorSpec("question"))
-        for g in GATES  # type: ignore[arg-type]
-    }
-    seconds: dict[str, list[float]] = {g: [] for g in GATES}
-    retrieved: dict[str, list[bool]] = {g: [] for g in GATES}
+    paper = args.budget == "paper"
+    budget = 0.5 if paper else float(args.budget)
+    questions, held_out = read_questions(args.data, args.questions, 0 if paper else args.calibration)
+    overrides = {k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)}
+    rows = load_rows(args.out)
     with open_index(args.index or demo_index()) as index, load_backend(args.model, "llama.cpp") as lm:
+        saved = next((r["thresholds"] for r in rows if "thresholds" in r), None)
+        if saved is None:
+            thresholds = {} if paper else calibrate(budget, held_out, lm, index)
+            thresholds.update(overrides)
+            rows.append({"thresholds": thresholds})
+            _append(args.out, rows[-1])
+        else:
+            thresholds = saved
+        specs = {
+            g: MethodSpec(
+                g, g, GateSpec(g, threshold=thresholds.get(g), rate=budget), SelectorSpec("question")
+            )  # type: ignore[arg-type]
+            for g in GATES
+        }
+        done = {(r["q"], r["gate"]) for r in rows if "gate" in r}
         run_method(specs["always"], questions[0], lm, index)  # warm-up: encoder, caches
         for i, question in enumerate(tqdm(questions, desc="questions")):
             order = GATES[i % len(GATES) :] + GATES[: i % len(GATES)]
             for gate in order:
+                if (i, gate) in done:
+                    continue
                 lm.clear_cache()  # the previous method's prompt must not make this one's look free
+                start = time.perf_counter()
                 trace = run_method(specs[gate], question, lm, index, seed=i)
-                seconds[gate].append(trace.seconds)
-                retrieved[gate].append(trace.retrieved)
-    never = statistics.mean(seconds["never"])
-    extra = statistics.mean(seconds["always"]) - never
-    print(f"{len(questions)} NQ-open questions; model {lm.model}; index {args.index or 'demo'}")
+                row = {
+                    "q": i,
+                    "gate": gate,
+                    "seconds": time.perf_counter() - start,
+                    "retrieved": trace.retrieved,
+                }
+                rows.append(row)
+                _append(args.out, row)
+        model = lm.model
+    report(rows, len(questions), thresholds, budget, paper, model, args.index or "demo")
+
+
+def _append(path: Path | None, row: dict) -> None:  # type: ignore[type-arg]
+    if path is None:
+        return
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def report(rows, n, thresholds, budget, paper, model, index) -> None:  # type: ignore[no-untyped-def]
+    seconds = {(r["q"], r["gate"]): r["seconds"] for r in rows if "gate" in r and r["q"] < n}
+    retrieved = {(r["q"], r["gate"]): r["retrieved"] for r in rows if "gate" in r and r["q"] < n}
+    qs = range(n)
+    t_never = [seconds[q, "never"] for q in qs]
+    t_extra = [seconds[q, "always"] - seconds[q, "never"] for q in qs]
+    never, extra = statistics.mean(t_never), statistics.mean(t_extra)
+    how = "paper defaults" if paper else f"calibrated to budget {budget} on held-out questions"
+    print(f"{n} NQ-open questions; model {model}; index {index}; thresholds: {how}")
+    print("  " + ", ".join(f"{g} {t:.4g}" for g, t in thresholds.items()))
     print(f"t(never) = {never:.3f} s/question; t(retrieval + context decode) = {extra:.3f} s\n")
-    print("| gate | retrieval rate | s / question | floor s | overhead over floor |")
-    print("|---|---|---|---|---|")
+    print("| gate | retrieval rate | s / question | floor s | overhead | paired floor s | paired overhead |")
+    print("|---|---|---|---|---|---|---|")
     for gate in GATES:
-        rate = sum(retrieved[gate]) / len(questions)
-        mean = statistics.mean(seconds[gate])
+        rate = sum(retrieved[q, gate] for q in qs) / n
+        mean = statistics.mean(seconds[q, gate] for q in qs)
         floor = never + rate * extra
-        print(f"| {gate} | {rate:.2f} | {mean:.3f} | {floor:.3f} | {100 * (mean / floor - 1):+.1f}% |")
+        paired = statistics.mean(t_never[q] + retrieved[q, gate] * t_extra[q] for q in qs)
+        print(
+            f"| {gate} | {rate:.2f} | {mean:.3f} | {floor:.3f} | {100 * (mean / floor - 1):+.1f}% "
+            f"| {paired:.3f} | {100 * (mean / paired - 1):+.1f}% |"
+        )
 
 
 if __name__ == "__main__":

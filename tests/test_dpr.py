@@ -60,3 +60,49 @@ def test_dpr_ais_needs_embeddings(wiki_passages: list[Any], tmp_path: Path) -> N
 
 def test_rerank_scores_sum() -> None:
     assert list(rerank_scores(np.array([1.0, -2.0]), np.array([0.5, 3.0]))) == [1.5, 1.0]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir(minilm: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real, small sentence-transformers CrossEncoder built here: MiniLM's 6-layer BERT body with a seeded
+    one-logit head (no cross-encoder ships in a registry, and the Hub is unreachable). Its scores carry no
+    relevance knowledge; the test checks the rerank arithmetic and plumbing, not quality."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    model = CrossEncoder(str(minilm.model_dir), num_labels=1, device="cpu")
+    out = Path(tmp_path_factory.mktemp("cross")) / "minilm-cross"
+    model.save(str(out))
+    return out
+
+
+def test_rerank_with_a_cross_encoder_sums_its_raw_scores(dense: Any, cross_encoder_dir: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    from ragate.backends.scripted import ScriptedBackend, make_generation
+    from ragate.methods import SelectorSpec, get_method, run_method
+
+    spec = get_method("dpr-ais-rerank")
+    spec = spec.with_(selector=SelectorSpec("dpr-ais-rerank", cross_encoder=str(cross_encoder_dir)))
+    lm = ScriptedBackend([make_generation([PSEUDO], [-0.1]), make_generation(["Alexander Fleming"], [-0.1])])
+    trace = run_method(spec, QUESTION, lm, dense)
+    pool = merge_by_id(*dense.search([QUESTION, PSEUDO], 5))
+    ce = CrossEncoder(str(cross_encoder_dir), device="cpu")  # independent load, default (sigmoid-free) scores
+    import torch
+
+    ce.activation_fn = torch.nn.Identity()
+    texts = [h.passage.contents for h in pool]
+    expected = ce.predict([(QUESTION, t) for t in texts]) + ce.predict([(PSEUDO, t) for t in texts])
+    best = np.argsort(-expected, kind="stable")[:3]
+    assert [d.id for d in trace.documents] == [pool[i].id for i in best]
+    assert [d.score for d in trace.documents] == pytest.approx([float(expected[i]) for i in best], abs=1e-5)
+    assert trace.answer == "Alexander Fleming" and trace.queries == (QUESTION, PSEUDO)
+
+
+def test_rerank_names_a_missing_cross_encoder(dense: Any, tmp_path: Path) -> None:
+    from ragate.errors import ModelNotFoundError
+    from ragate.methods.runner import load_cross_encoder
+
+    with pytest.raises(ModelNotFoundError, match="not a local directory"):
+        load_cross_encoder(str(tmp_path / "nope"))

@@ -7,13 +7,17 @@ the gate says "yes", the draft's tokens are counted as overhead in the trace.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ragate.backends.base import Backend
+from ragate.errors import ModelNotFoundError
 from ragate.gates import basic, judge, pairs, targ, ugt
 from ragate.gates.base import GateDecision
 from ragate.methods import prompts as P
@@ -101,21 +105,34 @@ def run_method(
     )
 
 
-def _gate(run: _Run, gate: GateSpec, seed: int) -> tuple[GateDecision, str, str | None]:
-    """The decision, the answer if no retrieval follows, and a pseudo-context the selector may reuse."""
+def decide(
+    spec: MethodSpec, question: str, lm: Backend, retriever: Retriever | None = None, *, seed: int = 0
+) -> GateDecision:
+    """Only the gate: its decision and score for ``question`` (what calibration and threshold sweeps need).
+
+    It pays for the gate's own generations and nothing after them, so its score equals the one ``run_method``
+    would see with the same ``seed``."""
+    return _gate(_Run(spec, question, lm, retriever), spec.gate, seed, answer=False)[0]
+
+
+def _gate(
+    run: _Run, gate: GateSpec, seed: int, *, answer: bool = True
+) -> tuple[GateDecision, str, str | None]:
+    """The decision, the answer if no retrieval follows (with ``answer``), and a pseudo-context the selector may
+    reuse."""
     prompts, kind = run.spec.prompts, gate.kind
     if kind == "always":
         return basic.always(), "", None
     if kind in ("never", "random"):
         decision = basic.never() if kind == "never" else basic.random_gate(run.question, gate.rate, seed)
-        if decision.retrieve:
+        if decision.retrieve or not answer:
             return decision, "", None
         return decision, run.one("answer", prompts.direct).text, None
     if kind == "ugt":
         draft = run.one("draft", prompts.direct)
         return ugt.ugt(draft, gate.tau, compare=gate.compare), draft.text, None
     if kind.startswith("targ-"):
-        return _targ(run, gate, seed)
+        return _targ(run, gate, seed, answer=answer)
     if kind.startswith("pairs"):
         a1 = run.one("draft", prompts.direct)
         p = run.one("pseudo-context", prompts.pseudo_context, max_tokens=run.spec.pseudo_max_tokens).text
@@ -132,11 +149,13 @@ def _gate(run: _Run, gate: GateSpec, seed: int) -> tuple[GateDecision, str, str 
     if kind == "llm-judge":
         reply = run.one("judge", P.JUDGE, max_tokens=4, overhead=True)
         decision = judge.llm_judge(reply)
-        return decision, ("" if decision.retrieve else run.one("answer", prompts.direct).text), None
+        if decision.retrieve or not answer:
+            return decision, "", None
+        return decision, run.one("answer", prompts.direct).text, None
     raise ValueError(f"unknown gate {kind!r}")
 
 
-def _targ(run: _Run, gate: GateSpec, seed: int) -> tuple[GateDecision, str, str | None]:
+def _targ(run: _Run, gate: GateSpec, seed: int, *, answer: bool) -> tuple[GateDecision, str, str | None]:
     prompts = run.spec.prompts
     draft = run.one("draft", prompts.direct, max_tokens=gate.prefix)
     if gate.kind == "targ-variance":
@@ -157,7 +176,9 @@ def _targ(run: _Run, gate: GateSpec, seed: int) -> tuple[GateDecision, str, str 
         decision = targ.targ_entropy(draft, gate.tau, k=gate.prefix)
     else:
         decision = targ.targ_margin(draft, gate.tau, k=gate.prefix, beta=gate.beta)
-    answer = draft.text
+    text = draft.text
+    if not answer:
+        return decision, text, None
     if not decision.retrieve and draft.finish_reason == "length" and run.spec.max_tokens > len(draft):
         rest = GenerationRequest(
             run.messages(prompts.direct),
@@ -165,8 +186,8 @@ def _targ(run: _Run, gate: GateSpec, seed: int) -> tuple[GateDecision, str, str 
             assistant_prefix=draft.text,
             top_logprobs=0,
         )
-        answer += run.generate("continue", [rest])[0].text
-    return decision, answer, None
+        text += run.generate("continue", [rest])[0].text
+    return decision, text, None
 
 
 def _select(run: _Run, sel: SelectorSpec, pseudo: str | None) -> list[Hit]:
@@ -225,6 +246,21 @@ def _hyde(run: _Run, sel: SelectorSpec) -> list[Hit]:
     return hits
 
 
+@functools.lru_cache(maxsize=2)
+def load_cross_encoder(path: str) -> Any:
+    """A sentence-transformers CrossEncoder giving raw scores (no sigmoid: the PAIRS authors sum logits), loaded
+    once per path rather than once per question."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    if not Path(path).expanduser().is_dir():
+        raise ModelNotFoundError(
+            f"cross-encoder {path!r} is not a local directory: pass the path of a sentence-transformers "
+            "CrossEncoder (the Hugging Face Hub is not reachable from here)"
+        )
+    return CrossEncoder(str(Path(path).expanduser()), device="cpu", activation_fn=torch.nn.Identity())
+
+
 def _rerank(retriever: Retriever, q: str, pseudo: str, sel: SelectorSpec) -> list[Hit]:
     """PAIRS Eq. 7 over the DPR pool. With ``cross_encoder`` set, K is that CrossEncoder's raw score; without one
     (none ships in a registry here) the index's bi-encoder cosine stands in, which makes K(d,q) + K(d,p) the
@@ -232,12 +268,9 @@ def _rerank(retriever: Retriever, q: str, pseudo: str, sel: SelectorSpec) -> lis
     pool = merge_by_id(*retriever.search([q, pseudo], sel.n))
     texts = [h.passage.contents for h in pool]
     if sel.cross_encoder:
-        import torch
-        from sentence_transformers import CrossEncoder
-
-        model = CrossEncoder(sel.cross_encoder, activation_fn=torch.nn.Identity())
-        kq = model.predict([(q, t) for t in texts])
-        kp = model.predict([(pseudo, t) for t in texts])
+        model = load_cross_encoder(sel.cross_encoder)
+        kq = model.predict([(q, t) for t in texts], show_progress_bar=False)
+        kp = model.predict([(pseudo, t) for t in texts], show_progress_bar=False)
     else:
         qv, pv = retriever.embed_queries([q, pseudo])
         docs = retriever.passage_embeddings([h.id for h in pool])

@@ -1,0 +1,1 @@
+"""Evaluation: datasets, metrics, runs that resume, threshold calibration and sweeps, reports."""
