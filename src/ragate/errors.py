@@ -41,3 +41,7 @@ class CorpusFormatError(RagateError):
 
 class DataNotFoundError(RagateError):
     """A data file or directory (corpus, QA files) that is not where it was expected."""
+
+
+class DatasetFormatError(RagateError):
+    """A QA file that cannot be read as questions: bad JSON or TSV, a missing or empty field, a wrong type."""

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from ragate import __version__
 from ragate.errors import RagateError
 
-SUBCOMMAND_MODULES = ("ragate.cli.ask", "ragate.cli.models", "ragate.cli.corpus", "ragate.cli.index")
+SUBCOMMAND_MODULES = (
+    "ragate.cli.ask", "ragate.cli.models", "ragate.cli.corpus", "ragate.cli.index", "ragate.cli.eval",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,8 +8,13 @@ empirical (1 - rho)-quantile of the dev scores, so that at most a share rho of t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from tqdm.auto import tqdm
+
+from ragate.errors import RagateError
 
 
 def threshold_for_budget(scores: Sequence[float], budget: float) -> float:
@@ -34,3 +39,68 @@ def retrieval_rate(scores: Sequence[float], tau: float) -> float:
     """The share of ``scores`` above ``tau``: the rate a gate with that threshold retrieves at."""
     values = np.asarray(scores, dtype=np.float64)
     return float(np.mean(values > tau)) if values.size else 0.0
+
+
+def calibrate(
+    *,
+    method: str,
+    dev: str,
+    objective: Literal["budget", "em"] = "budget",
+    budget: float | None = None,
+    limit: int | None = 200,
+    model: str | None = None,
+    engine: str = "llama.cpp",
+    base_url: str | None = None,
+    index: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    work_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Score ``method``'s gate on the dev questions and pick tau: F^-1(1 - budget) (``objective="budget"``), or
+    the tau of the best dev EM over the exact frontier (``"em"``, which needs the closed-book and retrieval
+    answers too, so it runs a sweep pass in ``work_dir``). Returns what ``ragate calibrate`` saves."""
+    from ragate.eval.datasets import load_dataset
+    from ragate.eval.run import EvalConfig, _open_lm
+    from ragate.methods import decide, get_method
+
+    spec = get_method(method)
+    if spec.gate.kind in ("never", "always"):
+        raise RagateError(
+            f"method {method!r} has no gate threshold to calibrate (its gate is {spec.gate.kind!r})"
+        )
+    config = EvalConfig(dev, (method,), model, engine, index, limit, seed, base_url=base_url)
+    examples = load_dataset(dev, limit=limit)
+    if not examples:
+        raise RagateError(f"dev set {dev!r} has no questions")
+    result: dict[str, Any] = {
+        "method": method,
+        "gate": spec.gate.kind,
+        "objective": objective,
+        "budget": budget,
+        "dev": dev,
+        "n": len(examples),
+        "model": model,
+        "engine": engine,
+        "seed": seed,
+    }
+    if objective == "budget":
+        if budget is None:
+            raise RagateError("a budget calibration needs --budget RHO in [0, 1]")
+        lm = _open_lm(config)
+        try:
+            scores = [
+                decide(spec, ex.question, lm, None, seed=seed + i).score
+                for i, ex in enumerate(tqdm(examples, desc=f"score {method}", disable=not progress))
+            ]
+        finally:
+            lm.close()
+        tau = threshold_for_budget(scores, budget)
+        return result | {"tau": tau, "dev_retrieval_rate": retrieval_rate(scores, tau), "dev_em": None}
+    from ragate.eval.sweep import frontier, sweep_pass
+
+    work = (
+        work_dir or Path("calibration") / ".work" / f"{method}-{Path(dev).stem}-{model or 'default'}-{limit}"
+    )
+    records = sweep_pass(config, work, resume=True, progress=progress, examples=examples)
+    best = frontier(records, method)["best_em"]
+    return result | {"tau": best["tau"], "dev_retrieval_rate": best["retrieval_rate"], "dev_em": best["em"]}

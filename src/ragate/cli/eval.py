@@ -1,0 +1,227 @@
+"""``ragate eval``, ``ragate sweep``, ``ragate calibrate`` and ``ragate report``: measure methods on real data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import RagateError
+
+BACKEND_CHOICES = ("llama.cpp", "transformers", "openai")
+
+
+def register(subparsers: Any) -> None:
+    ev = subparsers.add_parser(
+        "eval",
+        help="run methods over a dataset: per-question JSONL (resumable), results JSON and a Markdown table",
+        description="Run methods over a dataset. Writes OUT/questions.jsonl as it goes (rerun with --resume after "
+        "a kill), then OUT/results.json and OUT/results.md.",
+    )
+    _common(ev)
+    ev.add_argument("--methods", required=True, help="comma-separated method names (see `ragate ask --help`)")
+    ev.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="questions in flight at once; above 1 only with --backend openai (a local model runs one at a time)",
+    )
+    ev.set_defaults(run=_run_eval)
+
+    sw = subparsers.add_parser(
+        "sweep",
+        help="exact accuracy/retrieval frontiers of single-shot gates in two passes",
+        description="Pass 1 stores each question's closed-book answer, retrieval answer and every gate's score "
+        "(OUT/sweep.jsonl, resumable); pass 2 turns every threshold and budget into a lookup (OUT/sweep.json, "
+        "OUT/sweep.md). With only RUN_DIR, pass 2 is redone from the stored records.",
+    )
+    sw.add_argument("run_dir", nargs="?", type=Path, help="an existing sweep directory (pass 2 only)")
+    _common(sw, dataset_required=False)
+    sw.add_argument("--methods", help="comma-separated gate methods, e.g. dtr,targ-margin,random")
+    sw.add_argument("--at", action="append", default=[], help="METHOD=TAU: print that operating point")
+    sw.set_defaults(run=_run_sweep)
+
+    cal = subparsers.add_parser(
+        "calibrate",
+        help="a gate threshold from dev scores: tau = F^-1(1 - budget) (TARG 3.3), or the tau maximising dev EM",
+    )
+    cal.add_argument("--gate", required=True, help="a gate method, e.g. targ-margin, dtr, targ-entropy")
+    cal.add_argument("--budget", type=float, help="target retrieval rate in [0, 1]")
+    cal.add_argument("--objective", choices=("budget", "em"), default="budget")
+    cal.add_argument("--dev", required=True, help="dev dataset name or JSONL path")
+    cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200)")
+    cal.add_argument("--model", default=None)
+    cal.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
+    cal.add_argument("--base-url", default=None)
+    cal.add_argument("--index", default=None, help="index directory (needed for --objective em)")
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
+    cal.add_argument("--quiet", action="store_true")
+    cal.set_defaults(run=_run_calibrate)
+
+    rep = subparsers.add_parser(
+        "report", help="Markdown + PNG plots (and HTML) for an eval or sweep directory"
+    )
+    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/report)")
+    rep.set_defaults(run=_run_report)
+
+
+def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> None:
+    p.add_argument(
+        "--dataset", required=dataset_required, help="dataset name (see docs/evaluation.md) or JSONL"
+    )
+    p.add_argument("--index", default=None, help="index directory (default: the demo index)")
+    p.add_argument("--model", default=None, help="model name or GGUF path (default: smollm2-135m)")
+    p.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (with --backend openai)")
+    p.add_argument("--limit", type=int, default=None, help="first N questions")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/DATASET-MODEL)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--threshold", action="append", default=[], help="METHOD=TAU, repeatable")
+    p.add_argument("--calibration", action="append", default=[], type=Path, help="a `ragate calibrate` file")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _config(args: argparse.Namespace, methods: str) -> Any:
+    from ragate.eval.run import EvalConfig
+    from ragate.methods import get_method
+
+    names = tuple(m.strip() for m in methods.split(",") if m.strip())
+    if not names:
+        raise RagateError("--methods is empty: name at least one method, e.g. --methods no-retrieval,dtr")
+    for name in names:
+        get_method(name)  # a typo fails now, with "did you mean"
+    thresholds: dict[str, float] = {}
+    for path in args.calibration:
+        cal = _read_calibration(path)
+        thresholds[cal["method"]] = float(cal["tau"])
+    for item in args.threshold:
+        method, sep, value = item.partition("=")
+        if not sep:
+            raise RagateError(f"--threshold {item!r}: write METHOD=TAU, e.g. --threshold dtr=0.01")
+        get_method(method)
+        thresholds[method] = float(value)
+    if args.engine != "openai" and args.base_url:
+        raise RagateError("--base-url needs --backend openai")
+    return EvalConfig(
+        dataset=str(args.dataset),
+        methods=names,
+        model=args.model,
+        engine=args.engine,
+        index=str(args.index) if args.index else None,
+        limit=args.limit,
+        seed=args.seed,
+        thresholds=tuple(sorted(thresholds.items())),
+        base_url=args.base_url,
+    )
+
+
+def _default_out(args: argparse.Namespace, kind: str) -> Path:
+    if args.out is not None:
+        return Path(args.out)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(str(args.dataset)).stem}-{args.model or 'smollm2-135m'}")
+    return Path("runs") / (f"{name}-{kind}" if kind != "eval" else name)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from ragate.eval.run import run_eval
+    from ragate.eval.summary import summary_table
+
+    config = _config(args, args.methods)
+    if args.concurrency > 1 and config.engine != "openai":
+        raise RagateError("--concurrency above 1 needs --backend openai: a local model answers one at a time")
+    out = _default_out(args, "eval")
+    print(f"run directory: {out}")
+    results = run_eval(config, out, resume=args.resume, progress=not args.quiet, concurrency=args.concurrency)
+    print(summary_table(results["summary"]))
+    print(f"wrote {out / 'questions.jsonl'}, {out / 'results.json'}, {out / 'results.md'}")
+    return 0
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from ragate.eval.records import read_records
+    from ragate.eval.sweep import method_records, point, sweep_markdown, sweep_pass, write_sweep
+
+    if args.run_dir is not None:
+        out = args.run_dir
+        records = read_records(out / "sweep.jsonl")
+        if not records:
+            raise RagateError(
+                f"{out} has no sweep.jsonl records: run `ragate sweep --dataset ... --methods ...`"
+            )
+    else:
+        if not args.dataset or not args.methods:
+            raise RagateError("give RUN_DIR, or --dataset and --methods to run pass 1")
+        config = _config(args, args.methods)
+        out = _default_out(args, "sweep")
+        print(f"sweep directory: {out}")
+        records = sweep_pass(config, out, resume=args.resume, progress=not args.quiet)
+    fronts = write_sweep(out, records)
+    print(sweep_markdown(fronts))
+    for item in args.at:
+        method, _, value = item.partition("=")
+        rows = method_records(records, method)
+        p = point(rows, [r["gates"][method]["score"] > float(value) for r in rows])
+        print(f"{method} at tau {value}: " + ", ".join(f"{k} {v:.4f}" for k, v in p.items()))
+    print(f"wrote {out / 'sweep.json'}, {out / 'sweep.md'}")
+    return 0
+
+
+def _read_calibration(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+        _ = data["method"], data["tau"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RagateError(
+            f"{path} is not a `ragate calibrate` file ({err}); rerun ragate calibrate"
+        ) from None
+    return data  # type: ignore[no-any-return]
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from ragate.eval.calibrate import calibrate
+
+    if args.objective == "budget" and args.budget is None:
+        raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
+    result = calibrate(
+        method=args.gate,
+        dev=args.dev,
+        objective=args.objective,
+        budget=args.budget,
+        limit=args.limit,
+        model=args.model,
+        engine=args.engine,
+        base_url=args.base_url,
+        index=args.index,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    out = args.out or Path("calibration") / (
+        f"{args.gate}-{Path(args.dev).stem}-{args.objective}"
+        + (f"-{args.budget:g}" if args.objective == "budget" else "")
+        + ".json"
+    )
+    from ragate.fileio import atomic_writer
+
+    with atomic_writer(out) as f:
+        f.write(json.dumps(result, indent=2).encode())
+    print(
+        f"{args.gate}: tau = {result['tau']:.6g} ({result['objective']}); on {result['n']} dev questions it "
+        f"retrieves for {100 * result['dev_retrieval_rate']:.1f}%"
+        + (f", dev EM {100 * result['dev_em']:.1f}" if result.get("dev_em") is not None else "")
+    )
+    print(f"saved {out}; use it with: ragate eval ... --calibration {out}")
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from ragate.eval.report import write_report
+
+    written = write_report(args.run_dir, args.out)
+    for path in written:
+        print(f"wrote {path}")
+    return 0

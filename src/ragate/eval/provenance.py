@@ -1,0 +1,94 @@
+"""What a result came from: package versions, the model file, the index, the code's git commit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import RagateError
+from ragate.fileio import sha256_file
+
+PACKAGES = (
+    "ragate", "numpy", "llama_cpp_python", "transformers", "torch", "sentence-transformers", "bm25s",
+    "faiss-cpu", "httpx",
+)  # fmt: skip
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_commit(where: Path | None = None) -> dict[str, Any]:
+    """The commit of the checkout ragate runs from, and whether it had uncommitted changes (None outside git)."""
+    cwd = where or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head, "dirty": bool(dirty)}
+
+
+def model_identity(model: str | None, engine: str, base_url: str | None = None) -> dict[str, Any]:
+    """For a local engine: the resolved file or directory, its size and (files) sha256; for a server: its URL."""
+    if engine == "openai":
+        return {"engine": engine, "model": model, "base_url": base_url}
+    from ragate.models import resolve_model
+
+    try:
+        path = resolve_model(model)
+    except RagateError as err:
+        return {"engine": engine, "model": model, "error": str(err)}
+    info: dict[str, Any] = {"engine": engine, "model": model, "path": str(path)}
+    if path.is_file():
+        info |= {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return info
+
+
+def index_identity(index: str | None) -> dict[str, Any]:
+    """The index manifest's description (kind, size, encoder, corpus) and a digest of its file checksums."""
+    from ragate.models import ragate_home
+    from ragate.retrieval.index import index_info
+
+    demo = ragate_home() / "indexes" / "demo"
+    where = index or (demo if (demo / "manifest.json").exists() else None)
+    if where is None:
+        return {"index": None}
+    manifest = index_info(where, verify=False)
+    files = json.dumps(manifest.get("files", {}), sort_keys=True).encode()
+    keep = ("kind", "passages", "encoder", "params", "corpus", "ragate_version", "created_at")
+    return (
+        {"path": str(Path(where).resolve())}
+        | {k: manifest.get(k) for k in keep}
+        | {"files_sha256": hashlib.sha256(files).hexdigest()}
+    )
+
+
+def provenance(config: Any) -> dict[str, Any]:
+    return {
+        "packages": package_versions(),
+        "git": git_commit(),
+        "model": model_identity(config.model, config.engine, getattr(config, "base_url", None)),
+        "index": index_identity(config.index),
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or None},
+    }

@@ -1,0 +1,358 @@
+"""``write_report(run_dir)``: one run directory's tables and plots as ``report.md``, PNGs and ``report.html``.
+
+Reads an eval run (``questions.jsonl``, ``results.json``) and/or a sweep run (``sweep.jsonl``) and writes, where
+the data allows: the eval summary table, the sweep's frontier table, the gates' AUROC, closed-book accuracy by
+score decile (TARG A.6), the (U, Δ) quadrants (TARG A.7), retrieval recall (DTR Table 4) and PAIRS's direct/
+retrieved split (PAIRS Fig. 3); ``frontier.png`` and ``deciles.png``; and ``report.html`` with the plots inlined.
+Plots need matplotlib (``pip install 'ragate[eval]'``), imported only here, and rendered with the Agg canvas
+directly, so the process-wide matplotlib backend is left as it was.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import RagateError
+from ragate.eval.analysis import (
+    FrontierPlot,
+    accuracy_by_decile,
+    frontier_points,
+    gate_auroc,
+    pairs_breakdown,
+    quadrant_table,
+    recall_comparison,
+)
+from ragate.eval.records import read_records
+from ragate.eval.run import RECALL_K
+from ragate.eval.summary import summarize, summary_markdown, summary_table
+from ragate.eval.sweep import frontier, sweep_markdown, swept_methods
+from ragate.fileio import atomic_writer
+
+PAIRS_METHODS = ("pairs", "pairs-exclude-num", "pairs-embedding")
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def _demote(markdown: str) -> str:
+    """Headings one level down, so a run's own "# title" sits under the report's sections."""
+    return re.sub(r"^(#+) ", r"##\1 ", markdown, flags=re.MULTILINE)
+
+
+def auroc_markdown(sweep_records: Sequence[dict[str, Any]]) -> str:
+    by_em, by_acc = gate_auroc(sweep_records, "em"), gate_auroc(sweep_records, "acc")
+    lines = ["| gate method | AUROC, closed-book EM wrong | AUROC, closed-book acc wrong |", "|---|---|---|"]
+    for m in by_em:
+        em, acc = by_em[m], by_acc[m]
+        lines.append(
+            f"| {m} | {'–' if em is None else f'{em:.3f}'} | {'–' if acc is None else f'{acc:.3f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def deciles_markdown(sweep_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
+    tables = {m: {row["decile"]: row for row in accuracy_by_decile(sweep_records, m)} for m in methods}
+    lines = ["| decile | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for d in range(1, 11):
+        cells = []
+        for m in methods:
+            row = tables[m].get(d)
+            cells.append(
+                "–" if row is None else f"{_pct(row['closed_acc'])} / {_pct(row['open_acc'])} ({row['n']})"
+            )
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def quadrant_markdown(sweep_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
+    lines = [
+        (
+            "| gate method | tau | n | (a) low U, Δ>0 | (b) high U, Δ<0 | (c) high U, Δ>0 | (d) low U, Δ≤0 "
+            "| high U, Δ=0 |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in methods:
+        q = quadrant_table(sweep_records, m)
+        n = q["n"]
+        cells = [q["low_helps"], q["high_hurts"], q["high_helps"], q["low_neutral"] + q["low_hurts"]]
+        cells.append(q["high_neutral"])
+        shown = " | ".join(f"{c} ({100 * c / n:.1f}%)" for c in cells)
+        tau = "own decision" if q["tau"] is None else f"{q['tau']:.4g}"
+        lines.append(f"| {m} | {tau} | {n} | {shown} |")
+    return "\n".join(lines) + "\n"
+
+
+def recall_markdown(eval_records: Sequence[dict[str, Any]]) -> str:
+    lines = [f"| method | n | recall@{RECALL_K} |", "|---|---|---|"]
+    for row in recall_comparison(eval_records, RECALL_K):
+        lines.append(f"| {row['method']} | {row['n']} | {_pct(row['recall'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def pairs_markdown(eval_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
+    lines = [
+        "| method | n | DQ (answered directly): n / EM | Non-DQ-retrieval: n / EM | DQ-retrieval: n / EM |",
+        "|---|---|---|---|---|",
+    ]
+    for m in methods:
+        b = pairs_breakdown(eval_records, m)
+        lines.append(
+            f"| {m} | {b['n']} | {b['direct_n']} / {_pct(b['direct_acc'])} "
+            f"| {b['retrieved_n']} / {_pct(b['retrieved_acc'])} "
+            f"| {b['reference_n']} / {_pct(b['reference_acc'])} ({b['reference']}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _canvas() -> Callable[[Any], bytes]:
+    """A function from a matplotlib Figure to PNG bytes; the error names the extra when matplotlib is missing."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError as err:
+        raise RagateError("report plots need matplotlib: pip install 'ragate[eval]'") from err
+
+    def render(fig: Any) -> bytes:
+        FigureCanvasAgg(fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120)
+        return buf.getvalue()
+
+    return render
+
+
+def _new_figure() -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.6), layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def plot_frontiers(plots: Sequence[FrontierPlot]) -> bytes:
+    """EM vs retrieval rate: one step line per gate over its thresholds, its default point as a star, and per
+    family Never-RAG, Always-RAG and the random gate's expected line between them."""
+    render = _canvas()
+    fig, ax = _new_figure()
+    for i, p in enumerate(plots):
+        color = f"C{i % 10}"
+        xs, ys = zip(*p["curve"], strict=True)
+        ax.plot(xs, [100 * y for y in ys], drawstyle="steps-post", marker=".", ms=4, lw=1.2, color=color)
+        ax.plot([], [], color=color, marker=".", label=p["method"])
+        dx, dy = p["default"]
+        ax.plot([dx], [100 * dy], marker="*", ms=13, color=color, markeredgecolor="black", ls="none")
+    families = {(p["never"][1], p["always"][1]): p["random"] for p in plots}  # one baseline per family
+    for j, ((never, always), random_line) in enumerate(families.items()):
+        rx, ry = zip(*random_line, strict=True)
+        labels = ("random gate", "Never-RAG", "Always-RAG") if j == 0 else (None, None, None)
+        ax.plot(rx, [100 * y for y in ry], ls="--", lw=1, color="grey", label=labels[0])
+        ax.plot([0], [100 * never], marker="s", color="black", ls="none", label=labels[1])
+        ax.plot([1], [100 * always], marker="^", color="black", ls="none", label=labels[2])
+    ax.plot([], [], marker="*", ms=10, color="white", markeredgecolor="black", ls="none", label="default")
+    ax.set(
+        xlabel="retrieval rate", ylabel="EM (%)", xlim=(-0.03, 1.03), title="accuracy / retrieval frontier"
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+    return render(fig)
+
+
+def plot_operating_points(rows: Sequence[dict[str, Any]]) -> bytes:
+    """Without a sweep: each evaluated method's (retrieval rate, EM) from the run's summary."""
+    render = _canvas()
+    fig, ax = _new_figure()
+    for i, r in enumerate(row for row in rows if row.get("n")):
+        ax.plot([r["retrieval_rate"]], [100 * r["em"]], marker="o", color=f"C{i % 10}", ls="none")
+        xy = (r["retrieval_rate"], 100 * r["em"])
+        ax.annotate(r["method"], xy, fontsize="small", xytext=(4, 4), textcoords="offset points")
+    ax.set(xlabel="retrieval rate", ylabel="EM (%)", xlim=(-0.05, 1.2), title="methods' operating points")
+    ax.grid(alpha=0.3)
+    return render(fig)
+
+
+def plot_deciles(sweep_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> bytes:
+    """Closed-book EM per gate-score decile, one line per gate (TARG Fig. S1)."""
+    render = _canvas()
+    fig, ax = _new_figure()
+    for i, m in enumerate(methods):
+        rows = accuracy_by_decile(sweep_records, m)
+        xs, ys = [r["decile"] for r in rows], [100 * r["closed_acc"] for r in rows]
+        ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=m)
+    ax.set(xlabel="gate score decile (1 = most confident)", ylabel="closed-book EM (%)", xticks=range(1, 11))
+    ax.set_title("base-model accuracy by gate score")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+    return render(fig)
+
+
+def markdown_to_html(markdown: str, images: dict[str, bytes], title: str) -> str:
+    """The subset of Markdown the report uses: headings, bullets, pipe tables, ``![alt](file.png)`` (inlined as
+    data URIs from ``images``) and paragraphs."""
+    body: list[str] = []
+    table: list[list[str]] = []
+
+    bullets: list[str] = []
+
+    def flush() -> None:
+        if bullets:
+            body.append("<ul>" + "".join(f"<li>{html.escape(b)}</li>" for b in bullets) + "</ul>")
+            bullets.clear()
+        if table:
+            head, *rest = table
+            body.append("<table>\n<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>")
+            body.extend("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rest)
+            body.append("</table>")
+            table.clear()
+
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):
+                table.append(cells)
+            continue
+        if line.startswith("- "):
+            bullets.append(line[2:])
+            continue
+        flush()
+        if m := re.match(r"^(#{1,6}) (.*)$", line):
+            level = len(m.group(1))
+            body.append(f"<h{level}>{html.escape(m.group(2))}</h{level}>")
+        elif m := re.match(r"^!\[(.*)\]\((.*)\)$", line):
+            data = base64.b64encode(images[m.group(2)]).decode()
+            body.append(f'<p><img alt="{html.escape(m.group(1))}" src="data:image/png;base64,{data}"></p>')
+        elif line.strip():
+            body.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    style = (
+        "body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+        "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}img{max-width:100%}"
+    )
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+def write_report(run_dir: Path | str, out: Path | str | None = None) -> list[Path]:
+    """Write ``report.md``, ``frontier.png``, ``deciles.png`` (sweeps only) and ``report.html`` for the run in
+    ``run_dir`` into ``out`` (default ``run_dir/report``), each atomically; returns the paths written."""
+    run_dir = Path(run_dir)
+    questions_path, sweep_path = run_dir / "questions.jsonl", run_dir / "sweep.jsonl"
+    if not questions_path.exists() and not sweep_path.exists():
+        raise RagateError(
+            f"{run_dir} holds no run to report: neither questions.jsonl (from `ragate eval`) nor sweep.jsonl "
+            "(from `ragate sweep`) is there"
+        )
+    _canvas()  # a missing matplotlib fails before any work
+    out_dir = Path(out) if out is not None else run_dir / "report"
+    eval_records = read_records(questions_path)
+    sweep_records = read_records(sweep_path)
+    ok = [r for r in eval_records if "error" not in r]
+    md = [f"# ragate report: {run_dir.name}", ""]
+    images: dict[str, bytes] = {}
+
+    if eval_records:
+        md += [
+            "## Evaluation summary",
+            "",
+            "Accuracy, retrieval and cost of each method on the same questions.",
+            "",
+        ]
+        if (run_dir / "results.json").exists():
+            md.append(_demote(summary_markdown(json.loads((run_dir / "results.json").read_text()))))
+        else:
+            md += ["The run has not finished (no results.json): the records so far.", ""]
+            md.append(summary_table(summarize(eval_records)))
+    methods = swept_methods(sweep_records)
+    if methods:
+        fronts = [frontier(sweep_records, m) for m in methods]
+        images["frontier.png"] = plot_frontiers([frontier_points(sweep_records, m) for m in methods])
+        images["deciles.png"] = plot_deciles(sweep_records, methods)
+        md += [
+            "## Accuracy / retrieval frontier",
+            "",
+            (
+                "Each gate at every threshold, exactly, from one sweep pass (EM in %; Never/Always = no retrieval / "
+                "retrieval for every question; the random gate's expected EM is the straight line between them)."
+            ),
+            "",
+            sweep_markdown(fronts),
+            "![frontier](frontier.png)",
+            "",
+            "## Gate AUROC",
+            "",
+            (
+                "How well each gate's score ranks the questions the model gets wrong without retrieval above those it "
+                "gets right (0.5 = chance, 1 = perfect)."
+            ),
+            "",
+            auroc_markdown(sweep_records),
+            "## Closed-book accuracy by gate-score decile (TARG A.6)",
+            "",
+            (
+                "Closed-book / retrieval EM (%) and question count per decile of each gate's score, lowest score "
+                "first: a useful gate's closed-book EM falls from decile 1 to 10."
+            ),
+            "",
+            deciles_markdown(sweep_records, methods),
+            "![deciles](deciles.png)",
+            "",
+            "## Error quadrants over (U, Δ) (TARG A.7)",
+            "",
+            (
+                "Questions by whether the gate retrieves at its own threshold (high U) and whether retrieval raises, "
+                "lowers or keeps the EM (Δ): (a) is what the gate misses, (c) what it catches, (b) where it hurts."
+            ),
+            "",
+            quadrant_markdown(sweep_records, methods),
+        ]
+    elif ok:  # no sweep: one point per evaluated method
+        images["frontier.png"] = plot_operating_points(summarize(eval_records))
+        md += [
+            "## Operating points",
+            "",
+            "Each method's retrieval rate and EM.",
+            "",
+            "![frontier](frontier.png)",
+            "",
+        ]
+    if recall_comparison(ok, RECALL_K):
+        md += [
+            f"## Retrieval recall@{RECALL_K} (DTR Table 4)",
+            "",
+            (
+                f"Mean recall@{RECALL_K} (%) of the documents each method read, over the questions where it retrieved "
+                "and gold passages are known."
+            ),
+            "",
+            recall_markdown(ok),
+        ]
+    pairs = [m for m in PAIRS_METHODS if any(r["method"] == m for r in ok)]
+    if pairs:
+        md += [
+            "## PAIRS: directly answered vs retrieved (PAIRS Fig. 3)",
+            "",
+            (
+                "EM (%) of the questions PAIRS answered without retrieval (DQ), of those it retrieved for, and of the "
+                "DQs as answered with retrieval by the reference method."
+            ),
+            "",
+            pairs_markdown(ok, pairs),
+        ]
+
+    markdown = "\n".join(md).rstrip("\n") + "\n"
+    files: dict[str, bytes] = {"report.md": markdown.encode(), **images}
+    files["report.html"] = markdown_to_html(markdown, images, f"ragate report: {run_dir.name}").encode()
+    written = []
+    for name, data in files.items():
+        with atomic_writer(out_dir / name) as f:
+            f.write(data)
+        written.append(out_dir / name)
+    return written

@@ -1,0 +1,105 @@
+"""One summary row per method from a run's per-question records, and the Markdown table of a run.
+
+Accuracy columns carry percentile-bootstrap 95% intervals over questions; Δlatency is paired: the mean over the
+questions both ran of seconds(method) - seconds(no-retrieval), with a paired bootstrap interval, measured in
+the same run (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
+from ragate.eval.records import by_method
+
+BASELINE = "no-retrieval"
+
+
+def summarize(
+    records: Sequence[dict[str, Any]], methods: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Rows in ``methods`` order (default: first-seen order). Error records are counted, not scored."""
+    groups = dict(by_method(records))
+    order = list(methods) if methods else list(groups)
+    base = {r["id"]: r["seconds"] for r in groups.get(BASELINE, []) if "error" not in r}
+    return [_row(m, groups.get(m, []), base) for m in order]
+
+
+def _row(method: str, records: list[dict[str, Any]], base: dict[str, float]) -> dict[str, Any]:
+    ok = [r for r in records if "error" not in r]
+    row: dict[str, Any] = {"method": method, "n": len(ok), "errors": len(records) - len(ok)}
+    if not ok:
+        return row
+    for key in ("em", "f1", "acc"):
+        values = [r["scores"][key] for r in ok]
+        row[key] = statistics.fmean(values)
+        row[f"{key}_ci"] = bootstrap_ci(values)
+    row["retrieval_rate"] = statistics.fmean(float(r["retrieved"]) for r in ok)
+    row["retrievals_per_q"] = statistics.fmean(r["retrievals"] for r in ok)
+    for key in ("prompt_tokens", "completion_tokens", "overhead_tokens", "seconds"):
+        row[f"{key}_per_q"] = statistics.fmean(r[key] for r in ok)
+    recalls = [r[k] for r in ok for k in r if k.startswith("recall@") and r[k] is not None]
+    row["recall"] = statistics.fmean(recalls) if recalls else None
+    paired = [(r["seconds"], base[r["id"]]) for r in ok if r["id"] in base]
+    if paired and method != BASELINE:
+        a, b = [p[0] for p in paired], [p[1] for p in paired]
+        row["delta_latency"] = statistics.fmean(a) - statistics.fmean(b)
+        row["delta_latency_ci"] = paired_bootstrap_diff(a, b)
+    return row
+
+
+def _ci(row: dict[str, Any], key: str, scale: float = 100.0) -> str:
+    if key not in row:
+        return "–"
+    lo, hi = row[f"{key}_ci"]
+    return f"{scale * row[key]:.1f} [{scale * lo:.1f}, {scale * hi:.1f}]"
+
+
+def summary_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The Markdown table: EM, F1, contains-accuracy (with 95% CIs), retrieval, tokens, seconds, Δlatency."""
+    head = (
+        "| method | n | EM | F1 | acc (contains) | retrieval rate | retrievals/q | recall@3 | tokens/q "
+        "| overhead tokens/q | s/q | Δlatency vs no-retrieval (s) |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        if not r.get("n"):
+            lines.append(f"| {r['method']} | 0 | – | – | – | – | – | – | – | – | – | – |")
+            continue
+        recall = "–" if r["recall"] is None else f"{100 * r['recall']:.1f}"
+        if "delta_latency" in r:
+            lo, hi = r["delta_latency_ci"]
+            delta = f"{r['delta_latency']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        else:
+            delta = "–"
+        tokens = r["prompt_tokens_per_q"] + r["completion_tokens_per_q"]
+        errors = f" ({r['errors']} errors)" if r["errors"] else ""
+        lines.append(
+            f"| {r['method']} | {r['n']}{errors} | {_ci(r, 'em')} | {_ci(r, 'f1')} | {_ci(r, 'acc')} "
+            f"| {r['retrieval_rate']:.2f} | {r['retrievals_per_q']:.2f} | {recall} | {tokens:.0f} "
+            f"| {r['overhead_tokens_per_q']:.0f} | {r['seconds_per_q']:.2f} | {delta} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(results: dict[str, Any]) -> str:
+    config, prov = results["config"], results.get("provenance", {})
+    model = prov.get("model", {})
+    git = prov.get("git", {})
+    commit = (git.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")
+    lines = [
+        f"# {config['dataset']}: {', '.join(config['methods'])}",
+        "",
+        f"- questions: {results['questions']}; model: {config['model'] or 'default'} ({config['engine']}"
+        + (f", sha256 {model['sha256'][:12]}" if model.get("sha256") else "")
+        + f"); index: {config['index'] or 'demo'}; ragate commit {commit}",
+        (
+            "- EM/F1 on the extracted answer (SQuAD normalisation), acc = a gold alias occurs in the "
+            "prediction; [95% bootstrap intervals]"
+        ),
+        "",
+        summary_table(results["summary"]),
+    ]
+    return "\n".join(lines)

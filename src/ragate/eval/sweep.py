@@ -1,0 +1,228 @@
+"""Exact accuracy/retrieval frontiers in two passes (DESIGN.md section 1, "sweeps are exact and nearly free").
+
+For a single-shot gate, neither the answer without retrieval nor the answer with it depends on the threshold.
+Pass 1 computes, per question and per *family* (the methods that share prompts and selector), the closed-book
+answer (the gate's "no" path: the draft reused), the retrieval answer (the "yes" path) and every gate's score
+and default decision, once. Pass 2 is a lookup: at threshold tau a gate retrieves for the questions scoring
+above tau, and its answer there is the retrieval answer, elsewhere the closed-book one. Every threshold, budget
+and gate of the frontier costs nothing more.
+
+Exactness: UGT's "no" answer *is* the greedy closed-book answer, so the lookup equals a direct run bit for bit
+(tested). TARG's "no" answer is its 20-token draft continued, which equals the uninterrupted greedy answer up to
+the engine's batch-vs-step arithmetic (rarely a different token). PAIRS and the LLM judge decide on text, not on
+a threshold: their default point is their own decision; other thresholds use their scores (PAIRS: 1 when the
+two answers disagree; judge: P(yes)). Dynamic methods (ETC, DRAGIN, ...) decide during generation and need a run
+per threshold: they are not swept.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ragate.errors import RagateError
+from ragate.eval.calibrate import threshold_for_budget
+from ragate.eval.datasets import Example, load_dataset
+from ragate.eval.metrics import extract_answer, recall_at_k, score
+from ragate.eval.records import RecordWriter, read_records
+from ragate.eval.run import RECALL_K, EvalConfig, _open_lm, _open_retriever, check_config
+from ragate.fileio import atomic_writer
+from ragate.methods import GateSpec, MethodSpec, decide, run_method
+
+BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+UNSWEPT = ("never", "always")
+
+
+def family_key(spec: MethodSpec) -> str:
+    """Methods with the same prompts, selector and lengths share closed-book and retrieval answers."""
+    s = spec.selector
+    return (
+        f"{spec.prompts.name}|{s.kind}|k={s.k}|n={s.n}|{s.score}|hyde={s.hyde_samples}|rep={s.repeats}"
+        f"|ce={s.cross_encoder}|max={spec.max_tokens}|pseudo={spec.pseudo_max_tokens}"
+    )
+
+
+def _answer(trace: Any, example: Example) -> dict[str, Any]:
+    prediction = extract_answer(trace.answer)
+    doc_ids = [h.id for h in trace.documents]
+    return {
+        "prediction": prediction,
+        "scores": score(prediction, example.answers, example.kind, label=example.label),
+        "doc_ids": doc_ids,
+        f"recall@{RECALL_K}": recall_at_k(doc_ids, example.gold_ids, RECALL_K) if doc_ids else None,
+        "seconds": trace.seconds,
+        "tokens": trace.tokens,
+    }
+
+
+def sweep_pass(
+    config: EvalConfig,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    examples: Sequence[Example] | None = None,
+    lm: Any = None,
+    retriever: Any = None,
+) -> list[dict[str, Any]]:
+    """Pass 1 into ``out_dir/sweep.jsonl``: per (question, family) the two answers and every gate's score."""
+    out_dir = Path(out_dir)
+    check_config(config, out_dir, resume=resume)
+    examples = list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
+    specs = {m: config.spec(m) for m in config.methods}
+    families: dict[str, list[str]] = {}
+    for m, spec in specs.items():
+        families.setdefault(family_key(spec), []).append(m)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not (out_dir / "config.json").exists():
+        with atomic_writer(out_dir / "config.json") as f:
+            f.write(json.dumps(config.to_json() | {"kind": "sweep"}, indent=2).encode())
+    path = out_dir / "sweep.jsonl"
+    done = {(r["id"], r["family"]) for r in read_records(path)}
+    jobs = [(i, ex, fam) for i, ex in enumerate(examples) for fam in families if (ex.id, fam) not in done]
+    own_lm, own_retriever = lm is None, retriever is None
+    lm = lm or _open_lm(config)
+    retriever = retriever or _open_retriever(config)
+    try:
+        with RecordWriter(path) as writer:
+            for i, ex, fam in tqdm(
+                jobs, desc=f"sweep {config.dataset}", unit="question", disable=not progress
+            ):
+                base = specs[families[fam][0]]
+                seed = config.seed + i
+                lm.clear_cache()
+                closed = run_method(base.with_(gate=GateSpec("never")), ex.question, lm, retriever, seed=seed)
+                lm.clear_cache()
+                opened = run_method(
+                    base.with_(gate=GateSpec("always")), ex.question, lm, retriever, seed=seed
+                )
+                gates: dict[str, Any] = {}
+                for m in families[fam]:
+                    if specs[m].gate.kind in UNSWEPT:
+                        continue
+                    lm.clear_cache()
+                    start = time.perf_counter()
+                    d = decide(specs[m], ex.question, lm, retriever, seed=seed)
+                    gates[m] = {
+                        "score": d.score,
+                        "threshold": d.threshold,
+                        "retrieve": d.retrieve,
+                        "seconds": time.perf_counter() - start,
+                    }
+                writer.append(
+                    {
+                        "id": ex.id,
+                        "family": fam,
+                        "methods": families[fam],
+                        "closed": _answer(closed, ex),
+                        "open": _answer(opened, ex),
+                        "gates": gates,
+                    }
+                )
+    finally:
+        if own_retriever:
+            retriever.close()
+        if own_lm:
+            lm.close()
+    return read_records(path)
+
+
+def decisions(records: Sequence[dict[str, Any]], method: str, tau: float | None = None) -> list[bool]:
+    """Per question, whether ``method`` retrieves at ``tau`` (None: its own default decision)."""
+    out = []
+    for r in records:
+        g = r["gates"][method]
+        out.append(bool(g["retrieve"]) if tau is None else g["score"] > tau)
+    return out
+
+
+def point(records: Sequence[dict[str, Any]], retrieve: Sequence[bool]) -> dict[str, float]:
+    """Accuracy and retrieval rate when question i takes its retrieval answer iff ``retrieve[i]``."""
+    chosen = [r["open"] if x else r["closed"] for r, x in zip(records, retrieve, strict=True)]
+    out = {k: statistics.fmean(c["scores"][k] for c in chosen) for k in ("em", "f1", "acc")}
+    out["retrieval_rate"] = statistics.fmean(float(x) for x in retrieve)
+    return out
+
+
+def method_records(records: Sequence[dict[str, Any]], method: str) -> list[dict[str, Any]]:
+    rows = [r for r in records if method in r["methods"]]
+    if not rows:
+        raise RagateError(f"the sweep has no records for method {method!r}")
+    return rows
+
+
+def frontier(records: Sequence[dict[str, Any]], method: str) -> dict[str, Any]:
+    """Every distinct operating point of ``method``'s gate, its default point, its best-EM point and its points
+    at the standard budgets (tau = F^-1(1 - rho) on these questions' own scores)."""
+    rows = method_records(records, method)
+    scores = np.array([r["gates"][method]["score"] for r in rows])
+    taus = [float(np.nextafter(scores.min(), -np.inf)), *sorted(set(scores.tolist()))]
+    points = [{"tau": t} | point(rows, [s > t for s in scores]) for t in taus]
+    default = {"tau": rows[0]["gates"][method]["threshold"]} | point(rows, decisions(rows, method))
+    budgets = []
+    for rho in BUDGETS:
+        t = threshold_for_budget(scores.tolist(), rho)
+        budgets.append({"budget": rho, "tau": t} | point(rows, [s > t for s in scores]))
+    best = max(points, key=lambda p: (p["em"], -p["retrieval_rate"]))
+    return {
+        "method": method,
+        "n": len(rows),
+        "never": point(rows, [False] * len(rows)),
+        "always": point(rows, [True] * len(rows)),
+        "default": default,
+        "best_em": best,
+        "budgets": budgets,
+        "points": points,
+    }
+
+
+def swept_methods(records: Sequence[dict[str, Any]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in records:
+        for m in r["gates"]:
+            seen.setdefault(m, None)
+    return list(seen)
+
+
+def sweep_markdown(fronts: Sequence[dict[str, Any]]) -> str:
+    head = (
+        "| gate method | n | Never EM | Always EM | default: rate / EM / acc | best EM (rate, tau) "
+        "| EM at budget 0.2 / 0.5 / 0.8 |"
+    )
+    lines = [
+        head,
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in fronts:
+        d, b = f["default"], f["best_em"]
+        at = {p["budget"]: p for p in f["budgets"]}
+        budget_ems = " / ".join(f"{100 * at[r]['em']:.1f}" for r in (0.2, 0.5, 0.8))
+        lines.append(
+            f"| {f['method']} | {f['n']} | {100 * f['never']['em']:.1f} | {100 * f['always']['em']:.1f} "
+            f"| {d['retrieval_rate']:.2f} / {100 * d['em']:.1f} / {100 * d['acc']:.1f} "
+            f"| {100 * b['em']:.1f} ({b['retrieval_rate']:.2f}, {b['tau']:.4g}) "
+            f"| {budget_ems} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(out_dir: Path, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pass 2: every swept method's frontier into ``sweep.json`` and ``sweep.md``."""
+    fronts = [frontier(records, m) for m in swept_methods(records)]
+    with atomic_writer(Path(out_dir) / "sweep.json") as f:
+        f.write(json.dumps(fronts, indent=2).encode())
+    with atomic_writer(Path(out_dir) / "sweep.md") as f:
+        f.write(sweep_markdown(fronts).encode())
+    return fronts
+
+
+def with_threshold(spec: MethodSpec, tau: float) -> MethodSpec:
+    return spec.with_(gate=replace(spec.gate, threshold=tau))

@@ -1,0 +1,148 @@
+"""The evaluation harness: resumable runs (a real SIGKILL), config checks, the summary, and sweeps that equal
+direct runs. Questions come from the demo sample that ships in the package (real NQ-open questions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragate.backends.scripted import ScriptedBackend, make_generation
+from ragate.errors import RagateError
+from ragate.eval.datasets import load_dataset
+from ragate.eval.records import RecordWriter, read_records
+from ragate.eval.run import EvalConfig, run_eval
+from ragate.retrieval.corpus import demo_dir
+
+DEMO_QUESTIONS = demo_dir() / "questions.jsonl"
+
+
+def test_a_line_cut_by_a_kill_is_dropped_and_the_file_repaired(tmp_path: Path) -> None:
+    path = tmp_path / "q.jsonl"
+    with RecordWriter(path) as w:
+        w.append({"id": "a", "method": "m"})
+        w.append({"id": "b", "method": "m"})
+    with path.open("a") as f:
+        f.write('{"id": "c", "meth')  # the kill
+    assert [r["id"] for r in read_records(path)] == ["a", "b"]
+    assert path.read_text().endswith("}\n") and path.read_text().count("\n") == 2
+    with RecordWriter(path) as w:
+        w.append({"id": "c", "method": "m"})
+    assert [r["id"] for r in read_records(path)] == ["a", "b", "c"]
+
+
+def test_a_bad_line_in_the_middle_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_records(path)
+
+
+def _scripted_run(tmp_path: Path, methods: tuple[str, ...], **kw: Any) -> dict[str, Any]:
+    examples = load_dataset(DEMO_QUESTIONS, limit=3)
+    answers = [make_generation([ex.answers[0]], [-0.01]) for ex in examples] * len(methods)
+    config = EvalConfig("demo", methods, limit=3)
+    return run_eval(
+        config, tmp_path / "run", lm=ScriptedBackend(answers), examples=examples, progress=False, **kw
+    )
+
+
+def test_summary_counts_scores_and_refuses_to_mix_runs(tmp_path: Path) -> None:
+    results = _scripted_run(tmp_path, ("no-retrieval",))
+    (row,) = results["summary"]
+    assert (
+        row["method"] == "no-retrieval" and row["n"] == 3 and row["em"] == 1.0 and row["retrieval_rate"] == 0
+    )
+    assert (tmp_path / "run" / "results.md").read_text().count("| no-retrieval | 3 |") == 1
+    assert results["provenance"]["git"]["commit"]
+    with pytest.raises(RagateError, match="--resume"):
+        _scripted_run(tmp_path, ("no-retrieval",))
+    with pytest.raises(RagateError, match="methods"):
+        _scripted_run(tmp_path, ("no-retrieval", "random"), resume=True)
+    again = _scripted_run(tmp_path, ("no-retrieval",), resume=True)  # nothing left to do: no LM call
+    assert again["summary"] == results["summary"]
+
+
+def _eval_cmd(out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "ragate.cli.main", "eval", "--dataset", str(DEMO_QUESTIONS), "--methods",
+        "no-retrieval,random", "--limit", "6", "--out", str(out), "--quiet",
+    ]  # fmt: skip
+
+
+def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(smollm2_path: Path, tmp_path: Path) -> None:
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    subprocess.run(_eval_cmd(tmp_path / "whole"), check=True, env=env, capture_output=True, timeout=600)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_eval_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines = killed / "questions.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if lines.exists() and lines.read_text().count("\n") >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "results.json").exists()
+    cut = len(read_records(lines))
+    assert 4 <= cut < 12
+    resumed = subprocess.run(
+        [*_eval_cmd(killed), "--resume"], check=False, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    whole = read_records(tmp_path / "whole" / "questions.jsonl")
+    again = read_records(lines)
+    keys = [(r["id"], r["method"]) for r in again]
+    assert len(keys) == len(set(keys)) == 12
+    assert sorted(keys) == sorted((r["id"], r["method"]) for r in whole)
+    by_key = {(r["id"], r["method"]): r for r in whole}
+    for r in again:
+        twin = by_key[r["id"], r["method"]]
+        assert (r["prediction"], r["scores"], r["retrieved"]) == (
+            twin["prediction"],
+            twin["scores"],
+            twin["retrieved"],
+        )
+    assert json.loads((killed / "results.json").read_text())["questions"] == 6
+
+
+def test_sweep_lookup_equals_a_direct_run_at_that_threshold(
+    llama_backend: Any, minilm: Any, tmp_path: Path
+) -> None:
+    from ragate.eval.sweep import method_records, point, sweep_pass
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    examples = load_dataset(DEMO_QUESTIONS, limit=4)
+    config = EvalConfig("demo", ("dtr",), limit=4)
+    with open_index(demo_index()) as index:
+        records = sweep_pass(config, tmp_path / "sweep", examples=examples, lm=llama_backend, retriever=index,
+                             progress=False)  # fmt: skip
+        rows = method_records(records, "dtr")
+        scores = sorted(r["gates"]["dtr"]["score"] for r in rows)
+        tau = (scores[1] + scores[2]) / 2  # half retrieve, half answer from the draft
+        swept = point(rows, [s > tau for s in (r["gates"]["dtr"]["score"] for r in rows)])
+        direct = run_eval(
+            EvalConfig("demo", ("dtr",), limit=4, thresholds=(("dtr", tau),)),
+            tmp_path / "direct",
+            lm=llama_backend,
+            retriever=index,
+            examples=examples,
+            progress=False,
+        )
+    (row,) = direct["summary"]
+    assert row["retrieval_rate"] == swept["retrieval_rate"] == 0.5
+    assert (row["em"], row["f1"], row["acc"]) == (swept["em"], swept["f1"], swept["acc"])
+    per_q = {r["id"]: r for r in read_records(tmp_path / "direct" / "questions.jsonl")}
+    for r, retrieve in zip(rows, [s > tau for s in (r["gates"]["dtr"]["score"] for r in rows)], strict=True):
+        expect = r["open"] if retrieve else r["closed"]
+        assert per_q[r["id"]]["prediction"] == expect["prediction"]
+        assert per_q[r["id"]]["gate_score"] == r["gates"]["dtr"]["score"]

@@ -1,0 +1,346 @@
+"""The papers' analyses over hand-built run records (they are pure functions of the records), and the report a run
+directory gets: AUROC against hand values and a brute-force pair count, deciles and quadrants that account for
+every question, threshold transfer, recall and PAIRS tables, and real PNGs from matplotlib."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragate.errors import RagateError
+from ragate.eval.analysis import (
+    accuracy_by_decile,
+    auroc,
+    decile_bins,
+    frontier_points,
+    gate_auroc,
+    pairs_breakdown,
+    quadrant_table,
+    recall_comparison,
+    threshold_transfer,
+)
+from ragate.eval.records import write_records
+from ragate.eval.report import write_report
+from ragate.eval.summary import summarize
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+GATES = ("targ-margin", "targ-entropy")
+THRESHOLD = 0.5
+
+
+def _answer(em: float, *, recall: float | None = None) -> dict[str, Any]:
+    return {
+        "prediction": "x",
+        "scores": {"em": em, "f1": em, "acc": em},
+        "doc_ids": ["d1", "d2", "d3"] if recall is not None else [],
+        "recall@3": recall,
+        "seconds": 0.1,
+        "tokens": 10,
+    }
+
+
+def _sweep_record(qid: str, closed: float, opened: float, scores: dict[str, float]) -> dict[str, Any]:
+    gates = {
+        m: {"score": s, "threshold": THRESHOLD, "retrieve": s > THRESHOLD, "seconds": 0.01}
+        for m, s in scores.items()
+    }
+    return {
+        "id": qid,
+        "family": "targ",
+        "methods": list(scores),
+        "closed": _answer(closed),
+        "open": _answer(opened, recall=0.5),
+        "gates": gates,
+    }
+
+
+def _synthetic_sweep(n: int = 40, seed: int = 0) -> list[dict[str, Any]]:
+    """Closed-book right mostly at low margin scores; entropy's score is noise."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        margin = (i + 0.5) / n
+        closed = float(rng.random() > margin)
+        opened = float(rng.random() < 0.6)
+        records.append(
+            _sweep_record(f"q{i}", closed, opened, {"targ-margin": margin, "targ-entropy": rng.random()})
+        )
+    return records
+
+
+def _eval_record(qid: str, method: str, em: float, retrieved: bool, recall: float | None) -> dict[str, Any]:
+    return {
+        "id": qid,
+        "dataset": "synthetic",
+        "method": method,
+        "question": f"question {qid}?",
+        "answers": ["x"],
+        "prediction": "x" if em else "y",
+        "scores": {"em": em, "f1": em, "acc": em},
+        "retrieved": retrieved,
+        "retrievals": int(retrieved),
+        "gate_score": None,
+        "threshold": None,
+        "doc_ids": ["d1", "d2", "d3"] if retrieved else [],
+        "recall@3": recall if retrieved else None,
+        "prompt_tokens": 50,
+        "completion_tokens": 5,
+        "overhead_tokens": 0,
+        "seconds": 0.2 + 0.1 * retrieved,
+        "trace": {},
+    }
+
+
+def _synthetic_eval(n: int = 12) -> list[dict[str, Any]]:
+    records = []
+    for i in range(n):
+        q = f"q{i}"
+        records.append(_eval_record(q, "no-retrieval", float(i % 2 == 0), False, None))
+        records.append(_eval_record(q, "standard-rag", float(i % 3 != 0), True, 1.0 if i % 2 else 0.0))
+        if i:
+            records.append(_eval_record(q, "hyde", float(i % 3 == 0), True, 0.5))
+        records.append(_eval_record(q, "dpr-ais", 1.0, True, 1.0))
+        records.append(_eval_record(q, "pairs", float(i < 8), i >= 4, 1.0))  # q0-q3 answered directly
+    records.append({"id": "q0", "dataset": "synthetic", "method": "hyde", "error": "ValueError: boom"})
+    return records
+
+
+# --- AUROC ----------------------------------------------------------------------------------------------------
+
+
+def test_auroc_hand_values() -> None:
+    assert auroc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert auroc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert auroc([0.3, 0.3, 0.3, 0.3], [0, 1, 0, 1]) == 0.5
+    # positives 0.35, 0.8 vs negatives 0.1, 0.4: 3 of the 4 pairs ordered right
+    assert auroc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
+    # a tie between a positive and a negative counts one half: (1 + 0.5 + 2) / 4
+    assert auroc([0.2, 0.5, 0.5, 0.9], [False, True, False, True]) == 0.875
+    assert auroc([0.1, 0.2], [1, 1]) is None
+    assert auroc([], []) is None
+    with pytest.raises(ValueError, match="one label per score"):
+        auroc([0.1, 0.2], [1])
+
+
+def _pairwise_auroc(scores: list[float], labels: list[bool]) -> float | None:
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
+    if not pos or not neg:
+        return None
+    wins = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)
+    return wins / (len(pos) * len(neg))
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.booleans()), max_size=40))
+def test_auroc_equals_the_pairwise_count(data: list[tuple[int, bool]]) -> None:
+    scores = [s / 3 for s, _ in data]  # few distinct values: many ties
+    labels = [y for _, y in data]
+    expected = _pairwise_auroc(scores, labels)
+    got = auroc(scores, labels)
+    assert got == expected if expected is None else got == pytest.approx(expected, abs=1e-12)
+
+
+def test_gate_auroc_ranks_the_informative_gate_higher() -> None:
+    records = _synthetic_sweep(200)
+    result = gate_auroc(records)
+    assert set(result) == set(GATES)
+    margin, entropy = result["targ-margin"], result["targ-entropy"]
+    assert margin is not None and entropy is not None
+    assert margin > 0.75 and abs(entropy - 0.5) < 0.15
+    labels = [r["closed"]["scores"]["em"] == 0 for r in records]
+    assert margin == pytest.approx(
+        _pairwise_auroc([r["gates"]["targ-margin"]["score"] for r in records], labels)
+    )
+
+
+# --- deciles, quadrants, frontier -----------------------------------------------------------------------------
+
+
+def test_decile_bins_cover_every_question_once_and_keep_ties_together() -> None:
+    records = _synthetic_sweep(40)
+    rows = accuracy_by_decile(records, "targ-margin")
+    assert [r["decile"] for r in rows] == list(range(1, 11))
+    assert [r["n"] for r in rows] == [4] * 10
+    assert all(a["hi"] < b["lo"] for a, b in itertools.pairwise(rows))
+    closed = [r["closed"]["scores"]["em"] for r in records]  # scores rise with the index
+    assert rows[0]["closed_acc"] == pytest.approx(sum(closed[:4]) / 4)
+
+    scores = [0.2] * 7 + [0.5] * 2 + [0.9, 0.1, 0.7, 0.7]  # 13 questions, ties across bin edges
+    bins = decile_bins(scores)
+    assert len(bins) == len(scores)
+    for s in set(scores):
+        assert len({b for b, x in zip(bins, scores, strict=True) if x == s}) == 1
+    shuffled = list(zip(scores, bins, strict=True))
+    random.Random(1).shuffle(shuffled)
+    assert decile_bins([s for s, _ in shuffled]) == [b for _, b in shuffled]  # order does not matter
+    tied = [_sweep_record(f"q{i}", 1.0, 0.0, {"targ-margin": s}) for i, s in enumerate(scores)]
+    tied_rows = accuracy_by_decile(tied, "targ-margin")
+    assert sum(r["n"] for r in tied_rows) == len(scores)
+    # bin = floor(10 * #below / 13): 0.1 and the seven 0.2s -> 0, 0.5 -> 6, 0.7 -> 7, 0.9 -> 9
+    assert [(r["decile"], r["lo"], r["hi"], r["n"]) for r in tied_rows] == [
+        (1, 0.1, 0.2, 8),
+        (7, 0.5, 0.5, 2),
+        (8, 0.7, 0.7, 2),
+        (10, 0.9, 0.9, 1),
+    ]
+
+
+def test_quadrant_counts_hand_case_and_sum_to_n() -> None:
+    records = [
+        _sweep_record("a", 0.0, 1.0, {"targ-margin": 0.1}),  # low U, retrieval helps: (a)
+        _sweep_record("b", 1.0, 0.0, {"targ-margin": 0.9}),  # high U, hurts: (b)
+        _sweep_record("c", 0.0, 1.0, {"targ-margin": 0.8}),  # high U, helps: (c)
+        _sweep_record("d1", 1.0, 1.0, {"targ-margin": 0.2}),  # low U, neutral
+        _sweep_record("d2", 1.0, 0.0, {"targ-margin": 0.3}),  # low U, hurts
+        _sweep_record("e", 0.0, 0.0, {"targ-margin": 0.6}),  # high U, neutral
+    ]
+    q = quadrant_table(records, "targ-margin")
+    assert q["tau"] == THRESHOLD and q["n"] == 6
+    cells = ("low_helps", "low_neutral", "low_hurts", "high_helps", "high_neutral", "high_hurts")
+    assert {c: q[c] for c in cells} == dict.fromkeys(cells, 1)  # type: ignore[literal-required]
+    everything = quadrant_table(records, "targ-margin", tau=0.0)  # every question is "high U"
+    assert (everything["high_helps"], everything["high_neutral"], everything["high_hurts"]) == (2, 2, 2)
+    for method in GATES:
+        for tau in (None, 0.25, 0.75):
+            t = quadrant_table(_synthetic_sweep(37), method, tau=tau)
+            assert sum(t[c] for c in cells) == t["n"] == 37  # type: ignore[literal-required]
+
+
+def test_frontier_points_run_from_never_to_always() -> None:
+    records = _synthetic_sweep(30)
+    p = frontier_points(records, "targ-margin")
+    never = sum(r["closed"]["scores"]["em"] for r in records) / 30
+    always = sum(r["open"]["scores"]["em"] for r in records) / 30
+    assert p["never"] == (0.0, pytest.approx(never)) and p["always"] == (1.0, pytest.approx(always))
+    assert p["curve"][0] == (0.0, pytest.approx(never)) and p["curve"][-1] == (1.0, pytest.approx(always))
+    assert [x for x, _ in p["curve"]] == sorted(x for x, _ in p["curve"]) and len(p["curve"]) == 31
+    assert p["random"][5] == (0.5, pytest.approx((never + always) / 2))
+    assert p["default"][0] == pytest.approx(sum(r["gates"]["targ-margin"]["retrieve"] for r in records) / 30)
+    with pytest.raises(RagateError, match="no records for method 'dtr'"):
+        frontier_points(records, "dtr")
+
+
+# --- threshold transfer ---------------------------------------------------------------------------------------
+
+
+def test_threshold_transfer_between_two_sweeps() -> None:
+    # source scores 0.05 .. 0.95: a budget of 0.5 gives tau = 0.45; the target scores are all higher
+    source = [_sweep_record(f"s{i}", 1.0, 1.0, {"targ-margin": 0.05 + 0.1 * i}) for i in range(10)]
+    target = [
+        _sweep_record(f"t{i}", float(i < 5), float(i >= 5), {"targ-margin": 0.5 + 0.05 * i})
+        for i in range(10)
+    ]
+    t = threshold_transfer(source, target, "targ-margin", 0.5)
+    assert t["transferred"]["tau"] == pytest.approx(0.45)
+    assert t["transferred"]["retrieval_rate"] == 1.0  # every target score is above the source's tau
+    assert t["transferred"]["em"] == 0.5
+    assert t["retuned"]["tau"] == pytest.approx(0.7) and t["retuned"]["retrieval_rate"] == 0.5
+    assert t["retuned"]["em"] == 1.0 and t["delta_em"] == -0.5
+    best = threshold_transfer(source, target, "targ-margin", None)  # TARG S8: the best-EM tau
+    assert best["retuned"]["em"] == 1.0 and best["transferred"]["em"] == 0.5
+    same = threshold_transfer(target, target, "targ-margin", 0.3)
+    assert same["delta_em"] == 0.0 and same["transferred"] == same["retuned"]
+
+
+# --- eval-record tables ---------------------------------------------------------------------------------------
+
+
+def test_recall_comparison_counts_only_retrieved_questions_with_gold() -> None:
+    records = _synthetic_eval(12)
+    records.append(_eval_record("q99", "standard-rag", 1.0, True, None))  # no gold passages: left out
+    rows = {r["method"]: r for r in recall_comparison(records, k=3)}
+    assert set(rows) == {"standard-rag", "hyde", "dpr-ais", "pairs"}  # no-retrieval never retrieved
+    assert rows["standard-rag"]["n"] == 12 and rows["standard-rag"]["recall"] == 0.5
+    assert rows["hyde"]["n"] == 11 and rows["hyde"]["recall"] == 0.5  # the error record is skipped
+    assert rows["pairs"]["n"] == 8 and rows["dpr-ais"]["recall"] == 1.0
+    assert recall_comparison(records, k=5) == []
+
+
+def test_pairs_breakdown() -> None:
+    b = pairs_breakdown(_synthetic_eval(12))
+    assert (b["n"], b["direct_n"], b["retrieved_n"], b["reference_n"]) == (12, 4, 8, 4)
+    assert b["direct_acc"] == 1.0 and b["retrieved_acc"] == 0.5 and b["reference_acc"] == 1.0
+    none = pairs_breakdown(_synthetic_eval(12), reference="dtr-no-ugt")
+    assert none["reference_n"] == 0 and none["reference_acc"] is None
+    with pytest.raises(RagateError, match="no answers from method 'pairs-exclude-num'"):
+        pairs_breakdown(_synthetic_eval(4), "pairs-exclude-num")
+
+
+# --- write_report ---------------------------------------------------------------------------------------------
+
+
+def _run_dir(path: Path, *, sweep: bool = True, results: bool = True) -> Path:
+    records = _synthetic_eval(12)
+    methods = ["no-retrieval", "standard-rag", "hyde", "dpr-ais", "pairs"]
+    path.mkdir(parents=True)
+    write_records(path / "questions.jsonl", records)
+    if results:
+        config = {
+            "dataset": "synthetic",
+            "methods": methods,
+            "model": None,
+            "engine": "scripted",
+            "index": None,
+        }
+        result = {"config": config, "questions": 12, "provenance": {}, "summary": summarize(records, methods)}
+        (path / "results.json").write_text(json.dumps(result))
+    if sweep:
+        write_records(path / "sweep.jsonl", _synthetic_sweep(40))
+    return path
+
+
+def _check_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def test_write_report_writes_tables_and_plots(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "run")
+    written = write_report(run)
+    out = run / "report"
+    assert written == [out / n for n in ("report.md", "frontier.png", "deciles.png", "report.html")]
+    md = (out / "report.md").read_text()
+    for expected in (
+        "| method | n | EM | F1 |",  # the eval summary
+        "| gate method | n | Never EM | Always EM |",  # the sweep
+        "| targ-margin | 40 |",
+        "## Gate AUROC",
+        "gate-score decile (TARG A.6)",
+        "| (a) low U, Δ>0 |",
+        "| standard-rag | 12 | 50.0 |",  # recall@3
+        "| pairs | 12 | 4 / 100.0 | 8 / 50.0 | 4 / 100.0 (dpr-ais) |",
+        "![frontier](frontier.png)",
+    ):
+        assert expected in md
+    _check_png(out / "frontier.png")
+    _check_png(out / "deciles.png")
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "<th>gate method</th>" in page
+    assert "<td>targ-margin</td>" in page and "|---" not in page
+
+
+def test_write_report_without_sweep_or_results(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "run", sweep=False, results=False)
+    written = write_report(run, out=tmp_path / "elsewhere")
+    assert [p.name for p in written] == ["report.md", "frontier.png", "report.html"]
+    md = written[0].read_text()
+    assert "no results.json" in md and "| hyde | 11 (1 errors) |" in md and "Never EM" not in md
+    _check_png(written[1])
+
+
+def test_write_report_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(RagateError, match="neither questions.jsonl .* nor sweep.jsonl"):
+        write_report(tmp_path)
+    run = _run_dir(tmp_path / "run", sweep=False)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    with pytest.raises(RagateError, match=r"pip install 'ragate\[eval\]'"):
+        write_report(run)
+    assert not (run / "report").exists()
