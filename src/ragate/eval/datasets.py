@@ -250,14 +250,22 @@ def data_dir(path: str | Path | None = None) -> Path:
 _data_dir = data_dir  # load_dataset's keyword argument shadows the function's name
 
 
+DEMO = "demo"
+
+
 def load_dataset(
     name_or_path: str | Path, *, data_dir: str | Path | None = None, limit: int | None = None
 ) -> list[Example]:
-    """The questions of a registered split (a name in :data:`DATASETS`, its file found under :func:`data_dir`)
-    or of a common-form JSONL file (``.jsonl`` or ``.jsonl.gz``); the first ``limit`` in file order."""
+    """The questions of a registered split (a name in :data:`DATASETS`, its file found under :func:`data_dir`),
+    of ``"demo"`` (the 80 NQ-open questions that ship in the package, answerable from the demo index) or of a
+    common-form JSONL file (``.jsonl`` or ``.jsonl.gz``); the first ``limit`` in file order."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, not {limit}")
-    if isinstance(name_or_path, str) and name_or_path in DATASETS:
+    if name_or_path == DEMO:
+        from ragate.retrieval.corpus import demo_dir
+
+        examples = read_jsonl_examples(demo_dir() / "questions.jsonl", DEMO)
+    elif isinstance(name_or_path, str) and name_or_path in DATASETS:
         examples = _load_registered(name_or_path, DATASETS[name_or_path], _data_dir(data_dir))
     elif Path(name_or_path).is_file():
         examples = read_jsonl_examples(name_or_path)
