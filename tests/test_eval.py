@@ -146,3 +146,9 @@ def test_sweep_lookup_equals_a_direct_run_at_that_threshold(
         expect = r["open"] if retrieve else r["closed"]
         assert per_q[r["id"]]["prediction"] == expect["prediction"]
         assert per_q[r["id"]]["gate_score"] == r["gates"]["dtr"]["score"]
+
+
+def test_the_demo_questions_load_by_name() -> None:
+    demo = load_dataset("demo")
+    assert len(demo) == 80 and demo[0].question == "who got the first nobel prize in physics"
+    assert all(ex.gold_ids and ex.answers for ex in demo)

@@ -66,6 +66,12 @@ def register(subparsers: Any) -> None:
     )
     rep.add_argument("run_dir", type=Path)
     rep.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/report)")
+    rep.add_argument(
+        "--metric",
+        choices=("em", "f1", "acc"),
+        default="em",
+        help="accuracy in plots, deciles and quadrants (acc suits small models that answer in sentences)",
+    )
     rep.set_defaults(run=_run_report)
 
 
@@ -221,7 +227,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     from ragate.eval.report import write_report
 
-    written = write_report(args.run_dir, args.out)
+    written = write_report(args.run_dir, args.out, metric=args.metric)
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -22,6 +22,7 @@ from typing import Any
 from ragate.errors import RagateError
 from ragate.eval.analysis import (
     FrontierPlot,
+    Metric,
     accuracy_by_decile,
     frontier_points,
     gate_auroc,
@@ -36,6 +37,9 @@ from ragate.eval.sweep import frontier, sweep_markdown, swept_methods
 from ragate.fileio import atomic_writer
 
 PAIRS_METHODS = ("pairs", "pairs-exclude-num", "pairs-embedding")
+
+
+_LABEL = {"em": "EM", "f1": "F1", "acc": "acc (contains)"}
 
 
 def _pct(x: float | None) -> str:
@@ -58,8 +62,12 @@ def auroc_markdown(sweep_records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def deciles_markdown(sweep_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
-    tables = {m: {row["decile"]: row for row in accuracy_by_decile(sweep_records, m)} for m in methods}
+def deciles_markdown(
+    sweep_records: Sequence[dict[str, Any]], methods: Sequence[str], metric: Metric = "em"
+) -> str:
+    tables = {
+        m: {row["decile"]: row for row in accuracy_by_decile(sweep_records, m, metric)} for m in methods
+    }
     lines = ["| decile | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for d in range(1, 11):
         cells = []
@@ -72,7 +80,9 @@ def deciles_markdown(sweep_records: Sequence[dict[str, Any]], methods: Sequence[
     return "\n".join(lines) + "\n"
 
 
-def quadrant_markdown(sweep_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
+def quadrant_markdown(
+    sweep_records: Sequence[dict[str, Any]], methods: Sequence[str], metric: Metric = "em"
+) -> str:
     lines = [
         (
             "| gate method | tau | n | (a) low U, Δ>0 | (b) high U, Δ<0 | (c) high U, Δ>0 | (d) low U, Δ≤0 "
@@ -81,7 +91,7 @@ def quadrant_markdown(sweep_records: Sequence[dict[str, Any]], methods: Sequence
         "|---|---|---|---|---|---|---|---|",
     ]
     for m in methods:
-        q = quadrant_table(sweep_records, m)
+        q = quadrant_table(sweep_records, m, metric=metric)
         n = q["n"]
         cells = [q["low_helps"], q["high_hurts"], q["high_helps"], q["low_neutral"] + q["low_hurts"]]
         cells.append(q["high_neutral"])
@@ -136,7 +146,7 @@ def _new_figure() -> tuple[Any, Any]:
     return fig, fig.add_subplot()
 
 
-def plot_frontiers(plots: Sequence[FrontierPlot]) -> bytes:
+def plot_frontiers(plots: Sequence[FrontierPlot], metric: Metric = "em") -> bytes:
     """EM vs retrieval rate: one step line per gate over its thresholds, its default point as a star, and per
     family Never-RAG, Always-RAG and the random gate's expected line between them."""
     render = _canvas()
@@ -157,35 +167,49 @@ def plot_frontiers(plots: Sequence[FrontierPlot]) -> bytes:
         ax.plot([1], [100 * always], marker="^", color="black", ls="none", label=labels[2])
     ax.plot([], [], marker="*", ms=10, color="white", markeredgecolor="black", ls="none", label="default")
     ax.set(
-        xlabel="retrieval rate", ylabel="EM (%)", xlim=(-0.03, 1.03), title="accuracy / retrieval frontier"
+        xlabel="retrieval rate",
+        ylabel=f"{_LABEL[metric]} (%)",
+        xlim=(-0.03, 1.03),
+        title="accuracy / retrieval frontier",
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     return render(fig)
 
 
-def plot_operating_points(rows: Sequence[dict[str, Any]]) -> bytes:
+def plot_operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> bytes:
     """Without a sweep: each evaluated method's (retrieval rate, EM) from the run's summary."""
     render = _canvas()
     fig, ax = _new_figure()
     for i, r in enumerate(row for row in rows if row.get("n")):
-        ax.plot([r["retrieval_rate"]], [100 * r["em"]], marker="o", color=f"C{i % 10}", ls="none")
-        xy = (r["retrieval_rate"], 100 * r["em"])
+        ax.plot([r["retrieval_rate"]], [100 * r[metric]], marker="o", color=f"C{i % 10}", ls="none")
+        xy = (r["retrieval_rate"], 100 * r[metric])
         ax.annotate(r["method"], xy, fontsize="small", xytext=(4, 4), textcoords="offset points")
-    ax.set(xlabel="retrieval rate", ylabel="EM (%)", xlim=(-0.05, 1.2), title="methods' operating points")
+    ax.set(
+        xlabel="retrieval rate",
+        ylabel=f"{_LABEL[metric]} (%)",
+        xlim=(-0.05, 1.2),
+        title="methods' operating points",
+    )
     ax.grid(alpha=0.3)
     return render(fig)
 
 
-def plot_deciles(sweep_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> bytes:
+def plot_deciles(
+    sweep_records: Sequence[dict[str, Any]], methods: Sequence[str], metric: Metric = "em"
+) -> bytes:
     """Closed-book EM per gate-score decile, one line per gate (TARG Fig. S1)."""
     render = _canvas()
     fig, ax = _new_figure()
     for i, m in enumerate(methods):
-        rows = accuracy_by_decile(sweep_records, m)
+        rows = accuracy_by_decile(sweep_records, m, metric)
         xs, ys = [r["decile"] for r in rows], [100 * r["closed_acc"] for r in rows]
         ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=m)
-    ax.set(xlabel="gate score decile (1 = most confident)", ylabel="closed-book EM (%)", xticks=range(1, 11))
+    ax.set(
+        xlabel="gate score decile (1 = most confident)",
+        ylabel=f"closed-book {_LABEL[metric]} (%)",
+        xticks=range(1, 11),
+    )
     ax.set_title("base-model accuracy by gate score")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
@@ -240,7 +264,7 @@ def markdown_to_html(markdown: str, images: dict[str, bytes], title: str) -> str
     )
 
 
-def write_report(run_dir: Path | str, out: Path | str | None = None) -> list[Path]:
+def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: Metric = "em") -> list[Path]:
     """Write ``report.md``, ``frontier.png``, ``deciles.png`` (sweeps only) and ``report.html`` for the run in
     ``run_dir`` into ``out`` (default ``run_dir/report``), each atomically; returns the paths written."""
     run_dir = Path(run_dir)
@@ -273,8 +297,10 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> list[Pat
     methods = swept_methods(sweep_records)
     if methods:
         fronts = [frontier(sweep_records, m) for m in methods]
-        images["frontier.png"] = plot_frontiers([frontier_points(sweep_records, m) for m in methods])
-        images["deciles.png"] = plot_deciles(sweep_records, methods)
+        images["frontier.png"] = plot_frontiers(
+            [frontier_points(sweep_records, m, metric) for m in methods], metric
+        )
+        images["deciles.png"] = plot_deciles(sweep_records, methods, metric)
         md += [
             "## Accuracy / retrieval frontier",
             "",
@@ -301,7 +327,7 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> list[Pat
                 "first: a useful gate's closed-book EM falls from decile 1 to 10."
             ),
             "",
-            deciles_markdown(sweep_records, methods),
+            deciles_markdown(sweep_records, methods, metric),
             "![deciles](deciles.png)",
             "",
             "## Error quadrants over (U, Δ) (TARG A.7)",
@@ -311,10 +337,10 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> list[Pat
                 "lowers or keeps the EM (Δ): (a) is what the gate misses, (c) what it catches, (b) where it hurts."
             ),
             "",
-            quadrant_markdown(sweep_records, methods),
+            quadrant_markdown(sweep_records, methods, metric),
         ]
     elif ok:  # no sweep: one point per evaluated method
-        images["frontier.png"] = plot_operating_points(summarize(eval_records))
+        images["frontier.png"] = plot_operating_points(summarize(eval_records), metric)
         md += [
             "## Operating points",
             "",
