@@ -1,0 +1,161 @@
+"""``ragate serve``: the HTTP service (FastAPI + uvicorn) over one method, one model and one index.
+
+Binds 127.0.0.1 unless told otherwise; a non-loopback ``--host`` without an API key gets a warning. With
+``--workers N`` uvicorn runs N processes on one port, each loading the model and the index once
+(docs/service.md). The key is best passed as ``$RAGATE_API_KEY`` (a command line is visible to other users).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from ragate.backends import ENGINES
+from ragate.errors import RagateError
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`ServiceSettings` for the parsed command line (the API key from the environment if not given)."""
+    from ragate.service.settings import API_KEY_ENV, ServiceSettings
+
+    engine = args.backend or ("openai" if args.openai_base_url else "llama.cpp")
+    if args.openai_base_url and engine != "openai":
+        raise RagateError(f"--openai-base-url goes with --backend openai, not --backend {engine}")
+    try:
+        return ServiceSettings(
+            method=args.method,
+            index=args.index,
+            milvus_uri=args.milvus,
+            milvus_collection=args.milvus_collection,
+            model=args.model,
+            engine=engine,
+            openai_base_url=args.openai_base_url,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None),
+            workers=args.workers,
+            max_body_bytes=args.max_body_bytes,
+            max_question_chars=args.max_question_chars,
+            max_tokens=args.max_tokens_limit,
+            max_concurrency=args.max_concurrency,
+            request_timeout=args.timeout,
+            backend_timeout=args.openai_timeout,
+        )
+    except ValueError as err:
+        raise RagateError(str(err)) from err
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ragate.service.app import create_app
+        from ragate.service.settings import API_KEY_ENV, SETTINGS_ENV
+    except ImportError as err:
+        raise RagateError(
+            f"ragate serve needs the service extra: pip install 'ragate[service]' ({err})"
+        ) from err
+    settings = settings_from_args(args)
+    if not settings.loopback and settings.api_key is None:
+        print(
+            f"ragate: warning: serving on {settings.host} without an API key: anyone who can reach port "
+            f"{settings.port} can use the model; set RAGATE_API_KEY or --api-key",
+            file=sys.stderr,
+        )
+    where = f"http://{settings.host}:{settings.port}"
+    common: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": args.log_level,
+        "server_header": False,
+        "timeout_graceful_shutdown": 10,
+    }
+    if settings.workers > 1:
+        from ragate.methods import get_method
+        from ragate.retrieval.demo import demo_index
+
+        get_method(settings.method)  # fail here, not in every worker
+        # build the demo index once here, not in every worker at the same time
+        if settings.index is None and settings.milvus_uri is None:
+            settings = replace(settings, index=str(demo_index()))
+        os.environ[SETTINGS_ENV] = settings.to_json()  # read by every worker's app_from_env()
+        if settings.api_key is not None:
+            os.environ[API_KEY_ENV] = settings.api_key
+        print(f"ragate serve: {settings.workers} workers on {where}", file=sys.stderr, flush=True)
+        uvicorn.run("ragate.service.app:app_from_env", factory=True, workers=settings.workers, **common)
+        return 0
+    app = create_app(settings)
+    rt = app.state.runtime
+    print(
+        f"ragate serve: method {settings.method}, model {rt.lm.model} ({rt.lm.engine}), index {rt.index_name} "
+        f"({rt.passages} passages), auth {'on' if settings.api_key else 'off'}; listening on {where}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, **common)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from ragate.service.settings import ServiceSettings
+
+    d = ServiceSettings()
+    p = subparsers.add_parser(
+        "serve",
+        help="serve answers, search and an OpenAI-compatible chat endpoint over HTTP",
+        description="Serve one adaptive-retrieval method over HTTP: POST /v1/answer, POST /v1/search, "
+        "POST /v1/chat/completions (OpenAI format), GET /healthz, GET /metrics. See docs/service.md.",
+    )
+    p.add_argument("--method", default=d.method, help=f"the default method (default {d.method})")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--index", default=None, help="index directory (default: the demo index)")
+    where.add_argument("--milvus", default=None, metavar="URI", help="serve a Milvus collection instead")
+    p.add_argument("--milvus-collection", default=d.milvus_collection, help="with --milvus (default ragate)")
+    p.add_argument("--model", default=None, help="model name, GGUF file or directory (default smollm2-135m)")
+    p.add_argument("--backend", default=None, choices=list(ENGINES), help="engine (default llama.cpp)")
+    p.add_argument(
+        "--openai-base-url",
+        default=None,
+        help="run the LM on an OpenAI-compatible server (implies --backend openai)",
+    )
+    p.add_argument(
+        "--openai-timeout", type=float, default=d.backend_timeout, help="seconds per LM server call"
+    )
+    p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
+    p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: $RAGATE_API_KEY, else none)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, help="uvicorn worker processes on the one port (default 1)"
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=d.max_concurrency,
+        help=f"requests answered at once per worker; more get 429 (default {d.max_concurrency})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=d.request_timeout,
+        help=f"seconds per request (default {d.request_timeout:g})",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body")
+    p.add_argument("--max-question-chars", type=int, default=d.max_question_chars, help="longest question")
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=d.max_tokens,
+        help="largest options.max_tokens a request may ask",
+    )
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(run=run)
+
+
+__all__ = ["register", "run", "settings_from_args"]

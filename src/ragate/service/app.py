@@ -1,0 +1,647 @@
+"""The HTTP service: one method, one model and one index per process, behind a small guarded API.
+
+``create_app(settings)`` loads the model and the index once (or takes them ready-made) and returns a FastAPI app:
+
+- ``POST /v1/answer``: ``{"question", "method"?, "options"?: {"max_tokens", "threshold", "k"}}`` → the answer,
+  whether it retrieved, the gate's score and threshold, the documents read, the trace and timings
+- ``POST /v1/search``: ``{"query", "k"?}`` → the index's hits
+- ``POST /v1/chat/completions`` and ``GET /v1/models``: OpenAI's API over the pipeline (see ``openai_api``)
+- ``GET /healthz`` (never needs the key) and ``GET /metrics`` (Prometheus)
+
+Every request passes :class:`Guard` first (bearer token, body size, JSON content type, UTF-8) and every pipeline
+call takes a slot of :class:`Slots` (429 with ``Retry-After`` when all are taken), runs in a worker thread under
+the per-request timeout (504), and a local model is used by one request at a time (llama.cpp and torch models
+are not thread-safe; one request's draft, retrieval and answer also keep the model's prefix cache to themselves).
+Every error is JSON ``{"error": {"message", "type"}}``; no stack trace reaches a client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import httpx
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ragate import __version__
+from ragate.backends import Backend, load_backend
+from ragate.errors import BackendError, BackendUnavailableError, RagateError
+from ragate.methods import METHODS, MethodSpec, get_method, run_method
+from ragate.methods.trace import Trace
+from ragate.retrieval.types import Hit, Passage, Retriever
+from ragate.service import openai_api
+from ragate.service.metrics import ServiceMetrics
+from ragate.service.settings import ServiceSettings
+
+log = logging.getLogger("ragate.service")
+T = TypeVar("T")
+
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+    405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type",
+    422: "invalid_request_error", 429: "rate_limit_exceeded", 500: "internal_error", 502: "backend_error",
+    503: "backend_unavailable", 504: "timeout",
+}  # fmt: skip
+ENDPOINT_LIST = (
+    "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /metrics"
+)
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, a message that says what to change, and optional headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error")}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# -- request bodies ---------------------------------------------------------------------------------------------
+class AnswerOptions(BaseModel):
+    """Per-request changes to the method: answer length, gate threshold, documents read."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int | None = Field(default=None, ge=1)
+    threshold: float | None = Field(default=None, allow_inf_nan=False)
+    k: int | None = Field(default=None, ge=1)
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str
+    method: str | None = None
+    options: AnswerOptions = Field(default_factory=AnswerOptions)
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str
+    k: int = Field(default=5, ge=1)
+
+
+# -- shared state: admission slots, a serialised retriever ------------------------------------------------------
+class Slots:
+    """At most ``n`` requests at work. A slot is freed when its work ends, also when the client already got a
+    504, so the limit bounds real work. ``retry_after`` estimates seconds until a slot frees."""
+
+    def __init__(self, n: int, on_change: Callable[[int], None]) -> None:
+        self.n, self.used, self._mean = n, 0, 1.0
+        self._lock, self._on_change = threading.Lock(), on_change
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.used >= self.n:
+                return False
+            self.used += 1
+            self._on_change(self.used)
+            return True
+
+    def give(self, seconds: float | None) -> None:
+        with self._lock:
+            self.used -= 1
+            if seconds is not None:
+                self._mean = 0.8 * self._mean + 0.2 * seconds
+            self._on_change(self.used)
+
+    def retry_after(self) -> int:
+        return max(1, math.ceil(self._mean))
+
+
+class _Ticket:
+    """One request's slot, freed exactly once: by the worker thread when it ran, else by the request. A request
+    that gave up (its timeout) also tells a worker still waiting for the model not to begin."""
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots, self._lock, self._start = slots, threading.Lock(), time.perf_counter()
+        self._started = self._freed = self._given_up = False
+
+    def start(self) -> bool:
+        with self._lock:
+            self._started = not self._freed
+            return self._started
+
+    def wanted(self) -> bool:
+        return not self._given_up
+
+    def done(self) -> None:
+        """The worker finished (or failed)."""
+        with self._lock:
+            if self._freed:
+                return
+            self._freed = True
+        self._slots.give(time.perf_counter() - self._start)
+
+    def give_up(self) -> None:
+        """The request is over (answered, failed or timed out); frees the slot if no worker ever began."""
+        with self._lock:
+            self._given_up = True
+            if self._freed or self._started:
+                return
+            self._freed = True
+        self._slots.give(None)
+
+
+class SerialRetriever(Retriever):
+    """A retriever used by one thread at a time (a fast tokenizer shared across threads raises "Already
+    borrowed"; FAISS and bm25s are fine, but one lock is simpler than knowing which)."""
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner, self.kind, self._lock = inner, inner.kind, threading.Lock()
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        with self._lock:
+            return self.inner.search(queries, k)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def passage(self, passage_id: str) -> Passage:
+        with self._lock:
+            return self.inner.passage(passage_id)
+
+    @property
+    def has_embeddings(self) -> bool:
+        return self.inner.has_embeddings
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            return self.inner.embed_queries(queries)
+
+    def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            return self.inner.passage_embeddings(passage_ids)
+
+    def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        with self._lock:
+            return self.inner.search_by_vectors(vectors, k)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Everything a request needs, built once per process and kept on ``app.state.runtime``."""
+
+    settings: ServiceSettings
+    lm: Backend
+    retriever: Retriever
+    index_name: str
+    metrics: ServiceMetrics
+    slots: Slots
+    lm_lock: threading.Lock | None  # None: the LM is a server that takes concurrent requests
+    passages: int  # counted once: a Milvus count is a network call /healthz should not depend on
+    owned: bool  # whether the app loaded (and so closes) the model and the index
+    started: float
+
+    async def work(self, fn: Callable[[Callable[[], bool]], T]) -> T:
+        """Run ``fn(wanted)`` in a worker thread within a slot and the timeout, mapping ragate's errors to HTTP
+        ones. ``wanted()`` turns false once the request gave up: check it after waiting for a lock."""
+        if not self.slots.take():
+            raise ApiError(
+                429,
+                f"the server is busy: {self.slots.n} requests are being answered (its concurrency limit); "
+                f"retry after {self.slots.retry_after()} s",
+                {"Retry-After": str(self.slots.retry_after())},
+            )
+        ticket = _Ticket(self.slots)
+
+        def run() -> T:
+            if not ticket.start():
+                raise TimeoutError("given up before it started")
+            try:
+                return fn(ticket.wanted)
+            finally:
+                ticket.done()
+
+        try:
+            with anyio.fail_after(self.settings.request_timeout):
+                return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+        except TimeoutError:
+            raise ApiError(
+                504,
+                f"the request took longer than the server's limit of {self.settings.request_timeout:g} s "
+                "(ragate serve --timeout); ask for fewer tokens (options.max_tokens) or a cheaper method",
+            ) from None
+        except BackendUnavailableError as err:
+            raise ApiError(503, f"the language model is unavailable: {err}", {"Retry-After": "5"}) from None
+        except BackendError as err:
+            raise ApiError(502, f"the language model failed: {err}") from None
+        except (RagateError, ValueError, NotImplementedError) as err:
+            raise ApiError(400, str(err)) from None
+        finally:
+            ticket.give_up()
+
+    def model_lock(self) -> contextlib.AbstractContextManager[Any]:
+        return self.lm_lock if self.lm_lock is not None else contextlib.nullcontext()
+
+    def spec(self, method: str | None, options: AnswerOptions) -> MethodSpec:
+        """The method with the request's options, within the server's limits."""
+        s = self.settings
+        try:
+            spec = get_method(method or s.method)
+        except RagateError as err:
+            raise ApiError(400, str(err)) from None
+        if options.max_tokens is not None:
+            if options.max_tokens > s.max_tokens:
+                raise ApiError(
+                    400, f"options.max_tokens is {options.max_tokens}; this server allows {s.max_tokens}"
+                )
+            spec = spec.with_(max_tokens=options.max_tokens)
+        if options.threshold is not None:
+            spec = spec.with_(gate=replace(spec.gate, threshold=options.threshold))
+        if options.k is not None:
+            if options.k > s.max_k:
+                raise ApiError(
+                    400, f"options.k is {options.k}; this server allows at most {s.max_k} documents"
+                )
+            spec = spec.with_(selector=replace(spec.selector, k=options.k, n=max(spec.selector.n, options.k)))
+        return spec
+
+    def question(self, text: str) -> str:
+        question = text.strip()
+        if not question:
+            raise ApiError(400, "the question is empty: send the question as a non-empty string")
+        if len(question) > self.settings.max_question_chars:
+            raise ApiError(
+                400,
+                f"the question is {len(question)} characters; this server takes at most "
+                f"{self.settings.max_question_chars} (put documents in the index, not in the question)",
+            )
+        return question
+
+    async def answer(self, question: str, spec: MethodSpec) -> tuple[Trace, dict[str, Any]]:
+        """Run the method; the trace and the timings (queueing = time not spent in a stage)."""
+        start = time.perf_counter()
+
+        def go(wanted: Callable[[], bool]) -> Trace:
+            with self.model_lock():
+                if not wanted():  # timed out while waiting for the model: nobody reads the answer
+                    raise TimeoutError("given up while waiting for the model")
+                return run_method(spec, question, self.lm, self.retriever)
+
+        trace = await self.work(go)
+        total = time.perf_counter() - start
+        self.metrics.observe_trace(trace)
+        stage = {s.name: 0.0 for s in trace.stages}
+        for s in trace.stages:
+            stage[s.name] += s.seconds
+        timings = {
+            "total_seconds": total,
+            "pipeline_seconds": trace.seconds,
+            "queue_seconds": max(0.0, total - trace.seconds),
+            "overhead_seconds": sum(s.seconds for s in trace.stages if s.overhead),
+            "stages": stage,
+        }
+        return trace, timings
+
+    def extension(self, trace: Trace, timings: dict[str, Any]) -> dict[str, Any]:
+        """What ragate adds to an answer: the decision, its evidence and its cost."""
+        return {
+            "method": trace.method,
+            "retrieved": trace.retrieved,
+            "gate": {
+                "score": trace.gate.score,
+                "threshold": trace.gate.threshold,
+                "retrieve": trace.gate.retrieve,
+                "reason": trace.gate.reason,
+            },
+            "documents": [_hit(h) for h in trace.documents],
+            "model": self.lm.model,
+            "index": self.index_name,
+            "timings": timings,
+        }
+
+    async def health(self) -> tuple[int, dict[str, Any]]:
+        info = {
+            "status": "ok", "version": __version__, "method": self.settings.method, "model": self.lm.model,
+            "engine": self.lm.engine, "index": self.index_name, "passages": self.passages,
+            "in_progress": self.slots.used, "max_concurrency": self.slots.n,
+        }  # fmt: skip
+        base = getattr(self.lm, "base_url", None) if self.lm.engine == "openai" else None
+        if base is None:
+            return 200, info
+        try:
+            async with httpx.AsyncClient(timeout=self.settings.health_timeout) as client:
+                status = (await client.get(f"{base}/models")).status_code
+            problem = f"{base}/models answered HTTP {status}" if status >= 500 else None
+        except httpx.HTTPError as err:
+            problem = f"{base} is unreachable ({type(err).__name__}: {err or 'no answer'})"
+        if problem is None:
+            return 200, info
+        message = f"the language model server is unavailable: {problem}"
+        return 503, {
+            **info,
+            "status": "unavailable",
+            "error": {"message": message, "type": "backend_unavailable"},
+        }
+
+
+def _hit(h: Hit) -> dict[str, Any]:
+    return {"id": h.id, "title": h.passage.title, "text": h.passage.text, "score": h.score, "rank": h.rank}
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such scores become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+# -- the guard in front of every request ------------------------------------------------------------------------
+class Guard:
+    """Pure ASGI middleware: metrics for every exchange, then the bearer token (all paths but ``/healthz``),
+    then the body: at most ``max_body_bytes`` (checked on ``Content-Length`` and on the bytes that arrive),
+    JSON content type, UTF-8. The checked body is replayed to the app."""
+
+    def __init__(self, app: ASGIApp, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
+        self.app, self.settings, self.metrics = app, settings, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            rejection = self._authorise(scope)
+            if rejection is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                rejection, receive = await self._body(scope, receive)
+            if rejection is not None:
+                await rejection(scope, receive, watch)
+            else:
+                await self.app(scope, receive, watch)
+        finally:
+            self.metrics.observe_request(scope["path"], status[0], time.perf_counter() - start)
+            if status[0] >= 400:
+                self.metrics.observe_error(ERROR_TYPES.get(status[0], "error"))
+
+    def _authorise(self, scope: Scope) -> Response | None:
+        key = self.settings.api_key
+        if key is None or scope["path"] == "/healthz":
+            return None
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        how = "send the header 'Authorization: Bearer <key>' with the key given to ragate serve (--api-key or RAGATE_API_KEY)"
+        if scheme.lower() != "bearer" or not token.strip():
+            return error_response(401, f"this server needs an API key: {how}", {"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(token.strip().encode(), key.encode()):
+            return error_response(401, f"wrong API key: {how}", {"WWW-Authenticate": "Bearer"})
+        return None
+
+    async def _body(self, scope: Scope, receive: Receive) -> tuple[Response | None, Receive]:
+        limit, headers = self.settings.max_body_bytes, Headers(scope=scope)
+        too_large = f"the request body is larger than this server's limit of {limit} bytes"
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return error_response(400, f"Content-Length {declared!r} is not a number of bytes"), receive
+            if int(declared) > limit:
+                return error_response(413, f"{too_large} (Content-Length: {declared})"), receive
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return Response(status_code=400), receive  # nobody is listening any more
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return error_response(413, too_large), receive
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if not body.strip():
+            return error_response(
+                400, 'the request body is empty: send a JSON object, e.g. {"question": "..."}'
+            ), receive
+        ctype = headers.get("content-type")
+        if ctype is None:  # curl without -H: assume JSON rather than refuse
+            scope["headers"] = [*scope["headers"], (b"content-type", b"application/json")]
+        elif ctype.split(";")[0].strip().lower() != "application/json":
+            return error_response(
+                415,
+                f"the request body must be JSON, not {ctype!r}: send 'Content-Type: application/json' "
+                "(curl: -H 'Content-Type: application/json')",
+            ), receive
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as err:
+            return error_response(
+                400,
+                f"the request body is not valid UTF-8 (byte 0x{body[err.start]:02x} at position {err.start}: "
+                f"{err.reason}); send JSON encoded as UTF-8",
+            ), receive
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return None, replay
+
+
+# -- error handlers ---------------------------------------------------------------------------------------------
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        if exc.status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+        return error_response(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no endpoint {request.method} {request.url.path}; endpoints: {ENDPOINT_LIST}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}; endpoints: {ENDPOINT_LIST}"
+        return error_response(exc.status_code, message, dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = []
+        for e in exc.errors():
+            if e.get("type") == "json_invalid":
+                detail = (e.get("ctx") or {}).get("error", "decode error")
+                return error_response(400, f"the request body is not valid JSON: {detail}")
+            where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{where}: {e.get('msg')}")
+        return error_response(422, "invalid request: " + "; ".join(problems))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> Response:  # logged with its traceback by uvicorn
+        return error_response(
+            500, f"internal server error ({type(exc).__name__}); the server's log has the details"
+        )
+
+
+# -- the app ----------------------------------------------------------------------------------------------------
+def load_pipeline(settings: ServiceSettings) -> tuple[Backend, Retriever, str]:
+    """The model and the index ``settings`` name, loaded once (the method name is checked first)."""
+    get_method(settings.method)
+    retriever: Retriever
+    if settings.milvus_uri:
+        from ragate.retrieval.milvus import MilvusRetriever
+
+        retriever = MilvusRetriever.open(settings.milvus_uri, collection=settings.milvus_collection)
+        name = f"milvus:{settings.milvus_uri}#{settings.milvus_collection}"
+    else:
+        from ragate.retrieval.demo import demo_index
+        from ragate.retrieval.index import open_index
+
+        path = settings.index or demo_index()
+        retriever, name = open_index(path), str(path)
+    try:
+        lm = load_backend(settings.model, settings.engine, **settings.backend_options)
+    except BaseException:
+        retriever.close()
+        raise
+    return lm, retriever, name
+
+
+def create_app(
+    settings: ServiceSettings, lm: Backend | None = None, retriever: Retriever | None = None
+) -> FastAPI:
+    """The service for ``settings``. Without ``lm`` and ``retriever`` it loads both (and closes them at shutdown);
+    given ones stay the caller's."""
+    owned = lm is None and retriever is None
+    index_name = f"(a given {retriever.kind} retriever)" if retriever is not None else ""
+    if lm is None or retriever is None:
+        if not owned:
+            raise ValueError("give both lm and retriever, or neither")
+        lm, retriever, index_name = load_pipeline(settings)
+    metrics = ServiceMetrics.create()
+    runtime = Runtime(
+        settings=settings,
+        lm=lm,
+        retriever=SerialRetriever(retriever),
+        index_name=index_name,
+        metrics=metrics,
+        slots=Slots(settings.max_concurrency, metrics.in_progress.set),
+        lm_lock=None if lm.engine == "openai" else threading.Lock(),
+        passages=len(retriever),
+        owned=owned,
+        started=time.time(),
+    )
+
+    def close() -> None:  # a request abandoned at its timeout may still be using the model: wait for it
+        held = runtime.lm_lock.acquire(timeout=settings.request_timeout) if runtime.lm_lock else False
+        try:
+            runtime.lm.close()
+            runtime.retriever.close()
+        finally:
+            if held and runtime.lm_lock is not None:
+                runtime.lm_lock.release()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if runtime.owned:
+            await anyio.to_thread.run_sync(close)
+
+    app = FastAPI(
+        title="ragate",
+        version=__version__,
+        summary="Adaptive retrieval-augmented answers: the model decides when to retrieve.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.add_middleware(Guard, settings=settings, metrics=metrics)
+    _install_error_handlers(app)
+    _routes(app, runtime)
+    return app
+
+
+def _routes(app: FastAPI, rt: Runtime) -> None:
+    @app.post("/v1/answer")
+    async def answer(body: AnswerRequest) -> Response:
+        question, spec = rt.question(body.question), rt.spec(body.method, body.options)
+        trace, timings = await rt.answer(question, spec)
+        payload = {"answer": trace.answer, "question": question, **rt.extension(trace, timings)}
+        payload["trace"] = trace.to_json()
+        return JSONResponse(_finite(payload))
+
+    @app.post("/v1/search")
+    async def search(body: SearchRequest) -> Response:
+        query = rt.question(body.query)
+        if body.k > rt.settings.max_k:
+            raise ApiError(400, f"k is {body.k}; this server returns at most {rt.settings.max_k} hits")
+        start = time.perf_counter()
+        hits = await rt.work(lambda wanted: rt.retriever.search([query], body.k)[0])
+        payload = {"query": query, "k": body.k, "hits": [_hit(h) for h in hits]}
+        return JSONResponse(
+            _finite({**payload, "index": rt.index_name, "seconds": time.perf_counter() - start})
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: openai_api.ChatCompletionRequest) -> Response:
+        if body.n != 1:
+            raise ApiError(400, f"n = {body.n}: ragate returns one answer per request (n = 1)")
+        try:
+            text = body.question()
+        except ValueError as err:
+            raise ApiError(400, str(err)) from None
+        method = body.model if body.model in METHODS else rt.settings.method
+        question = rt.question(text)
+        spec = rt.spec(method, AnswerOptions(max_tokens=body.token_limit()))
+        trace, timings = await rt.answer(question, spec)
+        extension = _finite(rt.extension(trace, timings))
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            events = openai_api.stream_events(trace, method, extension, include_usage=include_usage)
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        return JSONResponse(openai_api.completion(trace, method, extension))
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse(openai_api.model_list(list(METHODS), int(rt.started)))
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        status, info = await rt.health()
+        return JSONResponse(info, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        content, media_type = rt.metrics.render()
+        return Response(content, media_type=media_type)
+
+
+def app_from_env() -> FastAPI:
+    """The app for ``$RAGATE_SERVICE_SETTINGS``: the factory each uvicorn worker calls
+    (``uvicorn ragate.service.app:app_from_env --factory --workers N``)."""
+    return create_app(ServiceSettings.from_env())

@@ -1,0 +1,124 @@
+"""What one ``ragate serve`` process serves (method, model, index) and the limits that keep it safe.
+
+Settings are a frozen record built once (by ``ragate serve`` or :meth:`ServiceSettings.from_env`) and kept on
+``app.state``; nothing reads the environment after start-up. Several uvicorn workers each build the same settings
+from ``RAGATE_SERVICE_SETTINGS`` (JSON written by ``ragate serve --workers N``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+SETTINGS_ENV = "RAGATE_SERVICE_SETTINGS"
+API_KEY_ENV = "RAGATE_API_KEY"
+LOOPBACK_NAMES = ("localhost",)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """The served pipeline and the limits. Defaults are safe: loopback only, bounded bodies, queue and time.
+
+    ``index`` None serves the demo index; ``milvus_uri`` serves a Milvus collection instead of an index directory.
+    ``engine`` "openai" sends every LM call to ``openai_base_url`` (vLLM, SGLang, llama.cpp server).
+    ``max_concurrency`` bounds the requests being answered at once (the rest get 429 with ``Retry-After``); a local
+    model is additionally used by one request at a time. ``request_timeout`` bounds one request's wall time (504).
+    """
+
+    method: str = "dtr"
+    index: str | None = None
+    milvus_uri: str | None = None
+    milvus_collection: str = "ragate"
+    model: str | None = None
+    engine: str = "llama.cpp"
+    openai_base_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    workers: int = 1
+    max_body_bytes: int = 64 * 1024
+    max_question_chars: int = 4000
+    max_tokens: int = 512  # the largest options.max_tokens a request may ask for
+    max_k: int = 20  # the most documents a request may ask for (options.k, /v1/search k)
+    max_concurrency: int = 8
+    request_timeout: float = 120.0
+    backend_timeout: float = 60.0  # one HTTP exchange with an OpenAI-compatible LM server
+    backend_retries: int = 2
+    health_timeout: float = 2.0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "port": self.port, "workers": self.workers, "max_body_bytes": self.max_body_bytes,
+            "max_question_chars": self.max_question_chars, "max_tokens": self.max_tokens, "max_k": self.max_k,
+            "max_concurrency": self.max_concurrency, "request_timeout": self.request_timeout,
+            "backend_timeout": self.backend_timeout, "health_timeout": self.health_timeout,
+        }  # fmt: skip
+        bad = [f"{name} = {value}" for name, value in positive.items() if not value > 0]
+        if bad:
+            raise ValueError(f"service settings must be positive: {', '.join(bad)}")
+        if self.port > 65535:
+            raise ValueError(f"port must be at most 65535, got {self.port}")
+        if self.backend_retries < 0:
+            raise ValueError(f"backend_retries must be >= 0, got {self.backend_retries}")
+        if self.engine == "openai" and not self.openai_base_url:
+            raise ValueError("the openai engine needs openai_base_url (e.g. http://127.0.0.1:8080/v1)")
+        if self.index and self.milvus_uri:
+            raise ValueError("serve an index directory or a Milvus collection, not both")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("the API key is empty: pass a non-empty key or none")
+
+    @property
+    def loopback(self) -> bool:
+        """Whether ``host`` only accepts connections from this machine."""
+        if self.host in LOOPBACK_NAMES:
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def backend_options(self) -> dict[str, Any]:
+        """Constructor options for the LM backend (only the OpenAI-compatible one takes any here)."""
+        if self.engine != "openai":
+            return {}
+        return {
+            "base_url": self.openai_base_url,
+            "timeout": min(self.backend_timeout, self.request_timeout),
+            "max_retries": self.backend_retries,
+            "backoff": 0.25,
+        }
+
+    def public(self) -> dict[str, Any]:
+        """The settings without the API key (for logs and /healthz)."""
+        out = asdict(self)
+        out["api_key"] = "set" if self.api_key else None
+        return out
+
+    def to_json(self) -> str:
+        """JSON for ``$RAGATE_SERVICE_SETTINGS``, without the API key (that travels in ``$RAGATE_API_KEY``)."""
+        return json.dumps({**asdict(self), "api_key": None})
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> ServiceSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown service settings: {', '.join(unknown)}")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServiceSettings:
+        """Settings from ``$RAGATE_SERVICE_SETTINGS`` (JSON; defaults when unset), the API key from
+        ``$RAGATE_API_KEY`` when the JSON gives none. This is what each uvicorn worker calls."""
+        env = os.environ if environ is None else environ
+        raw = env.get(SETTINGS_ENV)
+        settings = cls.from_mapping(json.loads(raw)) if raw else cls()
+        key = env.get(API_KEY_ENV)
+        if settings.api_key is None and key:
+            settings = replace(settings, api_key=key)
+        return settings

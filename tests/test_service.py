@@ -1,0 +1,397 @@
+"""``ragate serve`` as real processes on 127.0.0.1, spoken to over HTTP.
+
+Two services, each started once: the default one (SmolLM2 on llama.cpp in-process, the demo index, no auth, small
+body and question limits) and a scale-out one (two uvicorn workers, the LM on llama-cpp-python's OpenAI-compatible
+server, a BM25 index, an API key, one slot per worker). The second is where the LM server is killed, restarted
+and paused, to see 503, recovery, 504 and 429.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+for _module in ("fastapi", "uvicorn", "prometheus_client"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"{_module} is not installed: pip install 'ragate[service]'", allow_module_level=True)
+
+from ragate.cli.main import main
+from ragate.service.settings import ServiceSettings
+
+WIKI = Path(__file__).parent / "data" / "wiki_passages.jsonl"
+KEY = "test-key-7"
+QUESTION = "Who wrote Hamlet?"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, seconds: float) -> None:
+    """Until ``url`` answers at all (any status), or fail with the log's tail."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            httpx.get(url, timeout=3)
+            return
+        except httpx.TransportError:
+            time.sleep(0.3)
+    tail = log.read_text(errors="replace")[-3000:]
+    _stop(proc)
+    pytest.fail(f"{url} did not answer within {seconds} s (exit {proc.poll()}):\n{tail}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _serve(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "ragate.cli.main",
+        "serve",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *args,
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    _wait(f"{url}/healthz", proc, log, 240)
+    return proc, url
+
+
+def _error(r: httpx.Response, status: int, *words: str) -> str:
+    """The JSON error's message, after checking the status, the shape, the words, and that no traceback leaks."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    message = body["error"]["message"]
+    assert isinstance(message, str) and message and body["error"]["type"]
+    assert "Traceback" not in r.text and 'File "' not in r.text
+    for word in words:
+        assert word in message, message
+    return str(message)
+
+
+# -- the default service ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def service(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("service") / "serve.log"
+    args = ["--method", "dtr", "--max-body-bytes", "2048", "--max-question-chars", "200"]
+    proc, url = _serve(args, log, env={"RAGATE_API_KEY": ""})
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def http(service: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service, timeout=120) as client:
+        yield client
+
+
+def test_healthz_names_what_is_served(http: httpx.Client) -> None:
+    r = http.get("/healthz")
+    assert r.status_code == 200
+    info = r.json()
+    assert info["status"] == "ok" and info["model"] == "smollm2-135m" and info["engine"] == "llama.cpp"
+    assert info["method"] == "dtr" and info["index"].endswith("demo") and info["passages"] > 0
+
+
+def test_answer_without_retrieval(http: httpx.Client) -> None:
+    r = http.post(
+        "/v1/answer", json={"question": QUESTION, "method": "no-retrieval", "options": {"max_tokens": 8}}
+    )
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["answer"] and d["method"] == "no-retrieval" and d["retrieved"] is False and d["documents"] == []
+    assert d["gate"] == {"score": 0.0, "threshold": 0.0, "retrieve": False, "reason": "never retrieves"}
+    assert d["trace"]["stages"][0]["completion_tokens"] <= 8
+    t = d["timings"]
+    assert t["total_seconds"] >= t["pipeline_seconds"] > 0 and set(t["stages"]) == {"answer"}
+
+
+def test_answer_with_retrieval_returns_the_documents(http: httpx.Client) -> None:
+    body = {"question": "who got the first nobel prize in physics", "method": "standard-rag"}
+    r = http.post("/v1/answer", json={**body, "options": {"max_tokens": 8, "k": 1}})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["retrieved"] is True and len(d["documents"]) == 1
+    doc = d["documents"][0]
+    assert doc["rank"] == 1 and doc["text"] and doc["title"] and doc["id"] == d["trace"]["documents"][0]["id"]
+    assert "retrieve" in d["timings"]["stages"] and d["trace"]["queries"] == [body["question"]]
+    counted = _metrics(http)
+    assert counted['ragate_retrievals_total{method="standard-rag"}'] >= 1
+    assert counted['ragate_retrieval_rate{method="standard-rag"}'] == 1.0
+
+
+def test_dtr_reports_its_gate_score_and_threshold(http: httpx.Client) -> None:
+    r = http.post(
+        "/v1/answer", json={"question": QUESTION, "options": {"max_tokens": 8, "threshold": 1000.0}}
+    )  # the default method (dtr); a threshold no draft reaches keeps it cheap
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["method"] == "dtr" and d["retrieved"] is False and d["answer"]
+    assert d["gate"]["threshold"] == 1000.0 and 0 < d["gate"]["score"] < 1000 and "u =" in d["gate"]["reason"]
+
+
+def test_search(http: httpx.Client) -> None:
+    r = http.post("/v1/search", json={"query": "first Nobel Prize in Physics", "k": 3})
+    assert r.status_code == 200, r.text
+    hits = r.json()["hits"]
+    assert [h["rank"] for h in hits] == [1, 2, 3] and "Nobel" in hits[0]["title"] + hits[0]["text"]
+
+
+def test_bad_input_gets_4xx_with_a_message(http: httpx.Client) -> None:
+    json_h = {"Content-Type": "application/json"}
+    _error(http.post("/v1/answer", content=b"{}" + b" " * 3000, headers=json_h), 413, "2048 bytes")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the streamed size is what counts
+        yield b'{"question": "'
+        for _ in range(40):
+            yield b"x" * 100
+        yield b'"}'
+
+    _error(http.post("/v1/answer", content=chunks(), headers=json_h), 413, "2048 bytes")
+    _error(http.post("/v1/answer", json={"question": "why " * 60}), 400, "239 characters", "at most 200")
+    _error(http.post("/v1/answer", content=b"", headers=json_h), 400, "empty")
+    _error(http.post("/v1/answer", json={"question": "   "}), 400, "question is empty")
+    _error(http.post("/v1/answer", content=b'{"question": "caf\xe9?"}', headers=json_h), 400, "UTF-8", "0xe9")
+    _error(http.post("/v1/answer", content=b'{"question": ', headers=json_h), 400, "not valid JSON")
+    _error(
+        http.post("/v1/answer", content=b"question=hi", headers={"Content-Type": "text/plain"}), 415, "JSON"
+    )
+    msg = _error(http.post("/v1/answer", json={"question": 5, "options": {"max_tokens": 0, "top": 1}}), 422)
+    assert "question:" in msg and "options.max_tokens:" in msg and "options.top:" in msg
+    _error(http.post("/v1/answer", json={"question": QUESTION, "method": "dtrr"}), 400, "Did you mean 'dtr'")
+    _error(http.post("/v1/answer", json={"question": QUESTION, "options": {"max_tokens": 99999}}), 400, "512")
+    _error(http.post("/v1/search", json={"query": "x", "k": 500}), 400, "at most 20")
+    _error(http.get("/v1/nothing"), 404, "/v1/nothing", "POST /v1/answer")
+    _error(http.get("/v1/answer"), 405, "GET")
+
+
+def test_openai_client_chat_completions(service: str) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]
+    reply = client.chat.completions.create(model="no-retrieval", messages=messages, max_tokens=8)
+    assert reply.object == "chat.completion" and reply.model == "no-retrieval"
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "stop"
+    assert (
+        reply.usage is not None
+        and reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    )
+    extension = (reply.model_extra or {})["ragate"]
+    assert extension["retrieved"] is False and extension["gate"]["reason"] == "never retrieves"
+
+    stream = client.chat.completions.create(
+        model="no-retrieval",
+        messages=messages,
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content  # greedy: the same answer
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == reply.usage.total_tokens
+
+    assert "dtr" in [m.id for m in client.models.list()]
+    with pytest.raises(openai.BadRequestError, match="no user message"):
+        client.chat.completions.create(model="dtr", messages=[{"role": "system", "content": "hi"}])
+
+
+def _metrics(http: httpx.Client) -> dict[str, float]:
+    lines = http.get("/metrics").text.splitlines()
+    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if not line.startswith("#"))}
+
+
+def test_metrics_count_requests_retrieval_rate_latency_and_errors(http: httpx.Client) -> None:
+    before = _metrics(http)
+    _error(http.post("/v1/answer", content=b" " * 5000, headers={"Content-Type": "application/json"}), 413)
+    assert http.post(
+        "/v1/answer", json={"question": QUESTION, "method": "no-retrieval", "options": {"max_tokens": 2}}
+    ).is_success
+    after = _metrics(http)
+
+    def grew(key: str) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    assert grew('ragate_http_requests_total{endpoint="/v1/answer",status="200"}') == 1
+    assert grew('ragate_http_requests_total{endpoint="/v1/answer",status="413"}') == 1
+    assert grew('ragate_errors_total{type="request_too_large"}') == 1
+    assert grew('ragate_answers_total{method="no-retrieval"}') == 1
+    assert grew('ragate_http_request_duration_seconds_count{endpoint="/v1/answer"}') == 2
+    assert grew('ragate_http_request_duration_seconds_bucket{endpoint="/v1/answer",le="+Inf"}') == 2
+    assert grew('ragate_stage_duration_seconds_count{stage="answer"}') == 1
+    assert after['ragate_retrieval_rate{method="no-retrieval"}'] == 0.0
+    assert after["ragate_requests_in_progress"] == 0
+
+
+# -- settings and the command line, in-process ------------------------------------------------------------------
+def test_settings_defaults_are_safe() -> None:
+    s = ServiceSettings()
+    assert s.host == "127.0.0.1" and s.loopback and s.api_key is None and s.max_body_bytes <= 1 << 20
+    env = {
+        "RAGATE_SERVICE_SETTINGS": ServiceSettings(api_key="k", port=9000).to_json(),
+        "RAGATE_API_KEY": "k2",
+    }
+    assert json.loads(ServiceSettings(api_key="k").to_json())["api_key"] is None  # the key travels on its own
+    assert ServiceSettings.from_env(env) == ServiceSettings(port=9000, api_key="k2")
+    assert not ServiceSettings(host="0.0.0.0").loopback and ServiceSettings(host="::1").loopback
+    with pytest.raises(ValueError, match="max_concurrency = 0"):
+        ServiceSettings(max_concurrency=0)
+
+
+def test_public_host_without_a_key_warns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAGATE_API_KEY", raising=False)
+    assert main(["serve", "--host", "0.0.0.0", "--method", "nosuch"]) == 2  # fails before binding anything
+    err = capsys.readouterr().err
+    assert "warning: serving on 0.0.0.0 without an API key" in err and "unknown method 'nosuch'" in err
+
+
+# -- the scale-out service: LM on an OpenAI-compatible server that fails ------------------------------------------
+@dataclass
+class LlamaServer:
+    """llama-cpp-python's OpenAI-compatible server with SmolLM2 on a fixed port, which can be killed and restarted."""
+
+    model: Path
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model), "--host", "127.0.0.1",
+               "--port", str(self.port), "--n_ctx", "2048", "--logits_all", "true"]  # fmt: skip
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        _wait(f"{self.base}/models", self.proc, self.log, 90)
+        warm_up = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "logprobs": True}
+        httpx.post(
+            f"{self.base}/chat/completions", json=warm_up, timeout=120
+        )  # the first call is slow (~10 s)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def llama(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llama_cpp.server") is None:
+        pytest.skip("llama_cpp.server is not installed: pip install 'llama-cpp-python[server]==0.3.36'")
+    server = LlamaServer(smollm2_path, _free_port(), tmp_path_factory.mktemp("llama") / "server.log")
+    server.start()
+    yield server
+    if server.proc is not None:
+        server.proc.send_signal(signal.SIGCONT)
+        _stop(server.proc)
+
+
+@pytest.fixture(scope="module")
+def remote(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    from ragate.retrieval.corpus import read_passages
+    from ragate.retrieval.index import build_index
+
+    tmp = tmp_path_factory.mktemp("remote")
+    index = build_index(read_passages(WIKI), tmp / "bm25", "bm25", progress=False)
+    args = ["--openai-base-url", llama.base, "--index", str(index), "--method", "no-retrieval", "--workers", "2",
+            "--max-concurrency", "1", "--timeout", "10"]  # fmt: skip
+    proc, url = _serve(args, tmp / "serve.log", env={"RAGATE_API_KEY": KEY})
+    with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        yield client
+    _stop(proc)
+
+
+def _ask(client: httpx.Client, **headers: str) -> httpx.Response:
+    return client.post(
+        "/v1/answer", json={"question": QUESTION, "options": {"max_tokens": 4}}, headers=headers
+    )
+
+
+def test_api_key_is_required_except_for_healthz(remote: httpx.Client) -> None:
+    bare = httpx.Client(base_url=remote.base_url, timeout=30)
+    r = bare.post("/v1/answer", json={"question": QUESTION})
+    _error(r, 401, "API key", "Authorization: Bearer")
+    assert r.headers["WWW-Authenticate"] == "Bearer"
+    _error(bare.get("/metrics", headers={"Authorization": "Bearer nope"}), 401, "wrong API key")
+    assert bare.get("/healthz").status_code == 200
+    r = _ask(remote)
+    assert r.status_code == 200 and r.json()["answer"] and r.json()["model"].endswith(".gguf")
+
+
+def test_lm_server_killed_gives_503_then_recovers(remote: httpx.Client, llama: LlamaServer) -> None:
+    assert _ask(remote).status_code == 200
+    llama.kill()
+    r = _ask(remote)
+    _error(r, 503, "the language model is unavailable", llama.base)
+    assert r.headers["Retry-After"] == "5"
+    health = remote.get("/healthz")  # the service itself is up, and says what is down
+    assert health.status_code == 503 and health.json()["status"] == "unavailable"
+    assert llama.base in health.json()["error"]["message"]
+    llama.start()  # same port
+    for _ in range(2):  # each worker's pool had connections to the dead server
+        r = _ask(remote)
+        assert r.status_code == 200, r.text
+    assert remote.get("/healthz").status_code == 200
+
+
+def test_stalled_lm_gives_504_and_a_full_server_429(remote: httpx.Client, llama: LlamaServer) -> None:
+    """The LM server is paused: requests wait past --timeout (504); with 2 workers x 1 slot, one of 3 requests
+    sent together finds its worker's slot taken (429 with Retry-After)."""
+    assert llama.proc is not None
+    llama.proc.send_signal(signal.SIGSTOP)
+    results: list[httpx.Response] = []
+    try:
+        threads = [threading.Thread(target=lambda: results.append(_ask(remote))) for _ in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)
+        for t in threads:
+            t.join(60)
+    finally:
+        llama.proc.send_signal(signal.SIGCONT)
+    statuses = sorted(r.status_code for r in results)
+    assert 429 in statuses and 504 in statuses and set(statuses) <= {429, 504}, statuses
+    busy = next(r for r in results if r.status_code == 429)
+    _error(busy, 429, "busy")
+    assert int(busy.headers["Retry-After"]) >= 1
+    _error(next(r for r in results if r.status_code == 504), 504, "10 s", "--timeout")
+    deadline = time.monotonic() + 30  # the abandoned calls end at the backend timeout and free their slots
+    while (r := _ask(remote)).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert r.status_code == 200, r.text
