@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ from tqdm.auto import tqdm
 
 from ragate.backends import load_backend
 from ragate.eval.calibrate import threshold_for_budget
+from ragate.eval.records import RecordWriter, read_records
 from ragate.methods import GateSpec, MethodSpec, SelectorSpec, decide, run_method
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
@@ -72,18 +72,6 @@ def calibrate(budget: float, questions: list[str], lm, index) -> dict[str, float
     return thresholds
 
 
-def load_rows(path: Path | None) -> list[dict]:  # type: ignore[type-arg]
-    if path is None or not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: that measurement is simply redone
-            continue
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=100)
@@ -103,7 +91,7 @@ def main() -> None:
     budget = 0.5 if paper else float(args.budget)
     questions, held_out = read_questions(args.data, args.questions, 0 if paper else args.calibration)
     overrides = {k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)}
-    rows = load_rows(args.out)
+    rows = read_records(args.out) if args.out else []
     with open_index(args.index or demo_index()) as index, load_backend(args.model, "llama.cpp") as lm:
         saved = next((r["thresholds"] for r in rows if "thresholds" in r), None)
         if saved is None:
@@ -144,12 +132,9 @@ def main() -> None:
 
 
 def _append(path: Path | None, row: dict) -> None:  # type: ignore[type-arg]
-    if path is None:
-        return
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    if path is not None:
+        with RecordWriter(path) as writer:
+            writer.append(row)
 
 
 def report(rows, n, thresholds, budget, paper, model, index) -> None:  # type: ignore[no-untyped-def]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from tqdm.auto import tqdm
 
@@ -59,3 +60,20 @@ def sha256_file(path: Path | str, *, progress: bool = False) -> str:
             digest.update(chunk)
             bar.update(len(chunk))
     return digest.hexdigest()
+
+
+def json_lines(path: Path | str, error: type[Exception], fix: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for every non-blank line of a JSON-lines file (``.gz`` read compressed); a
+    line that is not JSON raises ``error`` naming the file, the line and the column, followed by ``fix``."""
+    path = Path(path)
+    opener: Any = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_no, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise error(
+                    f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno}); {fix}"
+                ) from None

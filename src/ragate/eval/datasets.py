@@ -58,6 +58,7 @@ from types import MappingProxyType
 from typing import IO, Any, Literal, get_args
 
 from ragate.errors import DataNotFoundError, DatasetFormatError
+from ragate.fileio import json_lines
 from ragate.retrieval.pooled import pooled_id
 
 Kind = Literal["span", "yesno", "regex"]
@@ -326,17 +327,7 @@ def _open_text(path: Path) -> IO[str]:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DatasetFormatError(
-                    f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno}); "
-                    "fix or remove that line"
-                ) from None
+    return json_lines(path, DatasetFormatError, "fix or remove that line")
 
 
 def _json_file(path: Path) -> Any:

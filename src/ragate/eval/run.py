@@ -86,29 +86,34 @@ def check_config(config: EvalConfig, out_dir: Path, *, resume: bool) -> None:
             )
 
 
-def record_for(example: Example, trace: Any, seconds: float) -> dict[str, Any]:
-    """The JSON line of one (question, method): scores on the extracted answer, retrieval facts and costs."""
+def answer_fields(trace: Any, example: Example) -> dict[str, Any]:
+    """What an answer is worth: the extracted prediction, its scores, the documents read and their recall@k."""
     prediction = extract_answer(trace.answer)
     doc_ids = [h.id for h in trace.documents]
-    retrievals = sum(1 for s in trace.stages if s.name == "retrieve")
-    overhead = sum(s.prompt_tokens + s.completion_tokens for s in trace.stages if s.overhead)
+    return {
+        "prediction": prediction,
+        "scores": score(prediction, example.answers, example.kind, label=example.label),
+        "doc_ids": doc_ids,
+        f"recall@{RECALL_K}": recall_at_k(doc_ids, example.gold_ids, RECALL_K) if doc_ids else None,
+    }
+
+
+def record_for(example: Example, trace: Any, seconds: float) -> dict[str, Any]:
+    """The JSON line of one (question, method): scores on the extracted answer, retrieval facts and costs."""
     return {
         "id": example.id,
         "dataset": example.dataset,
         "method": trace.method,
         "question": example.question,
         "answers": list(example.answers),
-        "prediction": prediction,
-        "scores": score(prediction, example.answers, example.kind, label=example.label),
+        **answer_fields(trace, example),
         "retrieved": trace.retrieved,
-        "retrievals": retrievals,
+        "retrievals": sum(1 for s in trace.stages if s.name == "retrieve"),
         "gate_score": trace.gate.score,
         "threshold": trace.gate.threshold,
-        "doc_ids": doc_ids,
-        f"recall@{RECALL_K}": recall_at_k(doc_ids, example.gold_ids, RECALL_K) if trace.retrieved else None,
         "prompt_tokens": sum(s.prompt_tokens for s in trace.stages),
         "completion_tokens": sum(s.completion_tokens for s in trace.stages),
-        "overhead_tokens": overhead,
+        "overhead_tokens": sum(s.prompt_tokens + s.completion_tokens for s in trace.stages if s.overhead),
         "seconds": seconds,
         "trace": trace.to_json(),
     }
@@ -175,15 +180,14 @@ def run_eval(
 
             def work(job: tuple[int, Example, str]) -> None:
                 i, ex, method = job
-                with lock if concurrency == 1 else _nolock():
-                    lm.clear_cache()
-                    start = time.perf_counter()
-                    try:
-                        trace = run_method(specs[method], ex.question, lm, retriever, seed=config.seed + i)
-                        record = record_for(ex, trace, time.perf_counter() - start)
-                    except (RagateError, ValueError) as err:
-                        record = error_record(ex, method, err)
-                with lock:
+                lm.clear_cache()
+                start = time.perf_counter()
+                try:
+                    trace = run_method(specs[method], ex.question, lm, retriever, seed=config.seed + i)
+                    record = record_for(ex, trace, time.perf_counter() - start)
+                except (RagateError, ValueError) as err:
+                    record = error_record(ex, method, err)
+                with lock:  # one writer and one bar, whichever thread finishes
                     writer.append(record)
                     bar.update(1)
 
@@ -228,14 +232,6 @@ def _warm_up(lm: Backend, retriever: Retriever | None, question: str) -> None:
 def _rotated(methods: Sequence[str], i: int) -> list[str]:
     k = i % len(methods)
     return list(methods[k:]) + list(methods[:k])
-
-
-class _nolock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _open_lm(config: EvalConfig) -> Backend:

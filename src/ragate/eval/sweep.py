@@ -21,7 +21,6 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,8 @@ from tqdm.auto import tqdm
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.datasets import Example, load_dataset
-from ragate.eval.metrics import extract_answer, recall_at_k, score
 from ragate.eval.records import RecordWriter, read_records
-from ragate.eval.run import RECALL_K, EvalConfig, _open_lm, _open_retriever, check_config
+from ragate.eval.run import EvalConfig, _open_lm, _open_retriever, answer_fields, check_config
 from ragate.fileio import atomic_writer
 from ragate.methods import GateSpec, MethodSpec, decide, run_method
 
@@ -51,16 +49,7 @@ def family_key(spec: MethodSpec) -> str:
 
 
 def _answer(trace: Any, example: Example) -> dict[str, Any]:
-    prediction = extract_answer(trace.answer)
-    doc_ids = [h.id for h in trace.documents]
-    return {
-        "prediction": prediction,
-        "scores": score(prediction, example.answers, example.kind, label=example.label),
-        "doc_ids": doc_ids,
-        f"recall@{RECALL_K}": recall_at_k(doc_ids, example.gold_ids, RECALL_K) if doc_ids else None,
-        "seconds": trace.seconds,
-        "tokens": trace.tokens,
-    }
+    return answer_fields(trace, example) | {"seconds": trace.seconds, "tokens": trace.tokens}
 
 
 def sweep_pass(
@@ -222,7 +211,3 @@ def write_sweep(out_dir: Path, records: Sequence[dict[str, Any]]) -> list[dict[s
     with atomic_writer(Path(out_dir) / "sweep.md") as f:
         f.write(sweep_markdown(fronts).encode())
     return fronts
-
-
-def with_threshold(spec: MethodSpec, tau: float) -> MethodSpec:
-    return spec.with_(gate=replace(spec.gate, threshold=tau))

@@ -26,7 +26,6 @@ paragraph, its chunks are ``"{id}#{n}"``, see :func:`~ragate.retrieval.corpus.do
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import time
@@ -40,7 +39,7 @@ from tqdm import tqdm
 
 from ragate import __version__
 from ragate.errors import CorpusFormatError, DataNotFoundError
-from ragate.fileio import atomic_writer
+from ragate.fileio import atomic_writer, json_lines
 from ragate.retrieval.corpus import chunk_passages, document_id, read_passages, write_passages
 from ragate.retrieval.types import Passage
 
@@ -173,17 +172,7 @@ Reader = Callable[[Path, _Pool, str], list[GoldQuestion]]
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    opener: Any = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusFormatError(
-                    f"{path}:{line_no}: not valid JSON ({err.msg}); restore the file"
-                ) from None
+    return json_lines(path, CorpusFormatError, "restore the file")
 
 
 def _unique(items: list[str]) -> tuple[str, ...]:
