@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ragate.backends.decoding import Watch, replay
 from ragate.errors import CapabilityError
 from ragate.types import Closeable, Generation, GenerationRequest
 
@@ -70,6 +71,23 @@ class Backend(Closeable, ABC):
             raise CapabilityError(
                 f"the {self.engine} backend has no chat template for model {self.model!r}; send a text prompt"
             )
+
+    def generate_watched(
+        self, request: GenerationRequest, watch: Watch, *, recompute: bool = False
+    ) -> Generation:
+        """One generation that ``watch`` sees after every token and may stop (a dynamic-RAG trigger).
+
+        Engines that decode token by token (llama.cpp, transformers) stop as soon as ``watch`` returns True;
+        others generate the whole reply and cut it where ``watch`` would have stopped (same result, more tokens
+        paid). ``recompute=True`` re-runs the whole sequence at every step instead of reusing the key/value cache:
+        the naive loop, only for the speed benchmark (local engines only).
+        """
+        if recompute:
+            raise CapabilityError(
+                f"the {self.engine} backend has no step-by-step loop to run without a cache"
+            )
+        self.check(request)
+        return replay(self._generate([request])[0], watch)
 
     def clear_cache(self) -> None:
         """Forget cached prompt state (the key/value cache kept for prefix reuse), so that the next request is

@@ -9,7 +9,7 @@ next-token logits for a token sequence (reusing its cache for a shared prefix) a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +38,27 @@ class LogitSource(Protocol):
     def piece(self, token_id: int) -> str:
         """The text of one token on its own, for display (``Generation.tokens`` and top-k lists)."""
         ...
+
+
+class Recompute:
+    """A :class:`LogitSource` that forgets the engine's cache before every step, so that every step re-runs the
+    whole sequence: the naive loop that the dynamic-RAG speed benchmark compares against. Not for real use."""
+
+    def __init__(self, source: LogitSource) -> None:
+        self._source = source
+
+    def next_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        self._source.clear_cache()  # type: ignore[attr-defined]
+        return self._source.next_logits(token_ids)
+
+    def is_end(self, token_id: int) -> bool:
+        return self._source.is_end(token_id)
+
+    def decode_completion(self, completion_ids: Sequence[int], prompt_ids: Sequence[int]) -> str:
+        return self._source.decode_completion(completion_ids, prompt_ids)
+
+    def piece(self, token_id: int) -> str:
+        return self._source.piece(token_id)
 
 
 @dataclass(frozen=True)
@@ -107,14 +128,24 @@ def check_prompt_fits(n_prompt: int, max_context: int, fix: str) -> None:
         )
 
 
+Watch = Callable[[Generation], bool]
+
+
 def decode(
-    source: LogitSource, request: GenerationRequest, prompt_ids: Sequence[int], *, max_context: int
+    source: LogitSource,
+    request: GenerationRequest,
+    prompt_ids: Sequence[int],
+    *,
+    max_context: int,
+    watch: Watch | None = None,
 ) -> Generation:
     """Run ``request`` on ``source`` from the tokenised prompt ``prompt_ids``; see the module docstring.
 
     The chosen token's log-probability and the top-k list come from the model's own distribution (temperature 1),
     also when the token is sampled; the end-of-sequence token ends generation and is not recorded as a step.
     Generation also stops with ``finish_reason="length"`` when the context window (``max_context``) is full.
+    ``watch``, when given, sees the generation so far after every new token (a dynamic-RAG trigger); when it
+    returns True, decoding stops there (``finish_reason="stop"``) and nothing more is computed.
     """
     start = time.perf_counter()
     rng = np.random.default_rng(request.seed)
@@ -125,6 +156,7 @@ def decode(
     tops: list[tuple[TopLogprob, ...]] = []
     entropies: list[float] = []
     offsets: list[tuple[int, int]] = []
+    pieces: list[str] = []
     text = ""
     finish: FinishReason = "length"
     cut_at_stop = False
@@ -143,6 +175,7 @@ def decode(
             break
         ids.append(token)
         out_ids.append(token)
+        pieces.append(source.piece(token))
         logprobs.append(float(stats.logprobs[token]))
         entropies.append(stats.entropy)
         tops.append(
@@ -166,18 +199,41 @@ def decode(
                 n_keep = sum(1 for s, _ in offsets if s < at)
                 offsets = [(min(s, at), min(e, at)) for s, e in offsets[:n_keep]]
                 del out_ids[n_keep:], logprobs[n_keep:], entropies[n_keep:], tops[n_keep:]
+                del pieces[n_keep:]
                 finish = "stop"
                 cut_at_stop = True
                 break
+        if watch is not None and watch(
+            _generation(
+                text, pieces, out_ids, logprobs, tops, offsets, "length", prompt_ids, start, entropies
+            )
+        ):
+            finish = "stop"
+            break
     if out_ids and not cut_at_stop:
         final = source.decode_completion(out_ids, prompt_ids)
         if final != text and final.startswith(text):
             # a partial character held back at the end: give it to the last token, as U+FFFD
             offsets[-1] = (offsets[-1][0], len(final))
             text = final
+    return _generation(text, pieces, out_ids, logprobs, tops, offsets, finish, prompt_ids, start, entropies)
+
+
+def _generation(
+    text: str,
+    pieces: Sequence[str],
+    out_ids: Sequence[int],
+    logprobs: Sequence[float],
+    tops: Sequence[tuple[TopLogprob, ...]],
+    offsets: Sequence[tuple[int, int]],
+    finish: FinishReason,
+    prompt_ids: Sequence[int],
+    start: float,
+    entropies: Sequence[float],
+) -> Generation:
     return Generation(
         text=text,
-        tokens=tuple(source.piece(t) for t in out_ids),
+        tokens=tuple(pieces),
         token_ids=tuple(out_ids),
         logprobs=tuple(logprobs),
         top_logprobs=tuple(tops),
@@ -188,6 +244,37 @@ def decode(
         seconds=time.perf_counter() - start,
         entropies=tuple(entropies),
     )
+
+
+def prefix(gen: Generation, n: int) -> Generation:
+    """The first ``n`` steps of ``gen`` as a generation of their own (text up to the end of step n-1)."""
+    if n >= len(gen.tokens):
+        return gen
+    end = gen.offsets[n - 1][1] if n else 0
+    return Generation(
+        text=gen.text[:end],
+        tokens=gen.tokens[:n],
+        token_ids=gen.token_ids[:n],
+        logprobs=gen.logprobs[:n],
+        top_logprobs=gen.top_logprobs[:n],
+        offsets=gen.offsets[:n],
+        finish_reason="stop",
+        prompt_tokens=gen.prompt_tokens,
+        completion_tokens=n,
+        seconds=gen.seconds,
+        entropies=None if gen.entropies is None else gen.entropies[:n],
+        attentions=None if gen.attentions is None else gen.attentions[:n],
+    )
+
+
+def replay(gen: Generation, watch: Watch) -> Generation:
+    """``watch`` run over a finished generation step by step, as :func:`decode` runs it while decoding: the
+    generation up to the first step where it returns True (or all of it). Engines that cannot stop mid-way
+    (remote servers, scripts) use this; they pay for the tokens after the stop, the result is the same."""
+    for n in range(1, len(gen.tokens) + 1):
+        if watch(prefix(gen, n)):
+            return prefix(gen, n)
+    return gen
 
 
 def common_prefix_len(a: Sequence[object], b: Sequence[object]) -> int:

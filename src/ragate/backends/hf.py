@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.backends.decoding import check_prompt_fits, common_prefix_len, decode
+from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest
 
@@ -149,6 +149,23 @@ class TransformersBackend(Backend):
             results.append(gen)
         return results
 
+    def head_attentions(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The last layer's attention of ``token_ids`` run on their own (no cache, no prompt), per head:
+        shape ``(heads, L, L)``, row i = what position i attends to. DRAGIN's trigger and query read it."""
+        torch = self._torch
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=torch.tensor([list(token_ids)], dtype=torch.long),
+                output_attentions=True,
+                use_cache=False,
+            )
+        return np.asarray(out.attentions[-1][0].float().numpy(), dtype=np.float32)
+
+    def token_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of plain ``text`` (no special tokens) and each token's character span in it."""
+        enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+
     def _attentions(self, ids: list[int], n_prompt: int) -> np.ndarray:
         """Last layer's attention, averaged over heads, of each generated position over all positions."""
         torch = self._torch
@@ -158,6 +175,17 @@ class TransformersBackend(Backend):
             )
         last = out.attentions[-1][0].float().mean(dim=0)  # (L, L)
         return last[n_prompt:, :].numpy().astype(np.float32)
+
+    def generate_watched(
+        self, request: GenerationRequest, watch: Watch, *, recompute: bool = False
+    ) -> Generation:
+        self.check(request)
+        prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
+        check_prompt_fits(
+            len(prompt_ids), self.max_context, "shorten the prompt (fewer or shorter documents)"
+        )
+        source = Recompute(self) if recompute else self
+        return decode(source, request, prompt_ids, max_context=self.max_context, watch=watch)
 
     def clear_cache(self) -> None:
         self._past, self._cache_ids = None, []

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.backends.decoding import check_prompt_fits, common_prefix_len, decode
+from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest, Message
 
@@ -130,6 +130,15 @@ class LlamaCppBackend(Backend):
             )
             results.append(decode(self, request, prompt_ids, max_context=self.max_context))
         return results
+
+    def generate_watched(
+        self, request: GenerationRequest, watch: Watch, *, recompute: bool = False
+    ) -> Generation:
+        self.check(request)
+        prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
+        check_prompt_fits(len(prompt_ids), self.max_context, "shorten the prompt or load with a larger n_ctx")
+        source = Recompute(self) if recompute else self
+        return decode(source, request, prompt_ids, max_context=self.max_context, watch=watch)
 
     def clear_cache(self) -> None:
         self._llm.reset()

@@ -65,7 +65,19 @@ import math
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
+
+import numpy as np
+
+from ragate.dynamic.steps import (
+    Fire,
+    new_sentence,
+    received_attention,
+    sentence_around,
+    sentence_spans,
+    step_entropies,
+)
+from ragate.types import Generation
 
 Variant = Literal["etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code"]
 WordEntropy = Literal["paper", "max"]
@@ -442,3 +454,86 @@ class EtcTrigger:
             return term
         w = self.config.fixed_weight if variant == "etc-fixed" else dynamic_weight(term, prev, mean)
         return _average(w, term, prev)
+
+
+# ---- in the generation loop --------------------------------------------------------------------------------
+
+
+class EtcWatch:
+    """ETC as a trigger of :mod:`ragate.dynamic.loop`: reads the block generated since the last retrieval.
+
+    Paper forms: after every token, the words finished so far (a word is finished when the next one starts, or
+    at the end) give the content-word entropy sequence; the first content word whose score fires is the hit,
+    and the output is cut just before it (``cut="word"``: section 3.3 keeps y_<t) or at its sentence's start.
+    ``etc-code``: checked once per finished sentence, with the per-word attention DRAGIN uses (rescaled over
+    the sentence; 1 everywhere on backends without attentions), cutting at the sentence's start as the code
+    does. The trend starts afresh with every block, as in the authors' code.
+    """
+
+    name = "etc"
+
+    def __init__(
+        self,
+        config: EtcConfig,
+        stop_words: frozenset[str],
+        *,
+        cut: str = "word",
+        attention: Any = None,
+    ) -> None:
+        self.config, self.stop_words, self.cut, self._attention = config, stop_words, cut, attention
+
+    def check(self, block: Generation, done: bool) -> Fire | None:
+        entropies = step_entropies(block)
+        if self.config.variant == "etc-code":
+            return self._check_code(block, entropies, done)
+        words = words_from_tokens(block.tokens, entropies, self.config.word_entropy_mode)
+        if not done:
+            words = words[:-1]
+        content = [
+            w for w, c in zip(words, content_mask([w.text for w in words], self.stop_words), strict=True) if c
+        ]
+        for word, score in zip(content, etc_scores([w.entropy for w in content], self.config), strict=True):
+            if fires(score, self.config):
+                return self._fire(block, word, score)
+        return None
+
+    def _check_code(self, block: Generation, entropies: list[float], done: bool) -> Fire | None:
+        sentence = new_sentence(block, done)
+        if sentence is None:
+            return None
+        end = sentence[1]
+        words = words_from_tokens(block.tokens[:end], entropies[:end], "max")
+        per_token = (
+            received_attention(self._attention(block.token_ids[:end]))
+            if self._attention is not None and block.token_ids
+            else np.ones(end)
+        )
+        spans = sentence_spans(block.tokens[:end], done=True)
+        attention: list[float] = []
+        for s, e in spans:  # rescaled to mean 1 over each sentence's words (content and function words)
+            inside = [w for w in words if s <= w.token_start < e]
+            attention += rescale_attention(
+                [float(per_token[w.token_start : w.token_end].sum()) for w in inside]
+            )
+        mask = content_mask([w.text for w in words], self.stop_words)
+        content = [(w, a) for w, a, c in zip(words, attention, mask, strict=True) if c]
+        scores = code_scores([w.entropy for w, _ in content], [a for _, a in content])
+        for (word, _), score in zip(content, scores, strict=True):
+            if word.token_start >= sentence[0] and fires(score, self.config):
+                return self._fire(block, word, score)
+        return None
+
+    def _fire(self, block: Generation, word: Word, score: float) -> Fire:
+        sentence = sentence_around(block.tokens, word.token_start)
+        keep = word.token_start if self.cut == "word" and self.config.variant != "etc-code" else sentence[0]
+        if self.cut == "none":
+            keep = word.token_end
+        rule = "M_t * attention > alpha" if self.config.variant == "etc-code" else "|trend| >= alpha"
+        return Fire(
+            keep,
+            score,
+            self.config.alpha,
+            f"{self.config.variant}: {rule} at {word.text!r} ({score:.3f} vs {self.config.alpha})",
+            (word.token_start, word.token_end),
+            sentence,
+        )

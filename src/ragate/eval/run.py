@@ -64,7 +64,11 @@ class EvalConfig:
     def spec(self, method: str) -> MethodSpec:
         spec = get_method(method)
         tau = dict(self.thresholds).get(method)
-        return spec if tau is None else spec.with_(gate=replace(spec.gate, threshold=tau))
+        if tau is None:
+            return spec
+        if spec.dynamic is not None:
+            return spec.with_(dynamic=replace(spec.dynamic, threshold=tau))
+        return spec.with_(gate=replace(spec.gate, threshold=tau))
 
 
 def check_config(config: EvalConfig, out_dir: Path, *, resume: bool) -> None:
@@ -115,7 +119,22 @@ def record_for(example: Example, trace: Any, seconds: float) -> dict[str, Any]:
         "completion_tokens": sum(s.completion_tokens for s in trace.stages),
         "overhead_tokens": sum(s.prompt_tokens + s.completion_tokens for s in trace.stages if s.overhead),
         "seconds": seconds,
+        **_dynamic_fields(trace),
         "trace": trace.to_json(),
+    }
+
+
+def _dynamic_fields(trace: Any) -> dict[str, Any]:
+    """Dynamic methods: where the first triggered retrieval happened (answer tokens kept before it, tokens
+    generated before it); None when the trigger never fired."""
+    info = getattr(trace, "dynamic", None)
+    if info is None:
+        return {}
+    first = info.first_retrieval
+    return {
+        "first_retrieval_token": None if first is None else first.at_token,
+        "tokens_before_first_retrieval": None if first is None else first.generated,
+        "generated_tokens": info.generated_tokens,
     }
 
 
@@ -183,7 +202,9 @@ def run_eval(
                 lm.clear_cache()
                 start = time.perf_counter()
                 try:
-                    trace = run_method(specs[method], ex.question, lm, retriever, seed=config.seed + i)
+                    trace = run_method(
+                        specs[method], ex.question, lm, retriever, seed=config.seed + i, dataset=ex.dataset
+                    )
                     record = record_for(ex, trace, time.perf_counter() - start)
                 except (RagateError, ValueError) as err:
                     record = error_record(ex, method, err)

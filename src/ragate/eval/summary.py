@@ -42,6 +42,16 @@ def _row(method: str, records: list[dict[str, Any]], base: dict[str, float]) -> 
         row[f"{key}_per_q"] = statistics.fmean(r[key] for r in ok)
     recalls = [r[k] for r in ok for k in r if k.startswith("recall@") and r[k] is not None]
     row["recall"] = statistics.fmean(recalls) if recalls else None
+    if any("generated_tokens" in r for r in ok):  # dynamic methods (ragate.dynamic)
+        fired = [r for r in ok if r.get("first_retrieval_token") is not None]
+        row["triggered_rate"] = len(fired) / len(ok)
+        row["first_retrieval_token"] = (
+            statistics.fmean(r["first_retrieval_token"] for r in fired) if fired else None
+        )
+        row["tokens_before_first"] = (
+            statistics.fmean(r["tokens_before_first_retrieval"] for r in fired) if fired else None
+        )
+        row["generated_per_q"] = statistics.fmean(r["generated_tokens"] for r in ok)
     paired = [(r["seconds"], base[r["id"]]) for r in ok if r["id"] in base]
     if paired and method != BASELINE:
         a, b = [p[0] for p in paired], [p[1] for p in paired]
@@ -84,6 +94,30 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dynamic_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Dynamic methods only: how often the trigger fired, where the first triggered retrieval was (answer tokens
+    kept before it, all tokens generated before it) and tokens generated per question ("" if none ran)."""
+    dynamic = [r for r in rows if "generated_per_q" in r]
+    if not dynamic:
+        return ""
+
+    def num(v: float | None) -> str:
+        return "–" if v is None else f"{v:.1f}"
+
+    lines = [
+        ("| method | triggered (share of questions) | retrievals/q | first retrieval at answer token "
+        "| tokens generated before it | tokens generated/q | s/q |"),
+        "|" + "---|" * 7,
+    ]
+    lines += [
+        f"| {r['method']} | {r['triggered_rate']:.2f} | {r['retrievals_per_q']:.2f} "
+        f"| {num(r['first_retrieval_token'])} | {num(r['tokens_before_first'])} | {r['generated_per_q']:.1f} "
+        f"| {r['seconds_per_q']:.2f} |"
+        for r in dynamic
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def summary_markdown(results: dict[str, Any]) -> str:
     config, prov = results["config"], results.get("provenance", {})
     model = prov.get("model", {})
@@ -102,4 +136,6 @@ def summary_markdown(results: dict[str, Any]) -> str:
         "",
         summary_table(results["summary"]),
     ]
+    if dynamic := dynamic_table(results["summary"]):
+        lines += ["Dynamic methods (retrievals during generation):", "", dynamic]
     return "\n".join(lines)

@@ -1,12 +1,14 @@
-"""Single-shot adaptive-retrieval methods: named recipes (registry), their prompts, and the runner."""
+"""Adaptive-retrieval methods (single-shot and dynamic): named recipes (registry), their prompts, and the runner."""
 
-from ragate.methods.registry import METHODS, get_method
+from ragate.methods.registry import DYNAMIC_METHODS, METHODS, get_method
 from ragate.methods.runner import decide, run_method
-from ragate.methods.spec import GateSpec, MethodSpec, SelectorSpec
+from ragate.methods.spec import DynamicSpec, GateSpec, MethodSpec, SelectorSpec
 from ragate.methods.trace import Stage, Trace
 
 __all__ = [
+    "DYNAMIC_METHODS",
     "METHODS",
+    "DynamicSpec",
     "GateSpec",
     "MethodSpec",
     "SelectorSpec",

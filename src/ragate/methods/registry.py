@@ -9,7 +9,7 @@ import difflib
 
 from ragate.errors import RagateError
 from ragate.methods.prompts import PAIRS, TARG
-from ragate.methods.spec import GateSpec, MethodSpec, SelectorSpec
+from ragate.methods.spec import DynamicSpec, GateSpec, MethodSpec, SelectorSpec
 
 _Q = SelectorSpec("question")
 _DPR = SelectorSpec("dpr-ais")
@@ -96,8 +96,53 @@ _METHODS = (
         TARG,
     ),
     MethodSpec("random", "retrieve for a random half of the questions (the control)", GateSpec("random"), _Q),
+    # dynamic RAG (ragate.dynamic): few-shot chain of thought, retrieval decided while the model writes
+    *(
+        MethodSpec(name, description, GateSpec("never"), _Q, dynamic=dynamic)
+        for name, description, dynamic in (
+            ("etc", "ETC: retrieve when the smoothed 2nd difference of entropy >= alpha", DynamicSpec("etc")),
+            ("etc-1st", "ETC with the smoothed 1st difference (ablation)", DynamicSpec("etc-1st")),
+            ("etc-no-smoothing", "ETC without smoothing (ablation)", DynamicSpec("etc-no-smoothing")),
+            ("etc-fixed", "ETC with a fixed weight w = 0.9 (ablation)", DynamicSpec("etc-fixed")),
+            (
+                "etc-code",
+                "ETC as the authors' code: signed, attention-weighted, cut at the sentence",
+                DynamicSpec("etc-code", cut="sentence"),
+            ),
+            ("dragin", "DRAGIN: attention x entropy of a content word > 1.2", DynamicSpec("dragin")),
+            (
+                "flare",
+                "FLARE: a token of the next sentence below p = 0.4; masked query",
+                DynamicSpec("flare", query="masked", cut="sentence"),
+            ),
+            (
+                "ircot",
+                "IRCoT: retrieve after every chain-of-thought sentence",
+                DynamicSpec(
+                    "ircot", query="sentence", cut="none", initial=True, accumulate=True, max_retrievals=5
+                ),
+            ),
+            (
+                "ralm",
+                "In-Context RALM: retrieve every 16 tokens",
+                DynamicSpec("ralm", query="chunk", cut="none", initial=True, max_retrievals=5),
+            ),
+            (
+                "targ-recheck",
+                "TARG re-check: mean entropy of the last 20 tokens every 16; retrieve once",
+                DynamicSpec("targ-recheck", query="question", cut="none", max_retrievals=1),
+            ),
+            (
+                "single-rag",
+                "chain of thought over passages retrieved once for the question",
+                DynamicSpec("none", initial=True),
+            ),
+            ("wo-rag", "chain of thought without retrieval", DynamicSpec("none")),
+        )
+    ),
 )
 METHODS: dict[str, MethodSpec] = {m.name: m for m in _METHODS}
+DYNAMIC_METHODS: tuple[str, ...] = tuple(m.name for m in _METHODS if m.dynamic is not None)
 
 
 def get_method(name: str) -> MethodSpec:

@@ -81,9 +81,22 @@ class _Run:
 
 
 def run_method(
-    spec: MethodSpec, question: str, lm: Backend, retriever: Retriever | None, *, seed: int = 0
+    spec: MethodSpec,
+    question: str,
+    lm: Backend,
+    retriever: Retriever | None,
+    *,
+    seed: int = 0,
+    dataset: str | None = None,
 ) -> Trace:
-    """Answer ``question`` with ``spec``; ``retriever`` may be None only for methods that never retrieve."""
+    """Answer ``question`` with ``spec``; ``retriever`` may be None only for methods that never retrieve.
+
+    Dynamic methods (``spec.dynamic``) run :func:`ragate.dynamic.loop.run_dynamic`; ``dataset`` picks their
+    few-shot exemplars (single-shot methods ignore it)."""
+    if spec.dynamic is not None:
+        from ragate.dynamic.loop import run_dynamic
+
+        return run_dynamic(spec, question, lm, retriever, dataset=dataset)
     run = _Run(spec, question, lm, retriever)
     decision, answer, pseudo = _gate(run, spec.gate, seed)
     documents: tuple[Hit, ...] = ()
@@ -111,7 +124,12 @@ def decide(
     """Only the gate: its decision and score for ``question`` (what calibration and threshold sweeps need).
 
     It pays for the gate's own generations and nothing after them, so its score equals the one ``run_method``
-    would see with the same ``seed``."""
+    would see with the same ``seed``. Dynamic methods have no gate to run alone: they decide while writing."""
+    if spec.dynamic is not None:
+        raise ValueError(
+            f"{spec.name!r} is a dynamic method: it decides while generating, so it has no gate to run alone "
+            "(sweeps and calibration cover single-shot gates; re-run dynamic methods with `ragate eval`)"
+        )
     return _gate(_Run(spec, question, lm, retriever), spec.gate, seed, answer=False)[0]
 
 

@@ -68,6 +68,40 @@ class SelectorSpec:
     cross_encoder: str | None = None  # dpr-ais-rerank: a sentence-transformers CrossEncoder path
 
 
+TriggerKind = Literal[
+    "none", "etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "ircot", "ralm",
+    "targ-recheck",
+]  # fmt: skip
+QueryForm = Literal["auto", "attention", "masked", "sentence", "chunk", "question"]
+Cut = Literal["word", "sentence", "none"]
+
+
+@dataclass(frozen=True)
+class DynamicSpec:
+    """A dynamic-RAG method (ragate.dynamic): what watches the generation, how it asks, where it cuts.
+
+    ``threshold`` None is the trigger's default (see :mod:`ragate.dynamic.triggers`). ``query`` "auto" is DRAGIN's
+    attention query when the backend returns attentions, else FLARE's masked sentence. ``cut`` is where the output
+    is cut back when the trigger fires: at the word that fired ("word"), at the start of its sentence
+    ("sentence"), or nowhere ("none": IRCoT, RALM and the re-check keep what they wrote). ``initial`` retrieves
+    with the question before generating (Single RAG, IRCoT, RALM). ``every`` is RALM's n and the re-check's m.
+    """
+
+    trigger: TriggerKind
+    threshold: float | None = None
+    query: QueryForm = "auto"
+    cut: Cut = "word"
+    initial: bool = False
+    k: int = 3  # passages per retrieval (ETC section 4.2, DRAGIN's retrieve_topk)
+    max_retrievals: int = 3
+    max_tokens: int = 100  # DRAGIN's generate_max_length
+    every: int = 16
+    top_n: int = 35  # DRAGIN's retrieve_keep_top_k (HotpotQA config)
+    mask_below: float = 0.4  # FLARE's masked query: drop tokens with probability below this
+    accumulate: bool = False  # IRCoT keeps every passage it has read (up to max_documents)
+    max_documents: int = 6
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -77,6 +111,7 @@ class MethodSpec:
     prompts: PromptSet = DTR
     max_tokens: int = 64
     pseudo_max_tokens: int = 128  # MiniLM reads 256 word pieces at most; longer pseudo-contexts are unseen
+    dynamic: DynamicSpec | None = None  # set: a dynamic-RAG method (gate and selector unused)
 
     def with_(self, **changes: object) -> MethodSpec:
         return replace(self, **changes)  # type: ignore[arg-type]

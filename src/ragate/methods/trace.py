@@ -28,6 +28,39 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class RetrievalEvent:
+    """One retrieval of a dynamic method: where in the output it happened and what it asked.
+
+    ``at_token`` counts the answer's tokens written (and kept) before it, ``generated`` every token generated
+    before it, including tokens cut away; both are 0 for a retrieval made before generating (Single RAG, IRCoT,
+    RALM). ``query_form`` says how the query was made (attention, masked, sentence, chunk, question)."""
+
+    at_token: int
+    generated: int
+    query: str
+    query_form: str
+    score: float
+    reason: str
+    doc_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DynamicInfo:
+    """What a dynamic method did besides answering: the whole output, every retrieval, tokens thrown away."""
+
+    trigger: str
+    output: str
+    retrievals: tuple[RetrievalEvent, ...]
+    generated_tokens: int
+    discarded_tokens: int
+
+    @property
+    def first_retrieval(self) -> RetrievalEvent | None:
+        """The first retrieval the trigger asked for (retrievals before generating do not count)."""
+        return next((r for r in self.retrievals if r.query_form != "initial"), None)
+
+
+@dataclass(frozen=True)
 class Trace:
     """The record of one question through one method (one JSON line in an evaluation run)."""
 
@@ -39,6 +72,7 @@ class Trace:
     queries: tuple[str, ...]
     documents: tuple[Hit, ...]
     stages: tuple[Stage, ...]
+    dynamic: DynamicInfo | None = None
 
     @property
     def seconds(self) -> float:
@@ -67,4 +101,5 @@ class Trace:
             "stages": [asdict(s) for s in self.stages],
             "seconds": self.seconds,
             "tokens": self.tokens,
+            **({"dynamic": asdict(self.dynamic)} if self.dynamic is not None else {}),
         }

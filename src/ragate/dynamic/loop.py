@@ -1,0 +1,228 @@
+"""The dynamic-RAG generation loop shared by ETC, DRAGIN, FLARE, IRCoT, In-Context RALM and TARG's re-check.
+
+Generate; a trigger (:mod:`ragate.dynamic.triggers`) sees the block written since the last retrieval after every
+token; when it fires, decoding stops there (nothing after the hit is computed), the block is cut back to the
+trigger's ``keep`` point, a query is formed (:mod:`ragate.dynamic.query`), passages are retrieved, and generation
+goes on from the prompt "exemplars + passages + question" with the text so far as the start of the answer. Up to
+``max_retrievals`` retrievals, ``max_tokens`` answer tokens. The model is loaded once (the caller's backend).
+
+Work is not redone: the llama.cpp and transformers backends keep their key/value cache between calls, and every
+call here extends the previous sequence (the same prompt with a longer answer prefix) except right after a
+retrieval, when the prompt changes after the exemplars, which stay cached. ``recompute=True`` turns that off
+and re-runs the whole sequence at every token: the naive loop, for ``benchmarks/dynamic.py`` only.
+
+The answer: generation stops once a sentence with "the answer is" is finished (or at the end of the reply); if
+the output has no such sentence, " So the answer is" is appended and a few tokens more are decoded (DRAGIN's and
+ETC's completion step), and the answer is what follows "the answer is".
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from ragate.backends.base import Backend
+from ragate.backends.decoding import prefix
+from ragate.dynamic.etc import load_stop_words
+from ragate.dynamic.prompts import messages
+from ragate.dynamic.query import attention_query, masked_query, span_text
+from ragate.dynamic.steps import Fire
+from ragate.dynamic.triggers import DEFAULT_THRESHOLDS, make_trigger
+from ragate.eval.metrics import extract_answer
+from ragate.gates.base import GateDecision
+from ragate.methods.spec import DynamicSpec, MethodSpec
+from ragate.methods.trace import DynamicInfo, RetrievalEvent, Stage, Trace
+from ragate.retrieval.types import Hit, Retriever
+from ragate.types import Generation, GenerationRequest
+
+ANSWER_DONE = re.compile(r"answer is\b[^\n]*?(?:[.!?]\s|\n)", re.IGNORECASE)
+COMPLETION = " So the answer is"
+COMPLETION_TOKENS = 16
+STOP = ("\nQuestion:", "\n\n")
+
+
+@dataclass
+class _State:
+    """One question's mutable bookkeeping; not shared, not kept."""
+
+    text: str = ""  # the answer so far
+    kept_tokens: int = 0
+    generated: int = 0
+    discarded: int = 0
+    documents: list[Hit] = field(default_factory=list)
+    read: dict[str, Hit] = field(default_factory=dict)  # every passage shown, by id
+    events: list[RetrievalEvent] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)
+
+
+def run_dynamic(
+    spec: MethodSpec,
+    question: str,
+    lm: Backend,
+    retriever: Retriever | None,
+    *,
+    dataset: str | None = None,
+    recompute: bool = False,
+    stop_words: frozenset[str] | None = None,
+) -> Trace:
+    """Answer ``question`` with the dynamic method ``spec`` (``spec.dynamic`` set); see the module docstring.
+
+    ``dataset`` picks the few-shot exemplars (:func:`ragate.dynamic.prompts.exemplars_for`)."""
+    d = spec.dynamic
+    if d is None:
+        raise ValueError(f"method {spec.name!r} is not a dynamic method")
+    words = stop_words if stop_words is not None else load_stop_words()
+    trigger = make_trigger(d, lm, words)
+    if retriever is None and (trigger is not None or d.initial):
+        raise ValueError(f"method {spec.name!r} retrieves: give it an index (--index DIR)")
+    form = _query_form(d, lm)
+    state = _State()
+    if d.initial:
+        _retrieve(state, d, retriever, question, "initial", None)
+    first: Fire | None = None
+    while state.kept_tokens < d.max_tokens:
+        active = trigger is not None and _triggered(state) < d.max_retrievals
+        hit: list[Fire] = []
+        answered: list[int] = []
+        before = state.text
+
+        def watch(
+            block: Generation,
+            active: bool = active,
+            hit: list[Fire] = hit,
+            answered: list[int] = answered,
+            before: str = before,
+        ) -> bool:
+            if active and trigger is not None and (fire := trigger.check(block, False)) is not None:
+                hit.append(fire)
+                return True
+            if done := ANSWER_DONE.search(before + block.text, max(0, len(before) - 200)):
+                answered.append(done.end() - len(before))
+                return True
+            return False
+
+        request = GenerationRequest(
+            messages(question, state.documents, dataset),
+            max_tokens=d.max_tokens - state.kept_tokens,
+            assistant_prefix=state.text,
+            stop=STOP,
+            top_logprobs=5,
+        )
+        gen = lm.generate_watched(request, watch, recompute=recompute)
+        state.generated += len(gen.tokens)
+        if (
+            active
+            and not hit
+            and not answered
+            and trigger is not None
+            and (fire := trigger.check(gen, True)) is not None
+        ):
+            hit.append(fire)
+        if not hit:
+            state.stages.append(Stage.of("generate", gen))
+            state.text += gen.text[: answered[0]].rstrip() if answered else gen.text
+            state.kept_tokens += len(gen.tokens)
+            break
+        fire = hit[0]
+        first = first or fire
+        kept = prefix(gen, fire.keep) if fire.keep else None
+        state.stages.append(Stage.of("generate", gen))
+        state.discarded += len(gen.tokens) - fire.keep
+        query = _query(form, d, lm, question, state.text, gen, fire)
+        _retrieve(state, d, retriever, query, form, fire)
+        state.text += kept.text if kept is not None else ""
+        state.kept_tokens += fire.keep
+    output = _complete(state, lm, question, dataset)
+    return Trace(
+        spec.name,
+        question,
+        extract_answer(output, "answer-is"),
+        bool(state.events),
+        _decision(d, first, state),
+        tuple(e.query for e in state.events),
+        tuple(state.read.values()),
+        tuple(state.stages),
+        DynamicInfo(d.trigger, output, tuple(state.events), state.generated, state.discarded),
+    )
+
+
+def _triggered(state: _State) -> int:
+    return sum(1 for e in state.events if e.query_form != "initial")
+
+
+def _query_form(d: DynamicSpec, lm: Backend) -> str:
+    if d.query != "auto":
+        return d.query
+    return "attention" if lm.capabilities.attentions and hasattr(lm, "token_spans") else "masked"
+
+
+def _query(
+    form: str, d: DynamicSpec, lm: Backend, question: str, text: str, block: Generation, fire: Fire
+) -> str:
+    if form == "attention":
+        base = f"{question} {text}"
+        upto = block.text[: block.offsets[fire.hit[1] - 1][1]]
+        start = len(base) + block.offsets[fire.hit[0]][0]
+        return attention_query(lm, base + upto, (start, len(base) + len(upto)), d.top_n, load_stop_words())
+    if form == "masked":
+        return masked_query(block, fire, question, d.mask_below)
+    if form == "sentence":
+        return span_text(block, fire.sentence) or question
+    if form == "chunk":
+        return span_text(block, (0, fire.keep)) or question
+    return question
+
+
+def _retrieve(
+    state: _State, d: DynamicSpec, retriever: Retriever | None, query: str, form: str, fire: Fire | None
+) -> None:
+    assert retriever is not None
+    start = time.perf_counter()
+    hits = retriever.search([query], d.k)[0]
+    state.stages.append(Stage("retrieve", 0, 0, time.perf_counter() - start))
+    if d.accumulate:
+        merged = {h.id: h for h in [*state.documents, *hits]}
+        state.documents = list(merged.values())[-d.max_documents :]
+    else:
+        state.documents = list(hits)
+    for h in hits:
+        state.read.setdefault(h.id, h)
+    state.events.append(
+        RetrievalEvent(
+            state.kept_tokens + (fire.keep if fire else 0),
+            state.generated,
+            query,
+            form,
+            fire.score if fire else 0.0,
+            fire.reason if fire else "retrieve with the question before generating",
+            tuple(h.id for h in hits),
+        )
+    )
+
+
+def _complete(state: _State, lm: Backend, question: str, dataset: str | None) -> str:
+    """DRAGIN's last step: without "the answer is" in the output, append " So the answer is" and decode on."""
+    if "answer is" in state.text.lower():
+        return state.text.strip()
+    text = state.text.rstrip() + COMPLETION
+    request = GenerationRequest(
+        messages(question, state.documents, dataset),
+        max_tokens=COMPLETION_TOKENS,
+        assistant_prefix=text,
+        stop=("\n",),
+        top_logprobs=0,
+    )
+    gen = lm.generate([request])[0]
+    state.stages.append(Stage.of("answer-is", gen))
+    return (text + gen.text).strip()
+
+
+def _decision(d: DynamicSpec, first: Fire | None, state: _State) -> GateDecision:
+    threshold = first.threshold if first else (d.threshold or DEFAULT_THRESHOLDS.get(d.trigger, 0.0))
+    n = len(state.events)
+    if first is not None:
+        return GateDecision(True, first.score, threshold, f"{n} retrieval(s); first: {first.reason}")
+    if n:
+        return GateDecision(True, 0.0, threshold, "retrieved with the question before generating")
+    return GateDecision(False, 0.0, threshold, f"{d.trigger}: the trigger never fired")

@@ -1,0 +1,27 @@
+"""In-Context RALM (Ram et al., TACL 2023): retrieve with the question first, then every ``every`` generated
+tokens with the tokens just written as the query (the retrieval stride s; DRAGIN's FL-RAG baseline). Nothing
+is cut."""
+
+from __future__ import annotations
+
+from ragate.dynamic.steps import Fire
+from ragate.types import Generation
+
+DEFAULT_EVERY = 16
+
+
+class RalmTrigger:
+    name = "ralm"
+
+    def __init__(self, every: int) -> None:
+        if every < 1:
+            raise ValueError(f"RALM's stride must be >= 1 token, got {every}")
+        self.every = every
+
+    def check(self, block: Generation, done: bool) -> Fire | None:
+        n = len(block.tokens)
+        if done or n < self.every:
+            return None
+        return Fire(
+            n, float(n), float(self.every), f"ralm: {n} tokens since the last retrieval", (0, n), (0, n)
+        )
