@@ -273,7 +273,7 @@ def test_every_dynamic_method_runs_end_to_end_on_smollm2(
 ) -> None:
     lm = engines[engine]
     spec = get_method(method)
-    spec = spec.with_(dynamic=replace(spec.dynamic, max_tokens=48))  # type: ignore[arg-type]
+    spec = spec.with_(dynamic=replace(spec.dynamic, max_tokens=32))  # type: ignore[arg-type]
     forms = set()
     for row in _samples():
         lm.clear_cache()

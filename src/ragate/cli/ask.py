@@ -195,7 +195,10 @@ def ask_with_method(
         kind = _choice(selector, SELECTORS, "selector")
         spec = spec.with_(selector=replace(spec.selector, kind=kind))  # type: ignore[arg-type]
     if threshold is not None:
-        spec = spec.with_(gate=replace(spec.gate, threshold=threshold))
+        if spec.dynamic is not None:
+            spec = spec.with_(dynamic=replace(spec.dynamic, threshold=threshold))
+        else:
+            spec = spec.with_(gate=replace(spec.gate, threshold=threshold))
     with open_index(index or demo_index()) as retriever, load_backend(model, engine, **options) as backend:
         return run_method(spec, question, backend, retriever)
 
@@ -218,6 +221,15 @@ def render_trace(trace: Trace) -> str:
         "",
         f"method {trace.method}: {verdict} (score {gate.score:.4g}, threshold {gate.threshold:g}): {gate.reason}",
     ]
+    if trace.dynamic is not None:
+        info = trace.dynamic
+        lines.append(
+            f"generated {info.generated_tokens} tokens ({info.discarded_tokens} cut away); output: {info.output}"
+        )
+        for e in info.retrievals:
+            lines.append(
+                f"  retrieval at answer token {e.at_token} ({e.query_form} query {e.query!r}): {e.reason}"
+            )
     if trace.documents:
         lines.append("documents read:")
         lines += [f"  {h.rank}. [{h.id}] {h.passage.title} (score {h.score:.3f})" for h in trace.documents]

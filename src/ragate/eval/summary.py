@@ -105,8 +105,10 @@ def dynamic_table(rows: Sequence[dict[str, Any]]) -> str:
         return "–" if v is None else f"{v:.1f}"
 
     lines = [
-        ("| method | triggered (share of questions) | retrievals/q | first retrieval at answer token "
-        "| tokens generated before it | tokens generated/q | s/q |"),
+        (
+            "| method | triggered (share of questions) | retrievals/q | first retrieval at answer token "
+            "| tokens generated before it | tokens generated/q | s/q |"
+        ),
         "|" + "---|" * 7,
     ]
     lines += [

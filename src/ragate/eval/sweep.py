@@ -67,6 +67,11 @@ def sweep_pass(
     check_config(config, out_dir, resume=resume)
     examples = list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
     specs = {m: config.spec(m) for m in config.methods}
+    if dynamic := [m for m, spec in specs.items() if spec.dynamic is not None]:
+        raise RagateError(
+            f"{', '.join(dynamic)}: dynamic methods decide while generating, so their thresholds are not a lookup; "
+            "sweep single-shot gates here and re-run dynamic methods with `ragate eval` at each threshold"
+        )
     families: dict[str, list[str]] = {}
     for m, spec in specs.items():
         families.setdefault(family_key(spec), []).append(m)

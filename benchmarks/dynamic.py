@@ -1,0 +1,151 @@
+"""Dynamic RAG on HotpotQA: accuracy, retrievals and seconds per method, and what the cached loop saves.
+
+    # accuracy, retrievals/q, s/q of ETC, DRAGIN, FLARE, IRCoT, RALM, Single RAG and w/o RAG (a `ragate eval` run)
+    .venv/bin/python benchmarks/dynamic.py quality --questions 100 --model qwen2.5-coder-1.5b \
+        --index ~/.cache/ragate/indexes/pooled-dense --out benchmarks/results/dynamic-qwen
+    .venv/bin/python benchmarks/dynamic.py quality --questions 20 --engine transformers --out ...   # attention forms
+
+    # ETC and DRAGIN with the cached loop and with the naive one (the whole sequence re-run at every token)
+    .venv/bin/python benchmarks/dynamic.py speed --questions 3 --engine transformers --out benchmarks/results/dynamic_speed.jsonl
+
+``quality`` is ``ragate eval`` on the ``hotpotqa`` split with the dynamic methods (resumable: rerun with the same
+``--out``); it prints the run's tables (EM/F1/acc, retrieval rate, retrievals per question, seconds per question,
+and where the first retrieval happened). ``speed`` runs each question through each method twice in the same
+process, once with the backends' key/value cache (the loop of :mod:`ragate.dynamic.loop`) and once with
+``recompute=True`` (every token re-runs the whole prompt and answer so far, as a loop without a cache would), and
+prints CPU seconds per question for both, their ratio, and whether the retrieval positions and outputs are the
+same. CPU seconds (time.process_time, all threads) are the figure, since this machine is shared; wall seconds are
+kept in the JSONL too. Rows are written as they finish; rerunning with the same ``--out`` resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+QUALITY_METHODS = ("etc", "dragin", "flare", "ircot", "ralm", "single-rag", "wo-rag")
+SPEED_METHODS = ("etc", "dragin")
+
+
+def quality(args: argparse.Namespace) -> int:
+    from ragate.eval.run import EvalConfig, run_eval
+    from ragate.eval.summary import dynamic_table, summary_table
+
+    config = EvalConfig(
+        dataset=args.dataset,
+        methods=tuple(args.methods.split(",")) if args.methods else QUALITY_METHODS,
+        model=args.model,
+        engine=args.engine,
+        index=str(Path(args.index).expanduser()) if args.index else None,
+        limit=args.questions,
+    )
+    out = Path(args.out)
+    results = run_eval(config, out, resume=(out / "config.json").exists())
+    print(
+        f"{args.dataset}, {args.questions} questions, model {args.model or 'smollm2-135m'} on {args.engine}"
+    )
+    print(summary_table(results["summary"]))
+    print(dynamic_table(results["summary"]))
+    return 0
+
+
+def speed(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from ragate.backends import load_backend
+    from ragate.dynamic.etc import load_stop_words
+    from ragate.dynamic.loop import run_dynamic
+    from ragate.eval.datasets import load_dataset
+    from ragate.eval.records import RecordWriter, read_records
+    from ragate.methods import get_method
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    out = Path(args.out)
+    done = {(r["id"], r["method"], r["loop"]) for r in read_records(out)} if out.exists() else set()
+    examples = load_dataset(args.dataset, limit=args.questions)
+    methods = args.methods.split(",") if args.methods else list(SPEED_METHODS)
+    stop_words = load_stop_words()
+    jobs = [(ex, m, loop) for ex in examples for m in methods for loop in ("cached", "naive")]
+    todo = [j for j in jobs if (j[0].id, j[1], j[2]) not in done]
+    with (
+        open_index(Path(args.index).expanduser() if args.index else demo_index()) as retriever,
+        load_backend(args.model, args.engine) as lm,
+        RecordWriter(out) as writer,
+    ):
+        for ex, method, loop in tqdm(todo, desc="dynamic speed", unit="run"):
+            spec = get_method(method)
+            lm.clear_cache()
+            cpu, wall = time.process_time(), time.perf_counter()
+            trace = run_dynamic(
+                spec,
+                ex.question,
+                lm,
+                retriever,
+                dataset=ex.dataset,
+                recompute=loop == "naive",
+                stop_words=stop_words,
+            )
+            info = trace.dynamic
+            assert info is not None
+            writer.append(
+                {
+                    "id": ex.id,
+                    "method": method,
+                    "loop": loop,
+                    "engine": args.engine,
+                    "cpu": time.process_time() - cpu,
+                    "wall": time.perf_counter() - wall,
+                    "positions": [[e.at_token, e.generated] for e in info.retrievals],
+                    "generated_tokens": info.generated_tokens,
+                    "output": info.output,
+                }
+            )
+    rows = [r for r in read_records(out) if r["method"] in methods]
+    print(f"{args.dataset}: cached loop vs naive loop, model {args.model or 'smollm2-135m'} on {args.engine}")
+    print(
+        "| method | questions | cached CPU s/q | naive CPU s/q | naive / cached | same positions | same output |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for method in methods:
+        cached = {r["id"]: r for r in rows if r["method"] == method and r["loop"] == "cached"}
+        naive = {r["id"]: r for r in rows if r["method"] == method and r["loop"] == "naive"}
+        ids = sorted(cached.keys() & naive.keys())
+        if not ids:
+            continue
+        c = statistics.fmean(cached[i]["cpu"] for i in ids)
+        n = statistics.fmean(naive[i]["cpu"] for i in ids)
+        same_pos = sum(cached[i]["positions"] == naive[i]["positions"] for i in ids)
+        same_out = sum(cached[i]["output"] == naive[i]["output"] for i in ids)
+        print(
+            f"| {method} | {len(ids)} | {c:.2f} | {n:.2f} | {n / c:.1f}x | {same_pos}/{len(ids)} | {same_out}/{len(ids)} |"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="mode", required=True)
+    for name, default_out in (
+        ("quality", "benchmarks/results/dynamic-hotpotqa"),
+        ("speed", "benchmarks/results/dynamic_speed.jsonl"),
+    ):
+        p = sub.add_parser(name)
+        p.add_argument("--questions", type=int, default=100 if name == "quality" else 3)
+        p.add_argument("--dataset", default="hotpotqa")
+        p.add_argument("--methods", default=None, help="comma-separated (default: the issue's list)")
+        p.add_argument("--model", default=None, help="a known model name or GGUF path (default SmolLM2-135M)")
+        p.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "transformers"])
+        p.add_argument("--index", default=None, help="index directory (default: the demo index)")
+        p.add_argument("--out", default=default_out)
+    args = parser.parse_args(argv)
+    return quality(args) if args.mode == "quality" else speed(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
