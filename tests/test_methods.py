@@ -10,12 +10,16 @@ import pytest
 
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.errors import RagateError
-from ragate.methods import METHODS, get_method, run_method
+from ragate.methods import DYNAMIC_METHODS, METHODS, get_method, run_method
 
 NAMED = [
     "no-retrieval", "standard-rag", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
     "dpr-ais-dynamic", "dpr-ais-rerank", "pairs", "pairs-exclude-num", "targ-entropy", "targ-margin",
     "targ-variance", "random",
+]  # fmt: skip
+DYNAMIC = [
+    "etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "ircot", "ralm",
+    "targ-recheck", "single-rag", "wo-rag",
 ]  # fmt: skip
 
 
@@ -81,9 +85,12 @@ def test_retrieving_marks_the_draft_as_overhead(wiki_passages: list[Any], tmp_pa
 
 
 def test_registry_names_and_typos() -> None:
-    assert sorted(METHODS) == sorted(NAMED)
+    assert sorted(METHODS) == sorted(NAMED + DYNAMIC)
+    assert DYNAMIC_METHODS == tuple(DYNAMIC)
     with pytest.raises(RagateError, match="Did you mean 'targ-margin'"):
         get_method("targ-margn")
+    with pytest.raises(RagateError, match="Did you mean 'dragin'"):
+        get_method("dragn")
 
 
 def test_method_needs_an_index_when_it_retrieves() -> None:
