@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ragate.backends.decoding import replay
+from ragate.backends.decoding import prefix, replay
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.dynamic.dragin import DraginTrigger
 from ragate.dynamic.etc import (
@@ -73,15 +73,9 @@ def test_sentences_end_at_a_stop_followed_by_space_not_inside_a_number() -> None
 
 def test_each_sentence_is_reported_once_as_it_is_finished() -> None:
     gen = block(TOKENS)
-    seen = [s for n in range(1, len(TOKENS) + 1) if (s := new_sentence(replay_prefix(gen, n), False))]
+    seen = [s for n in range(1, len(TOKENS) + 1) if (s := new_sentence(prefix(gen, n), False))]
     seen.append(new_sentence(gen, True))
     assert seen == [(0, 9), (9, 12)]
-
-
-def replay_prefix(gen: Generation, n: int) -> Generation:
-    from ragate.backends.decoding import prefix
-
-    return prefix(gen, n)
 
 
 def test_replay_stops_where_the_watch_says() -> None:

@@ -136,18 +136,21 @@ class TransformersBackend(Backend):
         return list(self._tok(rendered + assistant_prefix, add_special_tokens=False)["input_ids"])
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        results = []
-        for request in requests:
-            prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
-            check_prompt_fits(
-                len(prompt_ids), self.max_context, "shorten the prompt (fewer or shorter documents)"
-            )
-            gen = decode(self, request, prompt_ids, max_context=self.max_context)
-            if request.attentions:
-                attentions = self._attentions(prompt_ids + list(gen.token_ids), len(prompt_ids))
-                gen = replace(gen, attentions=attentions)
-            results.append(gen)
-        return results
+        return [self._decode(request) for request in requests]
+
+    def _decode(
+        self, request: GenerationRequest, watch: Watch | None = None, recompute: bool = False
+    ) -> Generation:
+        prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
+        check_prompt_fits(
+            len(prompt_ids), self.max_context, "shorten the prompt (fewer or shorter documents)"
+        )
+        source = Recompute(self) if recompute else self
+        gen = decode(source, request, prompt_ids, max_context=self.max_context, watch=watch)
+        if request.attentions:
+            attentions = self._attentions(prompt_ids + list(gen.token_ids), len(prompt_ids))
+            gen = replace(gen, attentions=attentions)
+        return gen
 
     def head_attentions(self, token_ids: Sequence[int]) -> np.ndarray:
         """The last layer's attention of ``token_ids`` run on their own (no cache, no prompt), per head:
@@ -180,12 +183,7 @@ class TransformersBackend(Backend):
         self, request: GenerationRequest, watch: Watch, *, recompute: bool = False
     ) -> Generation:
         self.check(request)
-        prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
-        check_prompt_fits(
-            len(prompt_ids), self.max_context, "shorten the prompt (fewer or shorter documents)"
-        )
-        source = Recompute(self) if recompute else self
-        return decode(source, request, prompt_ids, max_context=self.max_context, watch=watch)
+        return self._decode(request, watch, recompute)
 
     def clear_cache(self) -> None:
         self._past, self._cache_ids = None, []

@@ -122,23 +122,21 @@ class LlamaCppBackend(Backend):
         return llm.tokenize((rendered + assistant_prefix).encode("utf-8"), add_bos=False, special=True)
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        results = []
-        for request in requests:
-            prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
-            check_prompt_fits(
-                len(prompt_ids), self.max_context, "shorten the prompt or load with a larger n_ctx"
-            )
-            results.append(decode(self, request, prompt_ids, max_context=self.max_context))
-        return results
+        return [self._decode(request) for request in requests]
+
+    def _decode(
+        self, request: GenerationRequest, watch: Watch | None = None, recompute: bool = False
+    ) -> Generation:
+        prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
+        check_prompt_fits(len(prompt_ids), self.max_context, "shorten the prompt or load with a larger n_ctx")
+        source = Recompute(self) if recompute else self
+        return decode(source, request, prompt_ids, max_context=self.max_context, watch=watch)
 
     def generate_watched(
         self, request: GenerationRequest, watch: Watch, *, recompute: bool = False
     ) -> Generation:
         self.check(request)
-        prompt_ids = self.tokenize(request.prompt, request.assistant_prefix)
-        check_prompt_fits(len(prompt_ids), self.max_context, "shorten the prompt or load with a larger n_ctx")
-        source = Recompute(self) if recompute else self
-        return decode(source, request, prompt_ids, max_context=self.max_context, watch=watch)
+        return self._decode(request, watch, recompute)
 
     def clear_cache(self) -> None:
         self._llm.reset()

@@ -129,7 +129,7 @@ def run_dynamic(
         kept = prefix(gen, fire.keep) if fire.keep else None
         state.stages.append(Stage.of("generate", gen))
         state.discarded += len(gen.tokens) - fire.keep
-        query = _query(form, d, lm, question, state.text, gen, fire)
+        query = _query(form, d, lm, question, state.text, gen, fire, words)
         _retrieve(state, d, retriever, query, form, fire)
         state.text += kept.text if kept is not None else ""
         state.kept_tokens += fire.keep
@@ -158,13 +158,20 @@ def _query_form(d: DynamicSpec, lm: Backend) -> str:
 
 
 def _query(
-    form: str, d: DynamicSpec, lm: Backend, question: str, text: str, block: Generation, fire: Fire
+    form: str,
+    d: DynamicSpec,
+    lm: Backend,
+    question: str,
+    text: str,
+    block: Generation,
+    fire: Fire,
+    stop_words: frozenset[str],
 ) -> str:
     if form == "attention":
         base = f"{question} {text}"
         upto = block.text[: block.offsets[fire.hit[1] - 1][1]]
         start = len(base) + block.offsets[fire.hit[0]][0]
-        return attention_query(lm, base + upto, (start, len(base) + len(upto)), d.top_n, load_stop_words())
+        return attention_query(lm, base + upto, (start, len(base) + len(upto)), d.top_n, stop_words)
     if form == "masked":
         return masked_query(block, fire, question, d.mask_below)
     if form == "sentence":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,10 +35,6 @@ def step_entropies(gen: Generation) -> list[float]:
     if gen.entropies is not None:
         return list(gen.entropies)
     return [topk_entropy([t.logprob for t in top]) for top in gen.top_logprobs]
-
-
-def probabilities(gen: Generation) -> list[float]:
-    return [math.exp(lp) for lp in gen.logprobs]
 
 
 def _ends_sentence(tokens: Sequence[str], i: int) -> bool:
