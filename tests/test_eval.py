@@ -17,7 +17,7 @@ import pytest
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.errors import RagateError
 from ragate.eval.datasets import load_dataset
-from ragate.eval.records import RecordWriter, read_records
+from ragate.eval.records import RecordWriter, latest, read_records
 from ragate.eval.run import EvalConfig, run_eval
 from ragate.retrieval.corpus import demo_dir
 
@@ -152,3 +152,44 @@ def test_the_demo_questions_load_by_name() -> None:
     demo = load_dataset("demo")
     assert len(demo) == 80 and demo[0].question == "who got the first nobel prize in physics"
     assert all(ex.gold_ids and ex.answers for ex in demo)
+
+
+def test_a_dynamic_method_that_retrieves_gets_the_configured_index(tmp_path: Path) -> None:
+    """Dynamic methods carry no gate; the run must still open the index for them (it did not, once)."""
+    examples = load_dataset(DEMO_QUESTIONS, limit=2)
+    answers = [make_generation([f"So the answer is {ex.answers[0]}."], [-0.01]) for ex in examples]
+    config = EvalConfig("demo", ("single-rag",), limit=2)
+    results = run_eval(
+        config, tmp_path / "run", lm=ScriptedBackend(answers), examples=examples, progress=False
+    )
+    records = read_records(tmp_path / "run" / "questions.jsonl")
+    assert [r.get("error") for r in records] == [None, None]
+    assert [r["retrievals"] for r in records] == [1, 1] and all(len(r["doc_ids"]) == 3 for r in records)
+    assert results["summary"][0]["retrieval_rate"] == 1.0
+
+
+def test_a_resumed_run_retries_the_answers_that_failed(tmp_path: Path) -> None:
+    first = _scripted_run(tmp_path, ("no-retrieval",))
+    path = tmp_path / "run" / "questions.jsonl"
+    records = read_records(path)
+    failed = {
+        "id": records[1]["id"],
+        "dataset": "demo",
+        "method": "no-retrieval",
+        "error": "ValueError: no index",
+    }
+    with RecordWriter(path) as writer:  # as if the second question had failed (e.g. a missing index)
+        writer.append(failed)
+    assert sum("error" in r for r in latest(read_records(path))) == 1
+    examples = load_dataset(DEMO_QUESTIONS, limit=3)
+    answer = make_generation([examples[1].answers[0]], [-0.01])
+    again = run_eval(
+        EvalConfig("demo", ("no-retrieval",), limit=3),
+        tmp_path / "run",
+        lm=ScriptedBackend([answer]),
+        examples=examples,
+        progress=False,
+        resume=True,
+    )
+    assert again["summary"][0]["n"] == 3 and again["summary"][0]["errors"] == 0
+    assert again["summary"][0]["em"] == first["summary"][0]["em"] == 1.0

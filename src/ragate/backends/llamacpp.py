@@ -36,6 +36,14 @@ def _import_llama_cpp() -> Any:
     return llama_cpp
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, so ``taskset -c 0`` gives one thread), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class LlamaCppBackend(Backend):
     """A GGUF model run by llama.cpp, with per-token logprobs, top-k and exact entropy; no attentions."""
 
@@ -57,7 +65,7 @@ class LlamaCppBackend(Backend):
         self._llm = llama_cpp.Llama(
             model_path=str(path),
             n_ctx=n_ctx,
-            n_threads=n_threads or max(1, os.cpu_count() or 1),
+            n_threads=n_threads or usable_cores(),
             logits_all=False,
             verbose=False,
         )

@@ -40,6 +40,15 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def latest(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (id, method), the last written, in the order first seen. A resumed run retries the
+    questions that failed, so a failure can be followed by its answer; the answer is what counts."""
+    last: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for record in records:
+        last[record["id"], record.get("method")] = record
+    return list(last.values())
+
+
 def write_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
     """Replace ``path`` with ``records`` atomically."""
     with atomic_writer(path) as f:

@@ -30,7 +30,7 @@ from ragate.eval.analysis import (
     quadrant_table,
     recall_comparison,
 )
-from ragate.eval.records import read_records
+from ragate.eval.records import latest, read_records
 from ragate.eval.run import RECALL_K
 from ragate.eval.summary import summarize, summary_markdown, summary_table
 from ragate.eval.sweep import frontier, sweep_markdown, swept_methods
@@ -276,7 +276,7 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
         )
     _canvas()  # a missing matplotlib fails before any work
     out_dir = Path(out) if out is not None else run_dir / "report"
-    eval_records = read_records(questions_path)
+    eval_records = latest(read_records(questions_path))
     sweep_records = read_records(sweep_path)
     ok = [r for r in eval_records if "error" not in r]
     md = [f"# ragate report: {run_dir.name}", ""]

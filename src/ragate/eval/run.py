@@ -31,7 +31,7 @@ from ragate.errors import RagateError
 from ragate.eval.datasets import Example, load_dataset
 from ragate.eval.metrics import extract_answer, recall_at_k, score
 from ragate.eval.provenance import provenance
-from ragate.eval.records import RecordWriter, read_records
+from ragate.eval.records import RecordWriter, latest, read_records
 from ragate.eval.summary import summarize, summary_markdown
 from ragate.fileio import atomic_writer
 from ragate.methods import MethodSpec, get_method, run_method
@@ -175,7 +175,8 @@ def run_eval(
         with atomic_writer(out_dir / "config.json") as f:
             f.write(json.dumps(config.to_json(), indent=2).encode())
     path = out_dir / "questions.jsonl"
-    done = {(r["id"], r["method"]) for r in read_records(path)}
+    # failures are retried: a resumed run answers them again
+    done = {(r["id"], r["method"]) for r in latest(read_records(path)) if "error" not in r}
     jobs = [
         (i, ex, m)
         for i, ex in enumerate(examples)
@@ -185,7 +186,7 @@ def run_eval(
     started = time.time()
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
-    needs_index = any(specs[m].gate.kind != "never" for m in config.methods)
+    needs_index = any(specs[m].retrieves for m in config.methods)
     if retriever is None and needs_index:
         retriever = _open_retriever(config)
     if jobs and own_lm:  # a backend handed in is the caller's, warm or scripted
@@ -223,7 +224,7 @@ def run_eval(
             retriever.close()
         if own_lm:
             lm.close()
-    records = read_records(path)
+    records = latest(read_records(path))
     results = {
         "config": config.to_json(),
         "questions": len(examples),

@@ -115,3 +115,10 @@ class MethodSpec:
 
     def with_(self, **changes: object) -> MethodSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def retrieves(self) -> bool:
+        """Whether the method can ever read the index (and so needs one)."""
+        if self.dynamic is not None:
+            return self.dynamic.trigger != "none" or self.dynamic.initial
+        return self.gate.kind != "never"
