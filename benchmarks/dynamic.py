@@ -8,6 +8,9 @@
     # ETC and DRAGIN with the cached loop and with the naive one (the whole sequence re-run at every token)
     .venv/bin/python benchmarks/dynamic.py speed --questions 3 --engine transformers --out benchmarks/results/dynamic_speed.jsonl
 
+    # a quality run stopped part-way: its tables over the questions every method has answered
+    .venv/bin/python benchmarks/dynamic.py table benchmarks/results/dynamic-qwen
+
 ``quality`` is ``ragate eval`` on the ``hotpotqa`` split with the dynamic methods (resumable: rerun with the same
 ``--out``); it prints the run's tables (EM/F1/acc, retrieval rate, retrievals per question, seconds per question,
 and where the first retrieval happened). ``speed`` runs each question through each method twice in the same
@@ -49,6 +52,31 @@ def quality(args: argparse.Namespace) -> int:
     )
     print(summary_table(results["summary"]))
     print(dynamic_table(results["summary"]))
+    return 0
+
+
+def table(args: argparse.Namespace) -> int:
+    """The tables of a ``quality`` run so far, over the questions that every method has answered (a run stopped
+    mid-way has answered the first questions with some methods only, since methods rotate per question)."""
+    from ragate.eval.records import latest, read_records
+    from ragate.eval.summary import dynamic_table, summarize, summary_table
+
+    out = Path(args.out)
+    records = [r for r in latest(read_records(out / "questions.jsonl")) if "error" not in r]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    if args.methods:
+        methods = [m for m in args.methods.split(",") if m in methods]
+    answered: dict[str, set[str]] = {}
+    for r in records:
+        answered.setdefault(r["id"], set()).add(r["method"])
+    common = {q for q, ms in answered.items() if ms >= set(methods)}
+    if not common:
+        print(f"{out}: no question has been answered by all of {', '.join(methods)} yet", file=sys.stderr)
+        return 1
+    rows = summarize([r for r in records if r["id"] in common], methods)
+    print(f"{out}: {len(common)} questions answered by all {len(methods)} methods")
+    print(summary_table(rows))
+    print(dynamic_table(rows))
     return 0
 
 
@@ -143,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "transformers"])
         p.add_argument("--index", default=None, help="index directory (default: the demo index)")
         p.add_argument("--out", default=default_out)
+    t = sub.add_parser("table", help="a quality run's tables so far, on the questions every method answered")
+    t.add_argument("out", help="the quality run's --out folder")
+    t.add_argument("--methods", default=None, help="comma-separated subset (default: all in the run)")
     args = parser.parse_args(argv)
-    return quality(args) if args.mode == "quality" else speed(args)
+    return {"quality": quality, "speed": speed, "table": table}[args.mode](args)
 
 
 if __name__ == "__main__":
