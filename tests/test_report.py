@@ -344,3 +344,18 @@ def test_write_report_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(RagateError, match=r"pip install 'ragate\[eval\]'"):
         write_report(run)
     assert not (run / "report").exists()
+
+
+def test_dynamic_runs_measure_latency_against_wo_rag() -> None:
+    def rec(q: str, method: str, seconds: float) -> dict[str, Any]:
+        return {
+            "id": q, "method": method, "scores": {"em": 0.0, "f1": 0.0, "acc": 0.0}, "retrieved": False,
+            "retrievals": 0, "prompt_tokens": 1, "completion_tokens": 1, "overhead_tokens": 0,
+            "seconds": seconds, "generated_tokens": 1,
+        }  # fmt: skip
+
+    records = [rec("a", "wo-rag", 1.0), rec("b", "wo-rag", 2.0), rec("a", "etc", 4.0), rec("b", "etc", 3.0)]
+    etc = summarize(records, ["etc", "wo-rag"])[0]
+    assert etc["baseline"] == "wo-rag" and etc["delta_latency"] == pytest.approx(2.0)
+    with_closed_book = [*records, rec("a", "no-retrieval", 0.5), rec("b", "no-retrieval", 0.5)]
+    assert summarize(with_closed_book, ["etc"])[0]["delta_latency"] == pytest.approx(3.0)

@@ -1,8 +1,9 @@
 """One summary row per method from a run's per-question records, and the Markdown table of a run.
 
 Accuracy columns carry percentile-bootstrap 95% intervals over questions; Δlatency is paired: the mean over the
-questions both ran of seconds(method) - seconds(no-retrieval), with a paired bootstrap interval, measured in
-the same run (DESIGN.md section 4).
+questions both ran of seconds(method) - seconds(baseline), with a paired bootstrap interval, measured in
+the same run (DESIGN.md section 4). The baseline is ``no-retrieval``, or for a run of dynamic methods without it
+``wo-rag`` (the same chain of thought, never retrieving).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.records import by_method
 
 BASELINE = "no-retrieval"
+BASELINES = (BASELINE, "wo-rag")  # the first one present in a run is what Δlatency is measured against
 
 
 def summarize(
@@ -23,13 +25,19 @@ def summarize(
     """Rows in ``methods`` order (default: first-seen order). Error records are counted, not scored."""
     groups = dict(by_method(records))
     order = list(methods) if methods else list(groups)
-    base = {r["id"]: r["seconds"] for r in groups.get(BASELINE, []) if "error" not in r}
-    return [_row(m, groups.get(m, []), base) for m in order]
+    baseline = next((b for b in BASELINES if b in groups), BASELINE)
+    base = {r["id"]: r["seconds"] for r in groups.get(baseline, []) if "error" not in r}
+    return [_row(m, groups.get(m, []), base, baseline) for m in order]
 
 
-def _row(method: str, records: list[dict[str, Any]], base: dict[str, float]) -> dict[str, Any]:
+def _row(method: str, records: list[dict[str, Any]], base: dict[str, float], baseline: str) -> dict[str, Any]:
     ok = [r for r in records if "error" not in r]
-    row: dict[str, Any] = {"method": method, "n": len(ok), "errors": len(records) - len(ok)}
+    row: dict[str, Any] = {
+        "method": method,
+        "n": len(ok),
+        "errors": len(records) - len(ok),
+        "baseline": baseline,
+    }
     if not ok:
         return row
     for key in ("em", "f1", "acc"):
@@ -53,7 +61,7 @@ def _row(method: str, records: list[dict[str, Any]], base: dict[str, float]) -> 
         )
         row["generated_per_q"] = statistics.fmean(r["generated_tokens"] for r in ok)
     paired = [(r["seconds"], base[r["id"]]) for r in ok if r["id"] in base]
-    if paired and method != BASELINE:
+    if paired and method != baseline:
         a, b = [p[0] for p in paired], [p[1] for p in paired]
         row["delta_latency"] = statistics.fmean(a) - statistics.fmean(b)
         row["delta_latency_ci"] = paired_bootstrap_diff(a, b)
@@ -69,9 +77,10 @@ def _ci(row: dict[str, Any], key: str, scale: float = 100.0) -> str:
 
 def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     """The Markdown table: EM, F1, contains-accuracy (with 95% CIs), retrieval, tokens, seconds, Δlatency."""
+    baseline = rows[0].get("baseline", BASELINE) if rows else BASELINE
     head = (
         "| method | n | EM | F1 | acc (contains) | retrieval rate | retrievals/q | recall@3 | tokens/q "
-        "| overhead tokens/q | s/q | Δlatency vs no-retrieval (s) |"
+        f"| overhead tokens/q | s/q | Δlatency vs {baseline} (s) |"
     )
     lines = [head, "|" + "---|" * 12]
     for r in rows:
