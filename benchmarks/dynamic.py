@@ -93,7 +93,7 @@ def speed(args: argparse.Namespace) -> int:
     from ragate.retrieval.index import open_index
 
     out = Path(args.out)
-    done = {(r["id"], r["method"], r["loop"]) for r in read_records(out)} if out.exists() else set()
+    done = {(r["id"], r["method"], r["loop"]) for r in read_records(out)}
     examples = load_dataset(args.dataset, limit=args.questions)
     methods = args.methods.split(",") if args.methods else list(SPEED_METHODS)
     stop_words = load_stop_words()

@@ -279,3 +279,11 @@ def test_every_dynamic_method_runs_end_to_end_on_smollm2(
         forms |= {e.query_form for e in info.retrievals}
     if method in ("etc", "dragin") and forms - {"initial"}:
         assert forms == ({"attention"} if engine == "transformers" else {"masked"})
+
+
+def test_a_retrieving_dynamic_method_without_an_index_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"'flare' retrieves: give it an index"):
+        run_method(get_method("flare"), "Who wrote Dune?", ScriptedBackend([]), None)
+    answer = make_generation(["Frank Herbert wrote it. So the answer is Frank Herbert."], [-0.01])
+    trace = run_method(get_method("wo-rag"), "Who wrote Dune?", ScriptedBackend([answer]), None)
+    assert trace.answer == "Frank Herbert" and not trace.retrieved

@@ -74,7 +74,7 @@ def run_dynamic(
         raise ValueError(f"method {spec.name!r} is not a dynamic method")
     words = stop_words if stop_words is not None else load_stop_words()
     trigger = make_trigger(d, lm, words)
-    if retriever is None and (trigger is not None or d.initial):
+    if retriever is None and spec.retrieves:
         raise ValueError(f"method {spec.name!r} retrieves: give it an index (--index DIR)")
     form = _query_form(d, lm)
     state = _State()
