@@ -75,7 +75,7 @@ def run_dynamic(
     words = stop_words if stop_words is not None else load_stop_words()
     trigger = make_trigger(d, lm, words)
     if retriever is None and spec.retrieves:
-        raise ValueError(f"method {spec.name!r} retrieves: give it an index (--index DIR)")
+        raise spec.no_index()
     form = _query_form(d, lm)
     state = _State()
     if d.initial:

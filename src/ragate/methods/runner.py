@@ -76,7 +76,7 @@ class _Run:
 
     def need_retriever(self) -> Retriever:
         if self.retriever is None:
-            raise ValueError(f"method {self.spec.name!r} retrieves: give it an index (--index DIR)")
+            raise self.spec.no_index()
         return self.retriever
 
 

@@ -122,3 +122,7 @@ class MethodSpec:
         if self.dynamic is not None:
             return self.dynamic.trigger != "none" or self.dynamic.initial
         return self.gate.kind != "never"
+
+    def no_index(self) -> ValueError:
+        """The error for this method run without the index it reads."""
+        return ValueError(f"method {self.name!r} retrieves: give it an index (--index DIR)")

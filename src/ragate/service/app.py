@@ -18,62 +18,41 @@ Every error is JSON ``{"error": {"message", "type"}}``; no stack trace reaches a
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import httpx
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragate import __version__
 from ragate.backends import Backend, load_backend
 from ragate.errors import BackendError, BackendUnavailableError, RagateError
 from ragate.methods import METHODS, MethodSpec, get_method, run_method
 from ragate.methods.trace import Trace
-from ragate.retrieval.types import Hit, Passage, Retriever
+from ragate.retrieval.types import Hit, Retriever
 from ragate.service import openai_api
+from ragate.service.admission import SerialRetriever, Slots, Ticket
+from ragate.service.guard import ApiError, Guard, error_response
 from ragate.service.metrics import ServiceMetrics
 from ragate.service.settings import ServiceSettings
 
 log = logging.getLogger("ragate.service")
 T = TypeVar("T")
 
-ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-    405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type",
-    422: "invalid_request_error", 429: "rate_limit_exceeded", 500: "internal_error", 502: "backend_error",
-    503: "backend_unavailable", 504: "timeout",
-}  # fmt: skip
 ENDPOINT_LIST = (
     "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /metrics"
 )
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, a message that says what to change, and optional headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error")}}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 # -- request bodies ---------------------------------------------------------------------------------------------
@@ -97,106 +76,6 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query: str
     k: int = Field(default=5, ge=1)
-
-
-# -- shared state: admission slots, a serialised retriever ------------------------------------------------------
-class Slots:
-    """At most ``n`` requests at work. A slot is freed when its work ends, also when the client already got a
-    504, so the limit bounds real work. ``retry_after`` estimates seconds until a slot frees."""
-
-    def __init__(self, n: int, on_change: Callable[[int], None]) -> None:
-        self.n, self.used, self._mean = n, 0, 1.0
-        self._lock, self._on_change = threading.Lock(), on_change
-
-    def take(self) -> bool:
-        with self._lock:
-            if self.used >= self.n:
-                return False
-            self.used += 1
-            self._on_change(self.used)
-            return True
-
-    def give(self, seconds: float | None) -> None:
-        with self._lock:
-            self.used -= 1
-            if seconds is not None:
-                self._mean = 0.8 * self._mean + 0.2 * seconds
-            self._on_change(self.used)
-
-    def retry_after(self) -> int:
-        return max(1, math.ceil(self._mean))
-
-
-class _Ticket:
-    """One request's slot, freed exactly once: by the worker thread when it ran, else by the request. A request
-    that gave up (its timeout) also tells a worker still waiting for the model not to begin."""
-
-    def __init__(self, slots: Slots) -> None:
-        self._slots, self._lock, self._start = slots, threading.Lock(), time.perf_counter()
-        self._started = self._freed = self._given_up = False
-
-    def start(self) -> bool:
-        with self._lock:
-            self._started = not self._freed
-            return self._started
-
-    def wanted(self) -> bool:
-        return not self._given_up
-
-    def done(self) -> None:
-        """The worker finished (or failed)."""
-        with self._lock:
-            if self._freed:
-                return
-            self._freed = True
-        self._slots.give(time.perf_counter() - self._start)
-
-    def give_up(self) -> None:
-        """The request is over (answered, failed or timed out); frees the slot if no worker ever began."""
-        with self._lock:
-            self._given_up = True
-            if self._freed or self._started:
-                return
-            self._freed = True
-        self._slots.give(None)
-
-
-class SerialRetriever(Retriever):
-    """A retriever used by one thread at a time (a fast tokenizer shared across threads raises "Already
-    borrowed"; FAISS and bm25s are fine, but one lock is simpler than knowing which)."""
-
-    def __init__(self, inner: Retriever) -> None:
-        self.inner, self.kind, self._lock = inner, inner.kind, threading.Lock()
-
-    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        with self._lock:
-            return self.inner.search(queries, k)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def passage(self, passage_id: str) -> Passage:
-        with self._lock:
-            return self.inner.passage(passage_id)
-
-    @property
-    def has_embeddings(self) -> bool:
-        return self.inner.has_embeddings
-
-    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
-        with self._lock:
-            return self.inner.embed_queries(queries)
-
-    def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
-        with self._lock:
-            return self.inner.passage_embeddings(passage_ids)
-
-    def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
-        with self._lock:
-            return self.inner.search_by_vectors(vectors, k)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @dataclass(frozen=True)
@@ -224,7 +103,7 @@ class Runtime:
                 f"retry after {self.slots.retry_after()} s",
                 {"Retry-After": str(self.slots.retry_after())},
             )
-        ticket = _Ticket(self.slots)
+        ticket = Ticket(self.slots)
 
         def run() -> T:
             if not ticket.start():
@@ -370,106 +249,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
-
-
-# -- the guard in front of every request ------------------------------------------------------------------------
-class Guard:
-    """Pure ASGI middleware: metrics for every exchange, then the bearer token (all paths but ``/healthz``),
-    then the body: at most ``max_body_bytes`` (checked on ``Content-Length`` and on the bytes that arrive),
-    JSON content type, UTF-8. The checked body is replayed to the app."""
-
-    def __init__(self, app: ASGIApp, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
-        self.app, self.settings, self.metrics = app, settings, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start, status = time.perf_counter(), [500]
-
-        async def watch(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            rejection = self._authorise(scope)
-            if rejection is None and scope["method"] in ("POST", "PUT", "PATCH"):
-                rejection, receive = await self._body(scope, receive)
-            if rejection is not None:
-                await rejection(scope, receive, watch)
-            else:
-                await self.app(scope, receive, watch)
-        finally:
-            self.metrics.observe_request(scope["path"], status[0], time.perf_counter() - start)
-            if status[0] >= 400:
-                self.metrics.observe_error(ERROR_TYPES.get(status[0], "error"))
-
-    def _authorise(self, scope: Scope) -> Response | None:
-        key = self.settings.api_key
-        if key is None or scope["path"] == "/healthz":
-            return None
-        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-        how = "send the header 'Authorization: Bearer <key>' with the key given to ragate serve (--api-key or RAGATE_API_KEY)"
-        if scheme.lower() != "bearer" or not token.strip():
-            return error_response(401, f"this server needs an API key: {how}", {"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(token.strip().encode(), key.encode()):
-            return error_response(401, f"wrong API key: {how}", {"WWW-Authenticate": "Bearer"})
-        return None
-
-    async def _body(self, scope: Scope, receive: Receive) -> tuple[Response | None, Receive]:
-        limit, headers = self.settings.max_body_bytes, Headers(scope=scope)
-        too_large = f"the request body is larger than this server's limit of {limit} bytes"
-        declared = headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                return error_response(400, f"Content-Length {declared!r} is not a number of bytes"), receive
-            if int(declared) > limit:
-                return error_response(413, f"{too_large} (Content-Length: {declared})"), receive
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return Response(status_code=400), receive  # nobody is listening any more
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return error_response(413, too_large), receive
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        if not body.strip():
-            return error_response(
-                400, 'the request body is empty: send a JSON object, e.g. {"question": "..."}'
-            ), receive
-        ctype = headers.get("content-type")
-        if ctype is None:  # curl without -H: assume JSON rather than refuse
-            scope["headers"] = [*scope["headers"], (b"content-type", b"application/json")]
-        elif ctype.split(";")[0].strip().lower() != "application/json":
-            return error_response(
-                415,
-                f"the request body must be JSON, not {ctype!r}: send 'Content-Type: application/json' "
-                "(curl: -H 'Content-Type: application/json')",
-            ), receive
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as err:
-            return error_response(
-                400,
-                f"the request body is not valid UTF-8 (byte 0x{body[err.start]:02x} at position {err.start}: "
-                f"{err.reason}); send JSON encoded as UTF-8",
-            ), receive
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return None, replay
 
 
 # -- error handlers ---------------------------------------------------------------------------------------------

@@ -1,0 +1,112 @@
+"""Shared state behind the service's requests: admission slots, each request's ticket for its slot, and a
+retriever that one thread uses at a time."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ragate.retrieval.types import Hit, Passage, Retriever
+
+
+class Slots:
+    """At most ``n`` requests at work. A slot is freed when its work ends, also when the client already got a
+    504, so the limit bounds real work. ``retry_after`` estimates seconds until a slot frees."""
+
+    def __init__(self, n: int, on_change: Callable[[int], None]) -> None:
+        self.n, self.used, self._mean = n, 0, 1.0
+        self._lock, self._on_change = threading.Lock(), on_change
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.used >= self.n:
+                return False
+            self.used += 1
+            self._on_change(self.used)
+            return True
+
+    def give(self, seconds: float | None) -> None:
+        with self._lock:
+            self.used -= 1
+            if seconds is not None:
+                self._mean = 0.8 * self._mean + 0.2 * seconds
+            self._on_change(self.used)
+
+    def retry_after(self) -> int:
+        return max(1, math.ceil(self._mean))
+
+
+class Ticket:
+    """One request's slot, freed exactly once: by the worker thread when it ran, else by the request. A request
+    that gave up (its timeout) also tells a worker still waiting for the model not to begin."""
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots, self._lock, self._start = slots, threading.Lock(), time.perf_counter()
+        self._started = self._freed = self._given_up = False
+
+    def start(self) -> bool:
+        with self._lock:
+            self._started = not self._freed
+            return self._started
+
+    def wanted(self) -> bool:
+        return not self._given_up
+
+    def done(self) -> None:
+        """The worker finished (or failed)."""
+        with self._lock:
+            if self._freed:
+                return
+            self._freed = True
+        self._slots.give(time.perf_counter() - self._start)
+
+    def give_up(self) -> None:
+        """The request is over (answered, failed or timed out); frees the slot if no worker ever began."""
+        with self._lock:
+            self._given_up = True
+            if self._freed or self._started:
+                return
+            self._freed = True
+        self._slots.give(None)
+
+
+class SerialRetriever(Retriever):
+    """A retriever used by one thread at a time (a fast tokenizer shared across threads raises "Already
+    borrowed"; FAISS and bm25s are fine, but one lock is simpler than knowing which)."""
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner, self.kind, self._lock = inner, inner.kind, threading.Lock()
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        with self._lock:
+            return self.inner.search(queries, k)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def passage(self, passage_id: str) -> Passage:
+        with self._lock:
+            return self.inner.passage(passage_id)
+
+    @property
+    def has_embeddings(self) -> bool:
+        return self.inner.has_embeddings
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            return self.inner.embed_queries(queries)
+
+    def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            return self.inner.passage_embeddings(passage_ids)
+
+    def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        with self._lock:
+            return self.inner.search_by_vectors(vectors, k)
+
+    def close(self) -> None:
+        self.inner.close()
