@@ -27,7 +27,7 @@ from ragate.eval.analysis import (
     recall_comparison,
     threshold_transfer,
 )
-from ragate.eval.records import write_records
+from ragate.eval.records import read_records, write_records
 from ragate.eval.report import write_report
 from ragate.eval.summary import summarize
 
@@ -325,6 +325,20 @@ def test_write_report_writes_tables_and_plots(tmp_path: Path) -> None:
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "<th>gate method</th>" in page
     assert "<td>targ-margin</td>" in page and "|---" not in page
+
+
+def test_the_report_metric_names_the_tables_it_fills(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "run")
+    path = run / "questions.jsonl"
+    records = read_records(path)
+    for r in records:  # acc the opposite of EM for PAIRS, so the two tables cannot coincide
+        if r.get("method") == "pairs":
+            r["scores"]["acc"] = 1.0 - r["scores"]["em"]
+    write_records(path, records)
+    md = write_report(run, metric="acc")[0].read_text()
+    assert "DQ (answered directly): n / acc (contains)" in md
+    assert "| pairs | 12 | 4 / 0.0 | 8 / 50.0 |" in md  # q0-q3 direct: EM 100, acc 0
+    assert "Closed-book / retrieval acc (contains) (%)" in md and "keeps the acc (contains) (Δ)" in md
 
 
 def test_write_report_without_sweep_or_results(tmp_path: Path) -> None:

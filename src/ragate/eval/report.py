@@ -108,13 +108,19 @@ def recall_markdown(eval_records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pairs_markdown(eval_records: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
+def pairs_markdown(
+    eval_records: Sequence[dict[str, Any]], methods: Sequence[str], metric: Metric = "em"
+) -> str:
+    name = _LABEL[metric]
     lines = [
-        "| method | n | DQ (answered directly): n / EM | Non-DQ-retrieval: n / EM | DQ-retrieval: n / EM |",
+        (
+            f"| method | n | DQ (answered directly): n / {name} | Non-DQ-retrieval: n / {name} "
+            f"| DQ-retrieval: n / {name} |"
+        ),
         "|---|---|---|---|---|",
     ]
     for m in methods:
-        b = pairs_breakdown(eval_records, m)
+        b = pairs_breakdown(eval_records, m, metric=metric)
         lines.append(
             f"| {m} | {b['n']} | {b['direct_n']} / {_pct(b['direct_acc'])} "
             f"| {b['retrieved_n']} / {_pct(b['retrieved_acc'])} "
@@ -280,6 +286,7 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
     sweep_records = read_records(sweep_path)
     ok = [r for r in eval_records if "error" not in r]
     md = [f"# ragate report: {run_dir.name}", ""]
+    label = _LABEL[metric]
     images: dict[str, bytes] = {}
 
     if eval_records:
@@ -323,8 +330,8 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
             "## Closed-book accuracy by gate-score decile (TARG A.6)",
             "",
             (
-                "Closed-book / retrieval EM (%) and question count per decile of each gate's score, lowest score "
-                "first: a useful gate's closed-book EM falls from decile 1 to 10."
+                f"Closed-book / retrieval {label} (%) and question count per decile of each gate's score, lowest "
+                f"score first: a useful gate's closed-book {label} falls from decile 1 to 10."
             ),
             "",
             deciles_markdown(sweep_records, methods, metric),
@@ -334,7 +341,8 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
             "",
             (
                 "Questions by whether the gate retrieves at its own threshold (high U) and whether retrieval raises, "
-                "lowers or keeps the EM (Δ): (a) is what the gate misses, (c) what it catches, (b) where it hurts."
+                f"lowers or keeps the {label} (Δ): (a) is what the gate misses, (c) what it catches, (b) where it "
+                "hurts."
             ),
             "",
             quadrant_markdown(sweep_records, methods, metric),
@@ -344,7 +352,7 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
         md += [
             "## Operating points",
             "",
-            "Each method's retrieval rate and EM.",
+            f"Each method's retrieval rate and {label}.",
             "",
             "![frontier](frontier.png)",
             "",
@@ -366,11 +374,11 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
             "## PAIRS: directly answered vs retrieved (PAIRS Fig. 3)",
             "",
             (
-                "EM (%) of the questions PAIRS answered without retrieval (DQ), of those it retrieved for, and of the "
-                "DQs as answered with retrieval by the reference method."
+                f"{label} (%) of the questions PAIRS answered without retrieval (DQ), of those it retrieved for, and "
+                "of the DQs as answered with retrieval by the reference method."
             ),
             "",
-            pairs_markdown(ok, pairs),
+            pairs_markdown(ok, pairs, metric),
         ]
 
     markdown = "\n".join(md).rstrip("\n") + "\n"
