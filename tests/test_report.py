@@ -30,6 +30,7 @@ from ragate.eval.analysis import (
 from ragate.eval.records import read_records, write_records
 from ragate.eval.report import write_report
 from ragate.eval.summary import summarize
+from ragate.eval.sweep import frontier, sweep_markdown
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 GATES = ("targ-margin", "targ-entropy")
@@ -339,6 +340,26 @@ def test_the_report_metric_names_the_tables_it_fills(tmp_path: Path) -> None:
     assert "DQ (answered directly): n / acc (contains)" in md
     assert "| pairs | 12 | 4 / 0.0 | 8 / 50.0 |" in md  # q0-q3 direct: EM 100, acc 0
     assert "Closed-book / retrieval acc (contains) (%)" in md and "keeps the acc (contains) (Δ)" in md
+    assert "| gate method | n | Never acc | Always acc |" in md and "Never EM" not in md
+
+
+def test_the_sweep_table_reads_the_metric_it_names() -> None:
+    """Closed-book answers right by acc and wrong by EM; retrieval answers the reverse: the two tables disagree
+    in every column, and each column is the chosen metric's."""
+    records = []
+    for i in range(4):
+        r = _sweep_record(f"q{i}", 0.0, 1.0, {"targ-margin": (i + 0.5) / 4})
+        r["closed"]["scores"]["acc"] = 1.0
+        r["open"]["scores"]["acc"] = 0.0
+        records.append(r)
+    fronts = [frontier(records, "targ-margin")]
+    em_row = sweep_markdown(fronts).splitlines()[2]
+    acc_row = sweep_markdown(fronts, "acc").splitlines()[2]
+    # default tau 0.5 retrieves q2, q3; best EM retrieves all, best acc none; budgets retrieve 0, 2, 3 (tau = F^-1(1 - rho))
+    assert em_row == "| targ-margin | 4 | 0.0 | 100.0 | 0.50 / 50.0 | 100.0 (1.00, 0.125) | 0.0 / 50.0 / 75.0 |"
+    assert acc_row == "| targ-margin | 4 | 100.0 | 0.0 | 0.50 / 50.0 | 100.0 (0.00, 0.875) | 100.0 / 50.0 / 25.0 |"
+    with pytest.raises(RagateError, match="unknown metric 'bleu'"):
+        sweep_markdown(fronts, "bleu")
 
 
 def test_write_report_without_sweep_or_results(tmp_path: Path) -> None:

@@ -41,6 +41,12 @@ def register(subparsers: Any) -> None:
     _common(sw, dataset_required=False)
     sw.add_argument("--methods", help="comma-separated gate methods, e.g. dtr,targ-margin,random")
     sw.add_argument("--at", action="append", default=[], help="METHOD=TAU: print that operating point")
+    sw.add_argument(
+        "--metric",
+        choices=("em", "f1", "acc"),
+        default="em",
+        help="accuracy in the frontier table (sweep.json keeps all three)",
+    )
     sw.set_defaults(run=_run_sweep)
 
     cal = subparsers.add_parser(
@@ -166,8 +172,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
         out = _default_out(args, "sweep")
         print(f"sweep directory: {out}")
         records = sweep_pass(config, out, resume=args.resume, progress=not args.quiet)
-    fronts = write_sweep(out, records)
-    print(sweep_markdown(fronts))
+    fronts = write_sweep(out, records, args.metric)
+    print(sweep_markdown(fronts, args.metric))
     for item in args.at:
         method, _, value = item.partition("=")
         rows = method_records(records, method)

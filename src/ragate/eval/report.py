@@ -312,11 +312,12 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
             "## Accuracy / retrieval frontier",
             "",
             (
-                "Each gate at every threshold, exactly, from one sweep pass (EM in %; Never/Always = no retrieval / "
-                "retrieval for every question; the random gate's expected EM is the straight line between them)."
+                f"Each gate at every threshold, exactly, from one sweep pass ({_LABEL[metric]} in %; Never/Always = "
+                "no retrieval / retrieval for every question; the random gate's expected accuracy is the straight "
+                "line between them)."
             ),
             "",
-            sweep_markdown(fronts),
+            sweep_markdown(fronts, metric),
             "![frontier](frontier.png)",
             "",
             "## Gate AUROC",
