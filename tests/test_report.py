@@ -356,8 +356,13 @@ def test_the_sweep_table_reads_the_metric_it_names() -> None:
     em_row = sweep_markdown(fronts).splitlines()[2]
     acc_row = sweep_markdown(fronts, "acc").splitlines()[2]
     # default tau 0.5 retrieves q2, q3; best EM retrieves all, best acc none; budgets retrieve 0, 2, 3 (tau = F^-1(1 - rho))
-    assert em_row == "| targ-margin | 4 | 0.0 | 100.0 | 0.50 / 50.0 | 100.0 (1.00, 0.125) | 0.0 / 50.0 / 75.0 |"
-    assert acc_row == "| targ-margin | 4 | 100.0 | 0.0 | 0.50 / 50.0 | 100.0 (0.00, 0.875) | 100.0 / 50.0 / 25.0 |"
+    assert (
+        em_row == "| targ-margin | 4 | 0.0 | 100.0 | 0.50 / 50.0 | 100.0 (1.00, 0.125) | 0.0 / 50.0 / 75.0 |"
+    )
+    assert (
+        acc_row
+        == "| targ-margin | 4 | 100.0 | 0.0 | 0.50 / 50.0 | 100.0 (0.00, 0.875) | 100.0 / 50.0 / 25.0 |"
+    )
     with pytest.raises(RagateError, match="unknown metric 'bleu'"):
         sweep_markdown(fronts, "bleu")
 
