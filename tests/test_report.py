@@ -28,7 +28,7 @@ from ragate.eval.analysis import (
     threshold_transfer,
 )
 from ragate.eval.records import read_records, write_records
-from ragate.eval.report import write_report
+from ragate.eval.report import operating_points, write_report
 from ragate.eval.summary import summarize
 from ragate.eval.sweep import frontier, sweep_markdown
 
@@ -365,6 +365,21 @@ def test_the_sweep_table_reads_the_metric_it_names() -> None:
     )
     with pytest.raises(RagateError, match="unknown metric 'bleu'"):
         sweep_markdown(fronts, "bleu")
+
+
+def test_methods_that_share_an_operating_point_share_one_label() -> None:
+    rows = [
+        {"method": "dpr-ais", "n": 30, "retrieval_rate": 1.0, "acc": 0.5},
+        {"method": "dpr-ais-rerank", "n": 30, "retrieval_rate": 1.0, "acc": 0.5},
+        {"method": "standard-rag", "n": 30, "retrieval_rate": 1.0, "acc": 1 / 3},
+        {"method": "pairs", "n": 30, "retrieval_rate": 0.8, "acc": 0.5},
+        {"method": "unanswered", "n": 0, "retrieval_rate": 0.0, "acc": 0.0},
+    ]
+    assert operating_points(rows, "acc") == [
+        (1.0, 50.0, "dpr-ais, dpr-ais-rerank"),
+        (1.0, 33.333333, "standard-rag"),
+        (0.8, 50.0, "pairs"),
+    ]
 
 
 def test_write_report_without_sweep_or_results(tmp_path: Path) -> None:

@@ -183,21 +183,55 @@ def plot_frontiers(plots: Sequence[FrontierPlot], metric: Metric = "em") -> byte
     return render(fig)
 
 
+def operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> list[tuple[float, float, str]]:
+    """Each distinct (retrieval rate, accuracy in %) of the summary rows, with the methods there joined by ", "
+    (variants that read the same documents often share a point, and separate labels would overprint)."""
+    points: dict[tuple[float, float], list[str]] = {}
+    for r in rows:
+        if r.get("n"):
+            key = (round(r["retrieval_rate"], 6), round(100 * r[metric], 6))
+            points.setdefault(key, []).append(r["method"])
+    return [(x, y, ", ".join(names)) for (x, y), names in points.items()]
+
+
 def plot_operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> bytes:
-    """Without a sweep: each evaluated method's (retrieval rate, EM) from the run's summary."""
+    """Without a sweep: each evaluated method's (retrieval rate, accuracy) from the run's summary. Each label takes
+    the first of a few vertical offsets where it overlaps no label drawn before it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     render = _canvas()
     fig, ax = _new_figure()
-    for i, r in enumerate(row for row in rows if row.get("n")):
-        ax.plot([r["retrieval_rate"]], [100 * r[metric]], marker="o", color=f"C{i % 10}", ls="none")
-        xy = (r["retrieval_rate"], 100 * r[metric])
-        ax.annotate(r["method"], xy, fontsize="small", xytext=(4, 4), textcoords="offset points")
+    points = operating_points(rows, metric)
+    for i, (x, y, _) in enumerate(points):
+        ax.plot([x], [y], marker="o", color=f"C{i % 10}", ls="none")
     ax.set(
         xlabel="retrieval rate",
         ylabel=f"{_LABEL[metric]} (%)",
-        xlim=(-0.05, 1.2),
+        xlim=(-0.05, 1.05),
         title="methods' operating points",
     )
     ax.grid(alpha=0.3)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()  # lays the axes out, so that label extents are real
+    placed: list[Any] = []  # label boxes already drawn, in display coordinates
+    offsets = (4, -11, 14, -21, 24, -31)
+    for i, (x, y, label) in enumerate(points):
+        right = x > 0.6  # labels of points near rate 1 go to their left, inside the axes
+        for dy in offsets:
+            text = ax.annotate(
+                label,
+                (x, y),
+                fontsize="small",
+                color=f"C{i % 10}",  # the point's colour, so that a label set off from its point still reads
+                xytext=(-6 if right else 6, dy),
+                textcoords="offset points",
+                ha="right" if right else "left",
+            )
+            box = text.get_window_extent(renderer)
+            if dy == offsets[-1] or not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            text.remove()
     return render(fig)
 
 
