@@ -11,6 +11,10 @@
     # a quality run stopped part-way: its tables over the questions every method has answered
     .venv/bin/python benchmarks/dynamic.py table benchmarks/results/dynamic-qwen
 
+    # two processes on two cores: the second takes questions 78-100 into its own folder; `table` joins folders
+    .venv/bin/python benchmarks/dynamic.py quality --questions 100 --start 77 ... --out benchmarks/results/dynamic-qwen-b
+    .venv/bin/python benchmarks/dynamic.py table benchmarks/results/dynamic-qwen benchmarks/results/dynamic-qwen-b
+
 ``quality`` is ``ragate eval`` on the ``hotpotqa`` split with the dynamic methods (resumable: rerun with the same
 ``--out``); it prints the run's tables (EM/F1/acc, retrieval rate, retrievals per question, seconds per question,
 and where the first retrieval happened). ``speed`` runs each question through each method twice in the same
@@ -34,9 +38,16 @@ SPEED_METHODS = ("etc", "dragin")
 
 
 def quality(args: argparse.Namespace) -> int:
+    from ragate.eval.datasets import load_dataset
     from ragate.eval.run import EvalConfig, run_eval
     from ragate.eval.summary import dynamic_table, summary_table
 
+    if not 0 <= args.start < args.questions:
+        print(
+            f"--start must be in [0, --questions); got {args.start} with --questions {args.questions}",
+            file=sys.stderr,
+        )
+        return 2
     config = EvalConfig(
         dataset=args.dataset,
         methods=tuple(args.methods.split(",")) if args.methods else QUALITY_METHODS,
@@ -44,11 +55,16 @@ def quality(args: argparse.Namespace) -> int:
         engine=args.engine,
         index=str(Path(args.index).expanduser()) if args.index else None,
         limit=args.questions,
+        seed=args.start,  # question i of the slice gets seed start + i, as in an unsliced run
+        extra={"start": args.start} if args.start else {},
     )
     out = Path(args.out)
-    results = run_eval(config, out, resume=(out / "config.json").exists())
+    # the examples keep their dataset name, so the dataset's few-shot prompts apply as in an unsliced run
+    examples = load_dataset(args.dataset, limit=args.questions)[args.start :]
+    results = run_eval(config, out, resume=(out / "config.json").exists(), examples=examples)
     print(
-        f"{args.dataset}, {args.questions} questions, model {args.model or 'smollm2-135m'} on {args.engine}"
+        f"{args.dataset}, questions {args.start + 1}-{args.questions}, model {args.model or 'smollm2-135m'} "
+        f"on {args.engine}"
     )
     print(summary_table(results["summary"]))
     print(dynamic_table(results["summary"]))
@@ -61,8 +77,12 @@ def table(args: argparse.Namespace) -> int:
     from ragate.eval.records import latest, read_records
     from ragate.eval.summary import dynamic_table, summarize, summary_table
 
-    out = Path(args.out)
-    records = [r for r in latest(read_records(out / "questions.jsonl")) if "error" not in r]
+    outs = [Path(o) for o in args.out]
+    records = [
+        r
+        for r in latest(r for out in outs for r in read_records(out / "questions.jsonl"))
+        if "error" not in r
+    ]
     methods = list(dict.fromkeys(r["method"] for r in records))
     if args.methods:
         methods = [m for m in args.methods.split(",") if m in methods]
@@ -71,10 +91,13 @@ def table(args: argparse.Namespace) -> int:
         answered.setdefault(r["id"], set()).add(r["method"])
     common = {q for q, ms in answered.items() if ms >= set(methods)}
     if not common:
-        print(f"{out}: no question has been answered by all of {', '.join(methods)} yet", file=sys.stderr)
+        print(
+            f"{' + '.join(map(str, outs))}: no question has been answered by all of {', '.join(methods)} yet",
+            file=sys.stderr,
+        )
         return 1
     rows = summarize([r for r in records if r["id"] in common], methods)
-    print(f"{out}: {len(common)} questions answered by all {len(methods)} methods")
+    print(f"{' + '.join(map(str, outs))}: {len(common)} questions answered by all {len(methods)} methods")
     print(summary_table(rows))
     print(dynamic_table(rows))
     return 0
@@ -171,8 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "transformers"])
         p.add_argument("--index", default=None, help="index directory (default: the demo index)")
         p.add_argument("--out", default=default_out)
+    sub.choices["quality"].add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="skip the first START of the --questions (a second process's share)",
+    )
     t = sub.add_parser("table", help="a quality run's tables so far, on the questions every method answered")
-    t.add_argument("out", help="the quality run's --out folder")
+    t.add_argument("out", nargs="+", help="the quality run's --out folder(s); several are joined")
     t.add_argument("--methods", default=None, help="comma-separated subset (default: all in the run)")
     args = parser.parse_args(argv)
     return {"quality": quality, "speed": speed, "table": table}[args.mode](args)
