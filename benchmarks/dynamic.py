@@ -78,6 +78,7 @@ def table(args: argparse.Namespace) -> int:
     from ragate.eval.summary import dynamic_table, summarize, summary_table
 
     outs = [Path(o) for o in args.out]
+    label = " + ".join(map(str, outs))
     records = [
         r
         for r in latest(r for out in outs for r in read_records(out / "questions.jsonl"))
@@ -91,13 +92,10 @@ def table(args: argparse.Namespace) -> int:
         answered.setdefault(r["id"], set()).add(r["method"])
     common = {q for q, ms in answered.items() if ms >= set(methods)}
     if not common:
-        print(
-            f"{' + '.join(map(str, outs))}: no question has been answered by all of {', '.join(methods)} yet",
-            file=sys.stderr,
-        )
+        print(f"{label}: no question has been answered by all of {', '.join(methods)} yet", file=sys.stderr)
         return 1
     rows = summarize([r for r in records if r["id"] in common], methods)
-    print(f"{' + '.join(map(str, outs))}: {len(common)} questions answered by all {len(methods)} methods")
+    print(f"{label}: {len(common)} questions answered by all {len(methods)} methods")
     print(summary_table(rows))
     print(dynamic_table(rows))
     return 0
