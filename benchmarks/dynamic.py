@@ -79,6 +79,10 @@ def table(args: argparse.Namespace) -> int:
 
     outs = [Path(o) for o in args.out]
     label = " + ".join(map(str, outs))
+    missing = [str(o) for o in outs if not (o / "questions.jsonl").is_file()]
+    if missing:
+        print(f"no questions.jsonl in {', '.join(missing)}: give a `quality --out` folder", file=sys.stderr)
+        return 2
     records = [
         r
         for r in latest(r for out in outs for r in read_records(out / "questions.jsonl"))
