@@ -96,6 +96,25 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
     p.add_argument("--threshold", action="append", default=[], help="METHOD=TAU, repeatable")
     p.add_argument("--calibration", action="append", default=[], type=Path, help="a `ragate calibrate` file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="shard the questions over N processes, each pinned to its own core with a one-thread engine "
+        "(use the number of cores for a local model)",
+    )
+    p.add_argument(
+        "--call-cache",
+        type=Path,
+        default=None,
+        help="where each distinct LM call is stored and reused (default: RAGATE_HOME/calls.sqlite, shared by runs)",
+    )
+    p.add_argument(
+        "--no-call-cache",
+        dest="cache",
+        action="store_false",
+        help="compute every LM call (same predictions; every call paid)",
+    )
 
 
 def _config(args: argparse.Namespace, methods: str) -> Any:
@@ -148,7 +167,22 @@ def _run_eval(args: argparse.Namespace) -> int:
         raise RagateError("--concurrency above 1 needs --backend openai: a local model answers one at a time")
     out = _default_out(args, "eval")
     print(f"run directory: {out}")
-    results = run_eval(config, out, resume=args.resume, progress=not args.quiet, concurrency=args.concurrency)
+    results = run_eval(
+        config,
+        out,
+        resume=args.resume,
+        progress=not args.quiet,
+        concurrency=args.concurrency,
+        workers=args.workers,
+        call_cache=args.call_cache,
+        cache=args.cache,
+    )
+    paid, charged = results["calls"]["paid"], results["calls"]["charged"]
+    if charged["calls"]:
+        print(
+            f"LM calls: {int(charged['calls'])} charged, {int(paid['calls'])} computed "
+            f"({charged['cpu_seconds']:.0f} CPU s charged, {paid['cpu_seconds']:.0f} paid)"
+        )
     print(summary_table(results["summary"]))
     print(f"wrote {out / 'questions.jsonl'}, {out / 'results.json'}, {out / 'results.md'}")
     return 0
@@ -171,7 +205,15 @@ def _run_sweep(args: argparse.Namespace) -> int:
         config = _config(args, args.methods)
         out = _default_out(args, "sweep")
         print(f"sweep directory: {out}")
-        records = sweep_pass(config, out, resume=args.resume, progress=not args.quiet)
+        records = sweep_pass(
+            config,
+            out,
+            resume=args.resume,
+            progress=not args.quiet,
+            workers=args.workers,
+            call_cache=args.call_cache,
+            cache=args.cache,
+        )
     fronts = write_sweep(out, records, args.metric)
     print(sweep_markdown(fronts, args.metric))
     for item in args.at:

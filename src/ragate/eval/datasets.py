@@ -275,6 +275,32 @@ def load_dataset(
     return examples if limit is None else examples[:limit]
 
 
+def dataset_files(name_or_path: str | Path, *, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """The file(s) a dataset is read from, each with its resolved path, size and sha256, so that a run records
+    *which* file it read: two files of the same name (another copy of ../shared/data, an edited JSONL) differ
+    here. Raises like :func:`load_dataset` when the dataset cannot be found."""
+    if name_or_path == DEMO:
+        from ragate.retrieval.corpus import demo_dir
+
+        paths = [demo_dir() / "questions.jsonl"]
+    elif isinstance(name_or_path, str) and name_or_path in DATASETS:
+        info, root = DATASETS[name_or_path], _data_dir(data_dir)
+        paths = [root / info.path] + ([root / info.only_ids] if info.only_ids else [])
+        if info.format == "hotpot-raw":
+            paths.append(paths[0].with_name(f"{paths[0].stem}_corpus.json"))
+    elif Path(name_or_path).is_file():
+        paths = [Path(name_or_path)]
+    else:
+        raise _unknown(str(name_or_path))
+    from ragate.fileio import sha256_file
+
+    return [
+        {"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in paths
+        if p.is_file()
+    ]
+
+
 def _unknown(name: str) -> DataNotFoundError:
     close = difflib.get_close_matches(name, DATASETS, n=3)
     hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""

@@ -1,16 +1,21 @@
 """``ragate eval``: run methods over a dataset, one JSON line per (question, method) as it finishes, resumable.
 
 A run directory holds
-- ``config.json``: what was asked (dataset, methods, model, engine, index, thresholds, limit, seed); a resumed run
-  must ask the same, or it is refused with the difference named;
+- ``config.json``: what was asked (dataset, methods, model, engine, index, thresholds, limit, seed) and the dataset
+  *file* read (path, bytes, sha256); a resumed run must ask the same and read the same file, or it is refused with
+  the difference named;
 - ``questions.jsonl``: one record per (question, method): the prediction, its scores, whether and how often it
-  retrieved, the documents' ids, recall@k where gold passages are known, tokens, seconds, and the full Trace;
+  retrieved, the documents' ids, recall@k where gold passages are known, tokens, seconds (charged), CPU seconds,
+  what its LM calls were charged and what computing them paid, and the full Trace;
 - ``results.json`` and ``results.md``, written (atomically) when the run completes: the summary table with
-  bootstrap 95% intervals, package versions, model and index identity and the git commit.
+  bootstrap 95% intervals, package versions, model, dataset file and index identity, the git commit, and the
+  run's charged and paid LM cost.
 
-Every question runs every method back to back in rotated order (machine drift hits all methods alike), and the
-backend's prompt cache is cleared before each call, so no method is timed on another's prompt and a resumed run
-gives the same answers as an uninterrupted one.
+Every question runs every method back to back in rotated order (machine drift hits all methods alike). A
+single-shot method's LM calls go through a :class:`~ragate.eval.calls.CallCache`: each call is computed from a
+cleared engine cache (so no method is timed on another's prompt and an answer never depends on what ran before
+it), and each distinct call is computed once and charged, at its measured cost, to every method that makes it.
+``--workers N`` shards the questions over N pinned one-thread processes (:mod:`ragate.eval.workers`).
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from tqdm.auto import tqdm
 
 from ragate.backends.base import Backend
 from ragate.errors import RagateError
-from ragate.eval.datasets import Example, load_dataset
+from ragate.eval.calls import CallCache, CallStore, Cost, Tally
+from ragate.eval.datasets import Example, dataset_files, load_dataset
 from ragate.eval.metrics import extract_answer, recall_at_k, score
-from ragate.eval.provenance import provenance
+from ragate.eval.provenance import model_identity, provenance
 from ragate.eval.records import RecordWriter, latest, read_records
 from ragate.eval.summary import summarize, summary_markdown
+from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.retrieval.types import Retriever
@@ -71,8 +78,11 @@ class EvalConfig:
         return spec.with_(gate=replace(spec.gate, threshold=tau))
 
 
-def check_config(config: EvalConfig, out_dir: Path, *, resume: bool) -> None:
-    """Refuse to mix runs: an existing run directory needs ``resume``, and then the same configuration."""
+def check_config(
+    config: EvalConfig, out_dir: Path, *, resume: bool, dataset_files: list[dict[str, Any]] | None = None
+) -> None:
+    """Refuse to mix runs: an existing run directory needs ``resume``, and then the same configuration and, where
+    both name it, the same dataset file (by sha256: another file of the same name is another dataset)."""
     saved_path = out_dir / "config.json"
     if not saved_path.exists():
         return
@@ -88,6 +98,14 @@ def check_config(config: EvalConfig, out_dir: Path, *, resume: bool) -> None:
                 f"cannot resume {out_dir}: it was run with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}; "
                 "rerun with the same settings or use another --out directory"
             )
+    saved_files = [f.get("sha256") for f in saved.get("dataset_files") or []]
+    now_files = [f.get("sha256") for f in dataset_files or []]
+    if saved_files and now_files and saved_files != now_files:
+        where = ", ".join(f["path"] for f in saved["dataset_files"])
+        raise RagateError(
+            f"cannot resume {out_dir}: it read {where} with sha256 {saved_files}, but the dataset file now has "
+            f"sha256 {now_files}: another file under the same name; use another --out directory"
+        )
 
 
 def answer_fields(trace: Any, example: Example) -> dict[str, Any]:
@@ -102,8 +120,37 @@ def answer_fields(trace: Any, example: Example) -> dict[str, Any]:
     }
 
 
-def record_for(example: Example, trace: Any, seconds: float) -> dict[str, Any]:
-    """The JSON line of one (question, method): scores on the extracted answer, retrieval facts and costs."""
+def record_for(
+    example: Example,
+    trace: Any,
+    seconds: float,
+    *,
+    cpu_seconds: float | None = None,
+    tally: Tally | None = None,
+) -> dict[str, Any]:
+    """The JSON line of one (question, method): scores on the extracted answer, retrieval facts and costs.
+
+    With a call-cache ``tally``, ``seconds`` and ``cpu_seconds`` are *charged*: what was measured, with each LM
+    call at the cost measured when it was computed (a call answered from the store is charged its original cost);
+    ``charged`` and ``paid`` give the LM calls' share of both."""
+    if tally is not None:
+        seconds = seconds - tally.paid.seconds + tally.charged.seconds
+        if cpu_seconds is not None:
+            cpu_seconds = cpu_seconds - tally.paid.cpu_seconds + tally.charged.cpu_seconds
+        charged, paid, hits = tally.charged, tally.paid, tally.hits
+    else:  # every call computed here (dynamic methods): charged is paid
+        lm_stages = [s for s in trace.stages if s.prompt_tokens or s.completion_tokens]
+        charged = paid = Cost(
+            sum(s.seconds for s in lm_stages),
+            cpu_seconds or 0.0,  # the method's CPU time: its LM calls are nearly all of it
+            sum(s.prompt_tokens for s in lm_stages),
+            sum(s.completion_tokens for s in lm_stages),
+            len(lm_stages),
+        )
+        hits = 0
+    costs: dict[str, Any] = {"charged": charged.to_json(), "paid": paid.to_json() | {"cached_calls": hits}}
+    if cpu_seconds is not None:
+        costs["cpu_seconds"] = cpu_seconds
     return {
         "id": example.id,
         "dataset": example.dataset,
@@ -119,6 +166,7 @@ def record_for(example: Example, trace: Any, seconds: float) -> dict[str, Any]:
         "completion_tokens": sum(s.completion_tokens for s in trace.stages),
         "overhead_tokens": sum(s.prompt_tokens + s.completion_tokens for s in trace.stages if s.overhead),
         "seconds": seconds,
+        **costs,
         **_dynamic_fields(trace),
         "trace": trace.to_json(),
     }
@@ -157,24 +205,37 @@ def run_eval(
     lm: Backend | None = None,
     retriever: Retriever | None = None,
     examples: Sequence[Example] | None = None,
+    workers: int = 1,
+    call_cache: Path | None = None,
+    cache: bool = True,
 ) -> dict[str, Any]:
     """Run (or finish) ``config`` into ``out_dir``; returns the results dict also written to ``results.json``.
 
     ``lm`` / ``retriever`` / ``examples`` replace the configured model, index and dataset (tests, services; the
     caller keeps ownership and closes them); ``concurrency`` > 1 sends that many questions at once, for a remote
-    (OpenAI-compatible) backend.
+    (OpenAI-compatible) backend. ``workers`` > 1 shards the questions over that many processes, each pinned to
+    its own core with a one-thread engine (:mod:`ragate.eval.workers`). Single-shot methods' LM calls go through
+    a :class:`~ragate.eval.calls.CallCache`: each distinct call is computed once, in the store at ``call_cache``
+    (default :func:`default_call_cache`), and charged to every method that makes it; ``cache=False`` computes
+    every call (same predictions, every call paid).
     """
     out_dir = Path(out_dir)
-    check_config(config, out_dir, resume=resume)
+    files = _dataset_files(config.dataset)
+    check_config(config, out_dir, resume=resume, dataset_files=files)
     examples = list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
     if not examples:
         raise RagateError(f"dataset {config.dataset!r} has no questions to evaluate")
-    specs = {m: config.spec(m) for m in config.methods}  # unknown names fail here, before any work
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not (out_dir / "config.json").exists():
-        with atomic_writer(out_dir / "config.json") as f:
-            f.write(json.dumps(config.to_json(), indent=2).encode())
+    for m in config.methods:
+        config.spec(m)  # unknown names fail here, before any work
+    if workers < 1:
+        raise RagateError(f"--workers must be >= 1, not {workers}")
+    if workers > 1 and (lm is not None or retriever is not None or concurrency > 1):
+        raise RagateError(
+            "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
+        )
+    _save_config(out_dir, config.to_json() | {"dataset_files": files})
     path = out_dir / "questions.jsonl"
+    fold_parts(path)  # a multi-worker run killed before it could fold
     # failures are retried: a resumed run answers them again
     done = {(r["id"], r["method"]) for r in latest(read_records(path)) if "error" not in r}
     jobs = [
@@ -184,13 +245,98 @@ def run_eval(
         if (ex.id, m) not in done
     ]
     started = time.time()
+    store = None if not cache else (call_cache or default_call_cache())
+    if workers > 1 and jobs:
+        shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
+        try:
+            run_workers(
+                _answer_jobs,
+                [(config, share, part_path(path, w), store) for w, share in enumerate(shares)],
+                [part_path(path, w) for w in range(workers)],
+                total=len(jobs),
+                desc=f"eval {config.dataset} ({workers} workers)",
+                progress=progress,
+            )
+        finally:  # what the workers wrote is kept, even when one of them was killed
+            fold_parts(path)
+    elif jobs:
+        _answer_jobs(
+            config, jobs, path, store, lm=lm, retriever=retriever, progress=progress, concurrency=concurrency
+        )
+    records = latest(read_records(path))
+    results = {
+        "config": config.to_json(),
+        "questions": len(examples),
+        "dataset_files": files,
+        "provenance": provenance(config),
+        "started": started,
+        "finished": time.time(),
+        "calls": {"cache": None if store is None else str(store), "workers": workers} | cost_totals(records),
+        "summary": summarize(records, [m for m in config.methods]),
+    }
+    with atomic_writer(out_dir / "results.json") as f:
+        f.write(json.dumps(results, indent=2).encode())
+    with atomic_writer(out_dir / "results.md") as f:
+        f.write(summary_markdown(results).encode())
+    return results
+
+
+def default_call_cache() -> Path:
+    """Where LM calls are stored unless told otherwise: ``<ragate home>/calls.sqlite`` (shared by every run, so a
+    sweep over the questions of an earlier eval pays almost nothing)."""
+    from ragate.models import ragate_home
+
+    return ragate_home() / "calls.sqlite"
+
+
+def _dataset_files(dataset: str) -> list[dict[str, Any]]:
+    try:
+        return dataset_files(dataset)
+    except RagateError:
+        return []  # examples handed in for a name with no file (tests): nothing to identify
+
+
+def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not (out_dir / "config.json").exists():
+        with atomic_writer(out_dir / "config.json") as f:
+            f.write(json.dumps(data, indent=2).encode())
+
+
+def open_call_cache(
+    lm: Backend, store: Path | None, config: EvalConfig, *, own: bool
+) -> tuple[CallCache, CallStore | None]:
+    """``lm`` wrapped so that each distinct call is computed once (into ``store``; None: every call computed),
+    keyed by the model file's sha256 when the run opened the model itself."""
+    identity = f"{lm.engine}:{lm.model}"
+    if own:
+        info = model_identity(config.model, config.engine, config.base_url)
+        identity = info.get("sha256") or f"{info.get('path') or info.get('base_url')}:{config.model}"
+    opened = CallStore(store) if store is not None else None
+    return CallCache(lm, opened, identity), opened
+
+
+def _answer_jobs(
+    config: EvalConfig,
+    jobs: Sequence[tuple[int, Example, str]],
+    path: Path,
+    store: Path | None,
+    *,
+    lm: Backend | None = None,
+    retriever: Retriever | None = None,
+    progress: bool = False,
+    concurrency: int = 1,
+) -> None:
+    """Answer ``jobs`` (question index, example, method) and append one record each to ``path``."""
+    specs = {m: config.spec(m) for m in config.methods}
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
-    needs_index = any(specs[m].retrieves for m in config.methods)
+    needs_index = any(specs[m].retrieves for _, _, m in jobs)
     if retriever is None and needs_index:
         retriever = _open_retriever(config)
     if jobs and own_lm:  # a backend handed in is the caller's, warm or scripted
         _warm_up(lm, retriever, jobs[0][1].question)
+    calls, opened = open_call_cache(lm, store, config, own=own_lm)
     lock = threading.Lock()
     try:
         with (
@@ -200,13 +346,19 @@ def run_eval(
 
             def work(job: tuple[int, Example, str]) -> None:
                 i, ex, method = job
+                spec = specs[method]
+                # single-shot calls are computed once each; the dynamic loop keeps the engine's prefix reuse
+                target: Backend = calls if spec.dynamic is None else lm
                 lm.clear_cache()
-                start = time.perf_counter()
                 try:
-                    trace = run_method(
-                        specs[method], ex.question, lm, retriever, seed=config.seed + i, dataset=ex.dataset
-                    )
-                    record = record_for(ex, trace, time.perf_counter() - start)
+                    with calls.tally() as tally:
+                        start, cpu = time.perf_counter(), time.process_time()
+                        trace = run_method(
+                            spec, ex.question, target, retriever, seed=config.seed + i, dataset=ex.dataset
+                        )
+                        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                    counted = tally if target is calls else None
+                    record = record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted)
                 except (RagateError, ValueError) as err:
                     record = error_record(ex, method, err)
                 with lock:  # one writer and one bar, whichever thread finishes
@@ -220,24 +372,26 @@ def run_eval(
                 with ThreadPoolExecutor(max_workers=concurrency) as pool:
                     list(pool.map(work, jobs))
     finally:
+        if opened is not None:
+            opened.close()
         if own_retriever and retriever is not None:
             retriever.close()
         if own_lm:
             lm.close()
-    records = latest(read_records(path))
-    results = {
-        "config": config.to_json(),
-        "questions": len(examples),
-        "provenance": provenance(config),
-        "started": started,
-        "finished": time.time(),
-        "summary": summarize(records, [m for m in config.methods]),
-    }
-    with atomic_writer(out_dir / "results.json") as f:
-        f.write(json.dumps(results, indent=2).encode())
-    with atomic_writer(out_dir / "results.md") as f:
-        f.write(summary_markdown(results).encode())
-    return results
+
+
+def cost_totals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the run's answers were charged and what computing them really paid (LM calls, tokens, seconds)."""
+    keys = ("seconds", "cpu_seconds", "prompt_tokens", "completion_tokens", "calls")
+    charged = dict.fromkeys(keys, 0.0)
+    paid = dict.fromkeys(keys, 0.0)
+    for r in records:
+        if "error" in r or "paid" not in r:
+            continue
+        for k in keys:
+            charged[k] += r["charged"][k]
+            paid[k] += r["paid"][k]
+    return {"charged": charged, "paid": paid}
 
 
 def _warm_up(lm: Backend, retriever: Retriever | None, question: str) -> None:

@@ -31,7 +31,18 @@ from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.datasets import Example, load_dataset
 from ragate.eval.records import RecordWriter, read_records
-from ragate.eval.run import EvalConfig, _open_lm, _open_retriever, answer_fields, check_config
+from ragate.eval.run import (
+    EvalConfig,
+    _dataset_files,
+    _open_lm,
+    _open_retriever,
+    _save_config,
+    answer_fields,
+    check_config,
+    default_call_cache,
+    open_call_cache,
+)
+from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer
 from ragate.methods import GateSpec, MethodSpec, decide, run_method
 
@@ -61,10 +72,17 @@ def sweep_pass(
     examples: Sequence[Example] | None = None,
     lm: Any = None,
     retriever: Any = None,
+    workers: int = 1,
+    call_cache: Path | None = None,
+    cache: bool = True,
 ) -> list[dict[str, Any]]:
-    """Pass 1 into ``out_dir/sweep.jsonl``: per (question, family) the two answers and every gate's score."""
+    """Pass 1 into ``out_dir/sweep.jsonl``: per (question, family) the two answers and every gate's score.
+
+    ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
+    store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls."""
     out_dir = Path(out_dir)
-    check_config(config, out_dir, resume=resume)
+    files = _dataset_files(config.dataset)
+    check_config(config, out_dir, resume=resume, dataset_files=files)
     examples = list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
     specs = {m: config.spec(m) for m in config.methods}
     if dynamic := [m for m, spec in specs.items() if spec.dynamic is not None]:
@@ -72,19 +90,59 @@ def sweep_pass(
             f"{', '.join(dynamic)}: dynamic methods decide while generating, so their thresholds are not a lookup; "
             "sweep single-shot gates here and re-run dynamic methods with `ragate eval` at each threshold"
         )
+    if workers < 1:
+        raise RagateError(f"--workers must be >= 1, not {workers}")
+    if workers > 1 and (lm is not None or retriever is not None):
+        raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
+    families = _families(specs)
+    _save_config(out_dir, config.to_json() | {"kind": "sweep", "dataset_files": files})
+    path = out_dir / "sweep.jsonl"
+    fold_parts(path)
+    done = {(r["id"], r["family"]) for r in read_records(path)}
+    jobs = [(i, ex, fam) for i, ex in enumerate(examples) for fam in families if (ex.id, fam) not in done]
+    store = None if not cache else (call_cache or default_call_cache())
+    if workers > 1 and jobs:
+        shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
+        try:
+            run_workers(
+                _sweep_jobs,
+                [(config, share, part_path(path, w), store) for w, share in enumerate(shares)],
+                [part_path(path, w) for w in range(workers)],
+                total=len(jobs),
+                desc=f"sweep {config.dataset} ({workers} workers)",
+                progress=progress,
+            )
+        finally:  # what the workers wrote is kept, even when one of them was killed
+            fold_parts(path)
+    elif jobs:
+        _sweep_jobs(config, jobs, path, store, lm=lm, retriever=retriever, progress=progress)
+    return read_records(path)
+
+
+def _families(specs: dict[str, MethodSpec]) -> dict[str, list[str]]:
     families: dict[str, list[str]] = {}
     for m, spec in specs.items():
         families.setdefault(family_key(spec), []).append(m)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not (out_dir / "config.json").exists():
-        with atomic_writer(out_dir / "config.json") as f:
-            f.write(json.dumps(config.to_json() | {"kind": "sweep"}, indent=2).encode())
-    path = out_dir / "sweep.jsonl"
-    done = {(r["id"], r["family"]) for r in read_records(path)}
-    jobs = [(i, ex, fam) for i, ex in enumerate(examples) for fam in families if (ex.id, fam) not in done]
+    return families
+
+
+def _sweep_jobs(
+    config: EvalConfig,
+    jobs: Sequence[tuple[int, Example, str]],
+    path: Path,
+    store: Path | None,
+    *,
+    lm: Any = None,
+    retriever: Any = None,
+    progress: bool = False,
+) -> None:
+    """Pass 1 for ``jobs`` (question index, example, family), one record each appended to ``path``."""
+    specs = {m: config.spec(m) for m in config.methods}
+    families = _families(specs)
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
     retriever = retriever or _open_retriever(config)
+    calls, opened = open_call_cache(lm, store, config, own=own_lm)
     try:
         with RecordWriter(path) as writer:
             for i, ex, fam in tqdm(
@@ -92,24 +150,25 @@ def sweep_pass(
             ):
                 base = specs[families[fam][0]]
                 seed = config.seed + i
-                lm.clear_cache()
-                closed = run_method(base.with_(gate=GateSpec("never")), ex.question, lm, retriever, seed=seed)
-                lm.clear_cache()
-                opened = run_method(
-                    base.with_(gate=GateSpec("always")), ex.question, lm, retriever, seed=seed
+                closed = run_method(
+                    base.with_(gate=GateSpec("never")), ex.question, calls, retriever, seed=seed
+                )
+                opened_answer = run_method(
+                    base.with_(gate=GateSpec("always")), ex.question, calls, retriever, seed=seed
                 )
                 gates: dict[str, Any] = {}
                 for m in families[fam]:
                     if specs[m].gate.kind in UNSWEPT:
                         continue
-                    lm.clear_cache()
-                    start = time.perf_counter()
-                    d = decide(specs[m], ex.question, lm, retriever, seed=seed)
+                    with calls.tally() as tally:
+                        start = time.perf_counter()
+                        d = decide(specs[m], ex.question, calls, retriever, seed=seed)
+                        wall = time.perf_counter() - start
                     gates[m] = {
                         "score": d.score,
                         "threshold": d.threshold,
                         "retrieve": d.retrieve,
-                        "seconds": time.perf_counter() - start,
+                        "seconds": wall - tally.paid.seconds + tally.charged.seconds,  # charged, as in eval
                     }
                 writer.append(
                     {
@@ -117,16 +176,17 @@ def sweep_pass(
                         "family": fam,
                         "methods": families[fam],
                         "closed": _answer(closed, ex),
-                        "open": _answer(opened, ex),
+                        "open": _answer(opened_answer, ex),
                         "gates": gates,
                     }
                 )
     finally:
+        if opened is not None:
+            opened.close()
         if own_retriever:
             retriever.close()
         if own_lm:
             lm.close()
-    return read_records(path)
 
 
 def decisions(records: Sequence[dict[str, Any]], method: str, tau: float | None = None) -> list[bool]:

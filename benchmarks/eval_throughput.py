@@ -1,0 +1,148 @@
+"""Evaluation throughput (issue G): questions per hour of `ragate eval` before and after the call cache and workers.
+
+    .venv/bin/python benchmarks/eval_throughput.py [--questions 20] [--model qwen2.5-coder-1.5b] \
+        [--dataset nq-open-oracle] [--index ~/.cache/ragate/indexes/pooled-dense] [--out DIR]
+
+Runs the 17 single-shot methods of docs/results.md on the first ``--questions`` questions three times, one arm
+after the other, each a real ``ragate eval`` process with its own fresh call store:
+
+- ``before``: ``--no-call-cache``, one process (the engine on every core): every call a method makes is computed;
+- ``after-1``: the call cache, one process: each distinct call computed once and charged to every method making it;
+- ``after-2``: the call cache and ``--workers 2``: the questions sharded over two processes, each pinned to its own
+  core with a one-thread engine.
+
+It prints each arm's wall time, questions per hour (a question = all the methods answering it), LM calls charged
+and computed, and how many (question, method) predictions differ from ``before`` (prediction, retrieval decision
+and documents read), naming each difference. With one worker that number must be 0: every call is computed from
+a cleared engine cache, so the store returns exactly what computing it again would.
+
+``--out`` keeps the three run directories and ``timings.json``; an arm whose run finished is not run again (its
+measured time is kept), an arm cut off is started over from nothing, so the figures always come from whole runs.
+This machine is shared: compare the arms of one invocation, not figures across invocations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ragate.eval.records import latest, read_records
+from ragate.fileio import atomic_writer
+
+METHODS = (
+    "no-retrieval,standard-rag,llm-judge,hyde,q2d,cot,dtr,dtr-no-ugt,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,"
+    "pairs,pairs-exclude-num,targ-entropy,targ-margin,targ-variance,random"
+)
+ARMS = {
+    "before": ["--no-call-cache"],
+    "after-1": [],
+    "after-2": ["--workers", "2"],
+}
+
+
+def run_arm(name: str, flags: list[str], args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One whole `ragate eval` run into ``out/name``; returns its wall seconds and call counts."""
+    run_dir, store = out / name, out / f"{name}.calls.sqlite"
+    for stale in (run_dir, store, store.with_name(store.name + "-wal"), store.with_name(store.name + "-shm")):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink(missing_ok=True)
+    cmd = [
+        str(Path(sys.executable).with_name("ragate")), "eval", "--dataset", args.dataset, "--methods", METHODS,
+        "--model", args.model, "--index", str(args.index), "--limit", str(args.questions), "--out", str(run_dir),
+        "--call-cache", str(store), *flags,
+    ]  # fmt: skip
+    print(f"[{name}] {' '.join(cmd)}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    wall = time.perf_counter() - start
+    calls = json.loads((run_dir / "results.json").read_text())["calls"]
+    return {"seconds": wall, "charged_calls": calls["charged"]["calls"], "paid_calls": calls["paid"]["calls"]}
+
+
+def answers(run_dir: Path) -> dict[tuple[str, str], tuple[Any, ...]]:
+    return {
+        (r["id"], r["method"]): (r.get("prediction"), r.get("retrieved"), tuple(r.get("doc_ids") or ()))
+        for r in latest(read_records(run_dir / "questions.jsonl"))
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--questions", type=int, default=20)
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--dataset", default="nq-open-oracle")
+    p.add_argument("--index", type=Path, default=Path("~/.cache/ragate/indexes/pooled-dense").expanduser())
+    p.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"which arms, of {','.join(ARMS)}")
+    args = p.parse_args(argv)
+    if not (args.index / "manifest.json").is_file():
+        print(
+            f"no index at {args.index}: build it with `ragate corpus build && ragate index build --corpus "
+            "~/.cache/ragate/corpora/pooled/passages.jsonl --kind dense --out DIR` and pass --index DIR",
+            file=sys.stderr,
+        )
+        return 2
+    arms = [a for a in args.arms.split(",") if a]
+    if unknown := [a for a in arms if a not in ARMS]:
+        print(f"unknown arm(s) {unknown}: choose from {list(ARMS)}", file=sys.stderr)
+        return 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="ragate-throughput-"))
+    out.mkdir(parents=True, exist_ok=True)
+    timings_path = out / "timings.json"
+    timings: dict[str, Any] = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    setup = {
+        "questions": args.questions,
+        "model": args.model,
+        "dataset": args.dataset,
+        "index": str(args.index),
+    }
+    if timings.get("setup") not in (None, setup):
+        print(f"{out} holds runs of another setup {timings['setup']}: use another --out", file=sys.stderr)
+        return 2
+    timings["setup"] = setup
+    for name in arms:
+        if name in timings.get("arms", {}):
+            print(f"[{name}] kept from an earlier invocation: {timings['arms'][name]}", file=sys.stderr)
+            continue
+        timings.setdefault("arms", {})[name] = run_arm(name, ARMS[name], args, out)
+        with atomic_writer(timings_path) as f:
+            f.write(json.dumps(timings, indent=2).encode())
+
+    reference = answers(out / "before") if "before" in timings.get("arms", {}) else None
+    print(f"\n{args.questions} {args.dataset} questions x 17 single-shot methods, {args.model} ({out})\n")
+    print(
+        "| arm | wall s | questions/hour | vs before | LM calls charged | computed | predictions differing |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    base = timings["arms"].get("before", {}).get("seconds")
+    diffs: dict[str, list[tuple[Any, ...]]] = {}
+    for name, t in timings["arms"].items():
+        qph = args.questions / (t["seconds"] / 3600)
+        ratio = f"{base / t['seconds']:.2f}x" if base else "-"
+        differing = "-"
+        if reference is not None:
+            mine = answers(out / name)
+            diffs[name] = [(k, reference.get(k), mine.get(k)) for k in sorted(reference.keys() | mine.keys())
+                           if reference.get(k) != mine.get(k)]  # fmt: skip
+            differing = str(len(diffs[name]))
+        print(
+            f"| {name} | {t['seconds']:.0f} | {qph:.1f} | {ratio} | {t['charged_calls']:.0f} | "
+            f"{t['paid_calls']:.0f} | {differing} |"
+        )
+    for name, rows in diffs.items():
+        for key, was, now in rows:
+            print(f"  {name} differs on {key}: before {was!r}, now {now!r}")
+    return 1 if diffs.get("after-1") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

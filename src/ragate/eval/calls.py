@@ -1,0 +1,302 @@
+"""One computation per distinct LM call in an evaluation (issue G): a content-addressed record of each call.
+
+Many methods make identical calls for the same question: no-retrieval's answer is DTR's draft, standard-rag's
+reading prompt is llm-judge's and random's when they retrieve, the three TARG gates share a draft. A
+:class:`CallCache` wraps a backend and keys every deterministic call by what decides its output: the model file's
+sha256, the engine and its version, the exact prompt token ids, the decoding parameters and (for sampling only)
+the seed. A call seen before returns the stored :class:`~ragate.types.Generation`, bit for bit, *with the cost
+measured when it was computed*, so a method is still charged every call it makes; the cache counts what was
+really paid beside it.
+
+For a stored answer to equal a fresh one, a call must not depend on what ran before it. The local engines keep
+their key/value cache between calls and reuse a shared prefix, and a prompt evaluated partly from that cache gives
+slightly different logits (a near-tie can flip a greedy token). So the wrapper clears the engine's cache before
+every call it computes, with the store on or off: each call is then a pure function of its key, and turning the
+store off changes no prediction. A batch of requests (TARG's N samples) is one call: it is computed together,
+with the reuse inside the batch, and stored together.
+
+Not stored: requests that ask for attentions (arrays), sampling without a seed, and watched generations (the
+dynamic loop's, whose end depends on the trigger watching them).
+
+The store is one SQLite file (WAL mode), safe for several worker processes at once; values are zlib-compressed
+JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ragate.backends.base import Backend
+from ragate.backends.decoding import Watch
+from ragate.errors import RagateError
+from ragate.types import Generation, GenerationRequest, TopLogprob
+
+KEY_VERSION = 1  # bump when ragate's decoding loop changes what a call returns
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What LM calls cost: wall and CPU seconds, prompt and completion tokens, and how many calls."""
+
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(
+            self.seconds + other.seconds,
+            self.cpu_seconds + other.cpu_seconds,
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.calls + other.calls,
+        )
+
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(
+            self.seconds - other.seconds,
+            self.cpu_seconds - other.cpu_seconds,
+            self.prompt_tokens - other.prompt_tokens,
+            self.completion_tokens - other.completion_tokens,
+            self.calls - other.calls,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "calls": self.calls,
+        }
+
+
+def generation_to_json(gen: Generation) -> dict[str, Any]:
+    """A Generation as plain JSON (floats round-trip exactly); attentions are not kept."""
+    return {
+        "text": gen.text,
+        "tokens": list(gen.tokens),
+        "token_ids": list(gen.token_ids),
+        "logprobs": list(gen.logprobs),
+        "top_logprobs": [[[t.token_id, t.token, t.logprob] for t in step] for step in gen.top_logprobs],
+        "offsets": [list(o) for o in gen.offsets],
+        "finish_reason": gen.finish_reason,
+        "prompt_tokens": gen.prompt_tokens,
+        "completion_tokens": gen.completion_tokens,
+        "seconds": gen.seconds,
+        "entropies": None if gen.entropies is None else list(gen.entropies),
+    }
+
+
+def generation_from_json(data: dict[str, Any]) -> Generation:
+    return Generation(
+        text=data["text"],
+        tokens=tuple(data["tokens"]),
+        token_ids=tuple(data["token_ids"]),
+        logprobs=tuple(data["logprobs"]),
+        top_logprobs=tuple(tuple(TopLogprob(i, t, lp) for i, t, lp in step) for step in data["top_logprobs"]),
+        offsets=tuple((a, b) for a, b in data["offsets"]),
+        finish_reason=data["finish_reason"],
+        prompt_tokens=data["prompt_tokens"],
+        completion_tokens=data["completion_tokens"],
+        seconds=data["seconds"],
+        entropies=None if data["entropies"] is None else tuple(data["entropies"]),
+    )
+
+
+@dataclass
+class Tally:
+    """What the calls made inside one :meth:`CallCache.tally` block were charged and really paid (mutable: it
+    fills while the block runs)."""
+
+    charged: Cost = Cost()
+    paid: Cost = Cost()
+    hits: int = 0
+
+
+class CallStore:
+    """A key -> JSON value table in one SQLite file, shared safely by concurrent processes (WAL, busy timeout)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+        except sqlite3.DatabaseError as err:
+            raise RagateError(
+                f"{self.path} is not a usable call cache ({err}); delete it (it only saves time) or pass "
+                "another --call-cache path"
+            ) from None
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        try:
+            return json.loads(zlib.decompress(row[0]))  # type: ignore[no-any-return]
+        except (zlib.error, ValueError):
+            return None  # a damaged entry is recomputed
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        blob = zlib.compress(json.dumps(value, separators=(",", ":")).encode("utf-8"), 6)
+        self._db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES (?, ?)", (key, blob))
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def engine_version(engine: str) -> str | None:
+    package = {"llama.cpp": "llama_cpp_python", "transformers": "transformers"}.get(engine)
+    if package is None:
+        return None
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _prompt_key(lm: Backend, request: GenerationRequest) -> Any:
+    """The exact token ids the engine will read, where it exposes its tokenizer; else the prompt itself."""
+    tokenize = getattr(lm, "tokenize", None)
+    if tokenize is not None:
+        return tokenize(request.prompt, request.assistant_prefix)
+    prompt = request.prompt
+    messages = prompt if isinstance(prompt, str) else [[m.role, m.content] for m in prompt]
+    return {"prompt": messages, "assistant_prefix": request.assistant_prefix}
+
+
+def request_key(lm: Backend, identity: str, requests: Sequence[GenerationRequest]) -> str | None:
+    """The sha256 key of a batch of requests, or None when it must not be stored (attentions, unseeded sampling)."""
+    parts = []
+    for r in requests:
+        if r.attentions or (not r.greedy and r.seed is None):
+            return None
+        parts.append(
+            {
+                "prompt": _prompt_key(lm, r),
+                "max_tokens": r.max_tokens,
+                "temperature": r.temperature,
+                "top_p": r.top_p,
+                "stop": list(r.stop),
+                "top_logprobs": r.top_logprobs,
+                "repetition_penalty": r.repetition_penalty,
+                "seed": None if r.greedy else r.seed,  # a greedy answer does not depend on the seed
+            }
+        )
+    head = {"v": KEY_VERSION, "model": identity, "engine": lm.engine, "version": engine_version(lm.engine)}
+    blob = json.dumps([head, parts], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class CallCache(Backend):
+    """``inner`` with every call computed from a cleared engine cache and, with a ``store``, computed once.
+
+    ``identity`` names the model exactly (the GGUF file's sha256; a server's URL and model name). ``charged`` is
+    the measured cost of every call made through the wrapper (stored calls at their original cost), ``paid`` the
+    cost of the calls it really computed; ``hits`` counts calls answered from the store.
+    """
+
+    def __init__(self, inner: Backend, store: CallStore | None, identity: str) -> None:
+        self.inner, self.store, self.identity = inner, store, identity
+        self.engine, self.model, self.capabilities = inner.engine, inner.model, inner.capabilities
+        self.max_context = getattr(inner, "max_context", None)
+        self.charged = Cost()
+        self.paid = Cost()
+        self.hits = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()  # each thread's open tallies (concurrent questions on a server)
+
+    @contextmanager
+    def tally(self) -> Iterator[Tally]:
+        """Count the calls this thread makes inside the block."""
+        stack = self._local.__dict__.setdefault("stack", [])
+        counted = Tally()
+        stack.append(counted)
+        try:
+            yield counted
+        finally:
+            stack.remove(counted)
+
+    def _count(self, cost: Cost, *, computed: bool) -> None:
+        with self._lock:
+            self.charged += cost
+            if computed:
+                self.paid += cost
+            else:
+                self.hits += 1
+        for t in getattr(self._local, "stack", []):
+            t.charged += cost
+            if computed:
+                t.paid += cost
+            else:
+                t.hits += 1
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        key = request_key(self.inner, self.identity, requests) if self.store is not None else None
+        if key is not None and self.store is not None:
+            stored = self.store.get(key)
+            if stored is not None and len(stored["generations"]) == len(requests):
+                gens = [generation_from_json(g) for g in stored["generations"]]
+                self._count(_cost(gens, stored["cpu_seconds"], stored["seconds"]), computed=False)
+                return gens
+        self.inner.clear_cache()
+        wall, cpu = time.perf_counter(), time.process_time()
+        gens = self.inner.generate(requests)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        self._count(_cost(gens, cpu, wall), computed=True)
+        if key is not None and self.store is not None:
+            value = {
+                "generations": [generation_to_json(g) for g in gens],
+                "seconds": wall,
+                "cpu_seconds": cpu,
+            }
+            self.store.put(key, value)
+        return gens
+
+    def generate_watched(
+        self, request: GenerationRequest, watch: Watch, *, recompute: bool = False
+    ) -> Generation:
+        """Watched generations are not stored (their end depends on the watcher) and keep the engine's reuse."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        gen = self.inner.generate_watched(request, watch, recompute=recompute)
+        self._count(_cost([gen], time.process_time() - cpu, time.perf_counter() - wall), computed=True)
+        return gen
+
+    def __getattr__(self, name: str) -> Any:
+        # engine-specific helpers the dynamic loop uses (head_attentions, token_spans, piece, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def clear_cache(self) -> None:
+        self.inner.clear_cache()
+
+    def close(self) -> None:
+        """The wrapped backend and the store belong to the caller."""
+
+
+def _cost(gens: Sequence[Generation], cpu_seconds: float, wall: float) -> Cost:
+    return Cost(
+        seconds=wall,
+        cpu_seconds=cpu_seconds,
+        prompt_tokens=sum(g.prompt_tokens for g in gens),
+        completion_tokens=sum(g.completion_tokens for g in gens),
+        calls=1,
+    )

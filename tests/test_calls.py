@@ -1,0 +1,196 @@
+"""One computation per distinct LM call (issue G): the call cache charges what the original call cost and changes
+no prediction; worker processes shard a run and survive a kill of one of them. Real SmolLM2 on llama.cpp."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragate.backends.scripted import ScriptedBackend, make_generation
+from ragate.eval.calls import CallCache, CallStore, generation_from_json, generation_to_json, request_key
+from ragate.eval.datasets import dataset_files, load_dataset
+from ragate.eval.records import read_records
+from ragate.eval.run import EvalConfig, run_eval
+from ragate.eval.workers import fold_parts, part_path
+from ragate.retrieval.corpus import demo_dir
+from ragate.types import GenerationRequest, Message
+
+DEMO_QUESTIONS = demo_dir() / "questions.jsonl"
+
+
+def _request(question: str, **kw: Any) -> GenerationRequest:
+    return GenerationRequest((Message("user", question),), max_tokens=12, **kw)
+
+
+def test_a_cached_call_returns_the_same_generation_and_charges_its_original_cost(
+    llama_backend: Any, tmp_path: Path
+) -> None:
+    store = CallStore(tmp_path / "calls.sqlite")
+    calls = CallCache(llama_backend, store, "smollm2-test")
+    with calls.tally() as first:
+        [a] = calls.generate([_request("Who wrote Hamlet?")])
+    with calls.tally() as second:
+        [b] = calls.generate([_request("Who wrote Hamlet?")])
+    assert a == b and a.entropies == b.entropies  # bit for bit, every per-token value
+    assert (first.hits, second.hits) == (0, 1)
+    assert first.paid.calls == 1 and second.paid.calls == 0 and second.paid.seconds == 0
+    assert second.charged == first.charged  # wall, CPU, tokens: what the original call cost
+    assert first.charged.prompt_tokens > 0 and first.charged.cpu_seconds > 0
+    with calls.tally() as third:  # another decoding parameter is another call
+        calls.generate([_request("Who wrote Hamlet?", top_logprobs=2)])
+    assert third.hits == 0 and len(store) == 2
+
+
+def test_sampling_is_reused_only_with_the_same_seed(llama_backend: Any) -> None:
+    q = "Name a colour."
+    greedy = [request_key(llama_backend, "m", [_request(q, seed=s)]) for s in (1, 2)]
+    assert greedy[0] == greedy[1]  # a greedy answer does not depend on the seed
+    sampled = [request_key(llama_backend, "m", [_request(q, temperature=0.7, seed=s)]) for s in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    assert request_key(llama_backend, "m", [_request(q, temperature=0.7)]) is None  # unseeded: never stored
+    assert request_key(llama_backend, "other-model", [_request(q)]) != greedy[0]
+
+
+def test_the_key_is_the_exact_prompt_tokens_not_the_text(llama_backend: Any) -> None:
+    # same text through another template path gives other tokens: another key
+    chat = request_key(llama_backend, "m", [_request("Who wrote Hamlet?")])
+    raw = request_key(llama_backend, "m", [GenerationRequest("Who wrote Hamlet?", max_tokens=12)])
+    assert chat != raw
+
+
+def test_a_generation_survives_its_json_form(llama_backend: Any) -> None:
+    [gen] = llama_backend.generate([_request("Who wrote Hamlet?")])
+    assert generation_from_json(generation_to_json(gen)) == gen
+
+
+def test_turning_the_cache_off_changes_no_prediction(llama_backend: Any, tmp_path: Path) -> None:
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    methods = ("no-retrieval", "dtr", "targ-margin", "targ-variance", "llm-judge", "standard-rag")
+    examples = load_dataset(DEMO_QUESTIONS, limit=3)
+    config = EvalConfig("demo", methods, limit=3)
+    runs = {}
+    with open_index(demo_index()) as index:
+        for name, cache in (("on", True), ("off", False)):
+            runs[name] = run_eval(
+                config, tmp_path / name, lm=llama_backend, retriever=index, examples=examples, progress=False,
+                call_cache=tmp_path / "calls.sqlite", cache=cache,
+            )  # fmt: skip
+    on = {(r["id"], r["method"]): r for r in read_records(tmp_path / "on" / "questions.jsonl")}
+    off = {(r["id"], r["method"]): r for r in read_records(tmp_path / "off" / "questions.jsonl")}
+    assert on.keys() == off.keys() and len(on) == 18
+    for key, r in on.items():
+        twin = off[key]
+        assert (r["prediction"], r["gate_score"], r["retrieved"], r["doc_ids"]) == (
+            twin["prediction"],
+            twin["gate_score"],
+            twin["retrieved"],
+            twin["doc_ids"],
+        ), key
+        # charged tokens are the method's own, whether its calls were computed or reused
+        assert (r["prompt_tokens"], r["completion_tokens"]) == (
+            twin["prompt_tokens"],
+            twin["completion_tokens"],
+        )
+        assert r["charged"]["prompt_tokens"] == r["prompt_tokens"]
+        assert (
+            twin["paid"] | {"cached_calls": 0} == twin["paid"]
+            and twin["paid"]["calls"] == twin["charged"]["calls"]
+        )
+    paid, charged = runs["on"]["calls"]["paid"], runs["on"]["calls"]["charged"]
+    # no-retrieval's answer is DTR's draft, the TARG drafts are one call
+    assert paid["calls"] < charged["calls"]
+    assert runs["off"]["calls"]["paid"] == runs["off"]["calls"]["charged"]
+    assert runs["on"]["dataset_files"][0]["sha256"] == dataset_files("demo")[0]["sha256"]
+
+
+def test_a_resume_on_another_file_of_the_same_name_is_refused(tmp_path: Path) -> None:
+    from ragate.errors import RagateError
+
+    data = tmp_path / "questions.jsonl"
+    data.write_text(DEMO_QUESTIONS.read_text().split("\n", 1)[0] + "\n")
+    config = EvalConfig(str(data), ("no-retrieval",))
+    lm = ScriptedBackend([make_generation(["x"], [-0.1])] * 2)
+    run_eval(config, tmp_path / "run", lm=lm, progress=False, cache=False)
+    saved = (tmp_path / "run" / "config.json").read_text()
+    assert str(data.resolve()) in saved
+    data.write_text(data.read_text().replace('"question": "', '"question": "edited '))
+    with pytest.raises(RagateError, match="another file under the same name"):
+        run_eval(config, tmp_path / "run", lm=lm, progress=False, resume=True, cache=False)
+
+
+def test_folding_parts_twice_doubles_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "questions.jsonl"
+    path.write_text('{"id": "a", "method": "m"}\n')
+    part_path(path, 0).write_text('{"id": "b", "method": "m"}\n{"id": "c", "me')  # a worker killed mid-line
+    part_path(path, 1).write_text('{"id": "d", "method": "m"}\n')
+    saved = {p: p.read_text() for p in (part_path(path, 0), part_path(path, 1))}
+    assert fold_parts(path) == 2
+    for p, text in saved.items():  # as if the fold was cut after the file was replaced, before the parts went
+        p.write_text(text)
+    assert fold_parts(path) == 0
+    assert [r["id"] for r in read_records(path)] == ["a", "b", "d"]
+    assert not list(tmp_path.glob("*.part*"))
+
+
+def _eval_cmd(out: Path, calls: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "ragate.cli.main", "eval", "--dataset", str(DEMO_QUESTIONS), "--methods",
+        "no-retrieval,random", "--limit", "10", "--out", str(out), "--quiet", "--call-cache", str(calls),
+    ]  # fmt: skip
+
+
+def test_killing_one_of_two_workers_then_resuming_loses_and_doubles_nothing(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    whole = tmp_path / "whole"
+    subprocess.run(
+        [*_eval_cmd(whole, tmp_path / "c1.sqlite"), "--no-call-cache"],
+        check=True, env=env, capture_output=True, timeout=600,
+    )  # fmt: skip
+    run = tmp_path / "sharded"
+    proc = subprocess.Popen(
+        [*_eval_cmd(run, tmp_path / "c2.sqlite"), "--workers", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    pids = {}
+    while len(pids) < 2:
+        line = proc.stderr.readline()
+        assert line, "the run ended before naming its workers"
+        if m := re.match(r"worker (\d)/2: pid (\d+), core (\d+)", line):
+            pids[int(m[1])] = int(m[2])
+    part = part_path(run / "questions.jsonl", 1)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (part.exists() and part.read_text().count("\n") >= 2):
+        time.sleep(0.02)
+    os.kill(pids[2], signal.SIGKILL)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=600) != 0
+    assert "worker 2" in rest and "killed by signal 9" in rest and "--resume" in rest
+    assert not (run / "results.json").exists()
+    partial = read_records(run / "questions.jsonl")
+    assert 2 <= len(partial) < 20 and not list(run.glob("*.part*"))
+    resumed = subprocess.run(
+        [*_eval_cmd(run, tmp_path / "c2.sqlite"), "--workers", "2", "--resume"],
+        check=False, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    again = read_records(run / "questions.jsonl")
+    keys = [(r["id"], r["method"]) for r in again]
+    assert len(keys) == len(set(keys)) == 20
+    reference = {(r["id"], r["method"]): r for r in read_records(whole / "questions.jsonl")}
+    assert set(keys) == set(reference)
+    for r in again:  # one-thread pinned workers and the cache give the one-process answers
+        assert (r["prediction"], r["retrieved"]) == (reference[r["id"], r["method"]]["prediction"],
+                                                     reference[r["id"], r["method"]]["retrieved"])  # fmt: skip
