@@ -414,3 +414,32 @@ def test_dynamic_runs_measure_latency_against_wo_rag() -> None:
     assert etc["baseline"] == "wo-rag" and etc["delta_latency"] == pytest.approx(2.0)
     with_closed_book = [*records, rec("a", "no-retrieval", 0.5), rec("b", "no-retrieval", 0.5)]
     assert summarize(with_closed_book, ["etc"])[0]["delta_latency"] == pytest.approx(3.0)
+
+
+def _scored(method: str, qid: str, acc: float) -> dict[str, Any]:
+    return {"id": qid, "method": method, "scores": {"em": acc, "f1": acc, "acc": acc}}
+
+
+def test_paired_differences_pair_by_question_and_call_a_crossing_interval_not_established() -> None:
+    from ragate.eval.summary import differences_table, paired_differences
+
+    ids = [f"q{i}" for i in range(40)]
+    records = [_scored("no-retrieval", q, 0.0) for q in ids]
+    records += [_scored("standard-rag", q, 1.0) for q in ids]  # +100 on every question: certain
+    records += [_scored("coin", q, float(i % 2)) for i, q in enumerate(ids)]  # half better, half equal
+    records += [_scored("late", q, 1.0) for q in ids[:10]]  # answered 10 questions only: paired on those 10
+    records.append({"id": "q0", "method": "broken", "error": "x"})
+    rows = {(r["method"], r["against"]): r for r in paired_differences(records, "acc")}
+    sure = rows["standard-rag", "no-retrieval"]
+    assert (sure["delta"], sure["ci"], sure["verdict"]) == (1.0, (1.0, 1.0), "higher")
+    assert rows["no-retrieval", "standard-rag"]["verdict"] == "lower"
+    assert rows["late", "no-retrieval"]["n"] == 10
+    coin = rows["coin", "standard-rag"]
+    assert coin["delta"] == -0.5 and coin["verdict"] == "lower"
+    # a method scoring like its baseline on all but one question: the interval reaches 0
+    records += [_scored("near", q, 1.0 if q == "q0" else 0.0) for q in ids]
+    again = {(r["method"], r["against"]): r for r in paired_differences(records, "acc")}
+    near = again["near", "no-retrieval"]
+    assert near["delta"] > 0 and near["ci"][0] <= 0 and near["verdict"] == "not established"
+    assert ("broken", "no-retrieval") not in rows
+    assert "| near | no-retrieval | 40 | +2.5 |" in differences_table([near])

@@ -32,7 +32,13 @@ from ragate.eval.analysis import (
 )
 from ragate.eval.records import latest, read_records
 from ragate.eval.run import RECALL_K
-from ragate.eval.summary import summarize, summary_markdown, summary_table
+from ragate.eval.summary import (
+    differences_table,
+    paired_differences,
+    summarize,
+    summary_markdown,
+    summary_table,
+)
 from ragate.eval.sweep import frontier, sweep_markdown, swept_methods
 from ragate.fileio import atomic_writer
 
@@ -335,6 +341,18 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
         else:
             md += ["The run has not finished (no results.json): the records so far.", ""]
             md.append(summary_table(summarize(eval_records)))
+        if differences := differences_table(paired_differences(eval_records, metric), metric):
+            md += [
+                f"## Paired differences in {label}",
+                "",
+                (
+                    "Each method against never and always retrieving, on the questions both answered: the mean "
+                    "difference and its paired bootstrap 95% interval; an interval that crosses 0 is *not "
+                    "established*, whichever way the mean points."
+                ),
+                "",
+                differences,
+            ]
     methods = swept_methods(sweep_records)
     if methods:
         fronts = [frontier(sweep_records, m) for m in methods]

@@ -150,3 +150,65 @@ def summary_markdown(results: dict[str, Any]) -> str:
     if dynamic := dynamic_table(results["summary"]):
         lines += ["Dynamic methods (retrievals during generation):", "", dynamic]
     return "\n".join(lines)
+
+
+COMPARE_AGAINST = (
+    "no-retrieval",
+    "standard-rag",
+)  # never retrieve, always retrieve (the single-shot anchors)
+
+
+def paired_differences(
+    records: Sequence[dict[str, Any]],
+    metric: str = "acc",
+    against: Sequence[str] = COMPARE_AGAINST,
+    methods: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Each method's ``metric`` minus each baseline's on the questions both answered, with the paired bootstrap
+    95% interval (:func:`~ragate.eval.metrics.paired_bootstrap_diff`) and a verdict: "higher" or "lower" when the
+    interval excludes 0, else "not established" (whichever way the mean points)."""
+    groups = {m: {r["id"]: r for r in rs if "error" not in r} for m, rs in by_method(records)}
+    order = list(methods) if methods else list(groups)
+    rows = []
+    for base in against:
+        if base not in groups:
+            continue
+        for m in order:
+            if m == base or m not in groups:
+                continue
+            ids = [i for i in groups[m] if i in groups[base]]
+            if not ids:
+                continue
+            a = [groups[m][i]["scores"][metric] for i in ids]
+            b = [groups[base][i]["scores"][metric] for i in ids]
+            lo, hi = paired_bootstrap_diff(a, b)
+            delta = statistics.fmean(a) - statistics.fmean(b)
+            verdict = "higher" if lo > 0 else "lower" if hi < 0 else "not established"
+            rows.append(
+                {
+                    "method": m,
+                    "against": base,
+                    "n": len(ids),
+                    "delta": delta,
+                    "ci": (lo, hi),
+                    "verdict": verdict,
+                }
+            )
+    return rows
+
+
+def differences_table(rows: Sequence[dict[str, Any]], metric: str = "acc") -> str:
+    """The Markdown table of :func:`paired_differences`, in points."""
+    if not rows:
+        return ""
+    lines = [
+        f"| method | vs | n | Δ{metric} (points) | paired 95% interval | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lo, hi = r["ci"]
+        lines.append(
+            f"| {r['method']} | {r['against']} | {r['n']} | {100 * r['delta']:+.1f} | "
+            f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {r['verdict']} |"
+        )
+    return "\n".join(lines) + "\n"
