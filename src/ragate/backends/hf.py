@@ -18,6 +18,7 @@ import numpy as np
 
 from ragate.backends.base import Backend, Capabilities
 from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
+from ragate.backends.template import chat_segments
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest
 
@@ -125,15 +126,28 @@ class TransformersBackend(Backend):
 
     # -- Backend -----------------------------------------------------------------------------------------------
     def tokenize(self, prompt: str | tuple[Any, ...], assistant_prefix: str = "") -> list[int]:
-        """Token ids of a text prompt (with the model's special prefix) or of chat messages (with its template)."""
+        """Token ids of a text prompt (with the model's special prefix, the text itself plain) or of chat messages
+        (with its template, whose markers are special tokens while the messages' text and ``assistant_prefix`` are
+        plain text only: :mod:`ragate.backends.template`)."""
         if isinstance(prompt, str):
-            return list(self._tok(prompt + assistant_prefix, add_special_tokens=True)["input_ids"])
-        rendered = self._tok.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in prompt],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        return list(self._tok(rendered + assistant_prefix, add_special_tokens=False)["input_ids"])
+            text = prompt + assistant_prefix
+            return list(self._tok(text, add_special_tokens=True, split_special_tokens=True)["input_ids"])
+        tok = self._tok
+
+        def render(messages: list[dict[str, str]]) -> str:
+            return str(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+
+        ids: list[int] = []
+        for seg in chat_segments(render, prompt, assistant_prefix):
+            if seg.template:
+                ids += list(tok(seg.text, add_special_tokens=False)["input_ids"])
+            else:
+                ids += self._plain(seg.text)
+        return ids
+
+    def _plain(self, text: str) -> list[int]:
+        """``text`` as plain text: a special token's spelling in it is tokenised like any other characters."""
+        return list(self._tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         return [self._decode(request) for request in requests]

@@ -18,6 +18,7 @@ import numpy as np
 
 from ragate.backends.base import Backend, Capabilities
 from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
+from ragate.backends.template import chat_segments
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest, Message
 
@@ -117,17 +118,26 @@ class LlamaCppBackend(Backend):
 
     # -- Backend -----------------------------------------------------------------------------------------------
     def tokenize(self, prompt: str | tuple[Message, ...], assistant_prefix: str = "") -> list[int]:
-        """Token ids as ``create_completion`` makes them (BOS when the model adds one, special tokens parsed);
-        chat messages are rendered with the GGUF's own chat template first, as ``create_chat_completion`` does."""
+        """Token ids of a prompt: BOS when the model adds one, then a text prompt as plain text; chat messages
+        rendered with the GGUF's own chat template (as ``create_chat_completion`` does), whose markers are special
+        tokens while the messages' text and ``assistant_prefix`` are plain text only, so a marker inside a question
+        or passage cannot forge a turn (:mod:`ragate.backends.template`)."""
         llm = self._llm
         if isinstance(prompt, str):
             bos = llm.token_bos()
             prefix = [bos] if llm._model.add_bos_token() and bos != -1 else []
-            text = prompt + assistant_prefix
-            return prefix + llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            return prefix + self._plain(prompt + assistant_prefix)
         assert self._chat is not None  # checked by Backend.check
-        rendered = self._chat(messages=[{"role": m.role, "content": m.content} for m in prompt]).prompt
-        return llm.tokenize((rendered + assistant_prefix).encode("utf-8"), add_bos=False, special=True)
+        chat = self._chat
+        ids: list[int] = []
+        for seg in chat_segments(lambda msgs: chat(messages=msgs).prompt, prompt, assistant_prefix):
+            text = seg.text.encode("utf-8")
+            ids += llm.tokenize(text, add_bos=False, special=True) if seg.template else self._plain(seg.text)
+        return ids
+
+    def _plain(self, text: str) -> list[int]:
+        """``text`` as plain text: a special token's spelling in it is tokenised like any other characters."""
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         return [self._decode(request) for request in requests]
