@@ -45,3 +45,7 @@ class DataNotFoundError(RagateError):
 
 class DatasetFormatError(RagateError):
     """A QA file that cannot be read as questions: bad JSON or TSV, a missing or empty field, a wrong type."""
+
+
+class RunFormatError(RagateError, ValueError):
+    """A run's JSON-lines file (questions.jsonl, sweep.jsonl) with a damaged line that a kill cannot explain."""

@@ -64,11 +64,16 @@ def sha256_file(path: Path | str, *, progress: bool = False) -> str:
 
 def json_lines(path: Path | str, error: type[Exception], fix: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) for every non-blank line of a JSON-lines file (``.gz`` read compressed); a
-    line that is not JSON raises ``error`` naming the file, the line and the column, followed by ``fix``."""
+    line that is not UTF-8 or not JSON raises ``error`` naming the file and the line (and the column), followed
+    by ``fix``."""
     path = Path(path)
     opener: Any = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", newline="") as f:
-        for line_no, line in enumerate(f, start=1):
+    with opener(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise error(f"{path}:{line_no}: not valid UTF-8; {fix}") from None
             if not line.strip():
                 continue
             try:
@@ -77,3 +82,15 @@ def json_lines(path: Path | str, error: type[Exception], fix: str) -> Iterator[t
                 raise error(
                     f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno}); {fix}"
                 ) from None
+
+
+def utf8_text(path: Path | str, error: type[Exception], fix: str) -> str:
+    """The whole of a UTF-8 text file (``.gz`` read compressed); invalid UTF-8 raises ``error`` naming the file
+    and the line, followed by ``fix``."""
+    path = Path(path)
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not valid UTF-8; {fix}") from None

@@ -45,7 +45,7 @@ from __future__ import annotations
 import ast
 import csv
 import difflib
-import gzip
+import io
 import json
 import os
 import re
@@ -58,7 +58,7 @@ from types import MappingProxyType
 from typing import IO, Any, Literal, get_args
 
 from ragate.errors import DataNotFoundError, DatasetFormatError
-from ragate.fileio import json_lines
+from ragate.fileio import json_lines, utf8_text
 from ragate.retrieval.pooled import pooled_id
 
 Kind = Literal["span", "yesno", "regex"]
@@ -347,9 +347,7 @@ def _located(where: str) -> Iterator[None]:
 
 
 def _open_text(path: Path) -> IO[str]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return path.open(encoding="utf-8", newline="")
+    return io.StringIO(utf8_text(path, DatasetFormatError, "fix or restore the file"), newline="")
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
@@ -358,8 +356,7 @@ def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
 
 def _json_file(path: Path) -> Any:
     try:
-        with path.open(encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(utf8_text(path, DatasetFormatError, "restore the file"))
     except json.JSONDecodeError as err:
         raise DatasetFormatError(f"{path}: not valid JSON ({err}); restore the file") from None
 

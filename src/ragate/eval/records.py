@@ -10,13 +10,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
+from ragate.errors import RunFormatError
 from ragate.fileio import atomic_writer
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every complete record of ``path`` (none if it does not exist). A last line cut short by a kill is dropped
-    and the file rewritten without it (atomically), so appending can go on; a bad line anywhere else is an
-    error naming the line, since that is not what a kill leaves behind."""
+    """Every complete record of ``path`` (none if it does not exist). A last line cut short by a kill (anywhere,
+    also inside a multi-byte character) is dropped and the file rewritten without it (atomically), so appending
+    can go on; a bad line anywhere else is a :class:`RunFormatError` naming the line, since that is not what a
+    kill leaves behind."""
     if not path.exists():
         return []
     raw = path.read_bytes()
@@ -28,12 +30,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
                 cut = True  # the line a kill interrupted
                 continue
-            raise ValueError(
-                f"{path}, line {number}: not a JSON record ({err.msg}); move the file aside"
+            why = err.msg if isinstance(err, json.JSONDecodeError) else "not valid UTF-8"
+            raise RunFormatError(
+                f"{path}, line {number}: not a JSON record ({why}); move the file aside, or delete that line "
+                "and rerun with --resume to answer it again"
             ) from None
     if cut or (raw and not raw.endswith(b"\n")):
         write_records(path, records)
