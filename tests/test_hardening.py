@@ -5,6 +5,8 @@ line. Each test here failed on main before the fix (see the issue's closing note
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,55 @@ def test_a_dataset_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
 
     with pytest.raises(DatasetFormatError, match=r"qa.tsv:2: not valid UTF-8"):
         _read_dpr_tsv(tsv, "qa", "span")
+
+
+def _hold_lock(path: Path) -> subprocess.Popen[str]:
+    """Another process holding ``path``'s lock (as a running `ragate eval` does) until it is killed."""
+    code = (
+        "import sys, time\nfrom ragate.fileio import exclusive_lock\n"
+        f"with exclusive_lock({str(path)!r}, 'x'):\n    print('held', flush=True)\n    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_second_writer_of_a_run_directory_is_refused_with_the_holders_pid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragate.eval.run import LOCK_FILE
+
+    out = tmp_path / "run"
+    holder = _hold_lock(out / LOCK_FILE)
+    try:
+        for command in ("eval", "sweep"):
+            args = [command, "--dataset", "demo", "--methods", "dtr", "--limit", "1", "--out", str(out)]
+            assert main([*args, "--resume"]) == 2
+            err = capsys.readouterr().err
+            assert f"run directory {out} is in use by another ragate process (pid {holder.pid})" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not list(out.glob("*.jsonl"))  # the refused runs wrote nothing
+
+
+def test_one_index_build_per_out_and_a_killed_builds_staging_is_cleaned(tmp_path: Path) -> None:
+    from ragate.errors import RagateError
+    from ragate.retrieval.index import build_index
+    from ragate.retrieval.types import Passage
+
+    passages = [Passage(f"p{i}", f"title {i}", f"text number {i} about things") for i in range(5)]
+    out = tmp_path / "ix"
+    dead = tmp_path / ".ix.tmp-0badc0de"  # what `kill -9` during a build leaves behind
+    dead.mkdir()
+    (dead / "passages.jsonl").write_text("{}\n")
+    holder = _hold_lock(tmp_path / ".ix.lock")
+    try:
+        with pytest.raises(RagateError, match=rf"index directory {out} .*in use .*pid {holder.pid}"):
+            build_index(passages, out, "bm25", progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert dead.exists()  # a live build's staging is never touched
+    build_index(passages, out, "bm25", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ix"]

@@ -94,3 +94,41 @@ def utf8_text(path: Path | str, error: type[Exception], fix: str) -> str:
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise error(f"{path}:{line}: not valid UTF-8; {fix}") from None
+
+
+@contextmanager
+def exclusive_lock(lock_path: Path | str, what: str) -> Iterator[None]:
+    """Hold an advisory lock (``flock``) on ``lock_path`` for the block, so one process at a time works on
+    ``what`` (a run directory, an index's --out); a second gets a :class:`~ragate.errors.RagateError` naming the
+    holder's PID. The lock goes with the process, so a killed holder never leaves it taken (only its file,
+    which the next holder reuses); the file is removed when the block ends."""
+    import fcntl
+
+    from ragate.errors import RagateError
+
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise RagateError(
+                f"{what} is in use by another ragate process (pid {holder}): wait for it to finish or stop "
+                "it, or use another --out"
+            ) from None
+        try:
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                break  # still the file at that path (not one its last holder removed meanwhile)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # while still holding it: the next holder makes a new file
+        os.close(fd)

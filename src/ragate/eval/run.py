@@ -40,11 +40,12 @@ from ragate.eval.provenance import model_identity, provenance
 from ragate.eval.records import RecordWriter, latest, read_records
 from ragate.eval.summary import summarize, summary_markdown
 from ragate.eval.workers import fold_parts, part_path, run_workers
-from ragate.fileio import atomic_writer
+from ragate.fileio import atomic_writer, exclusive_lock
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.retrieval.types import Retriever
 
 RECALL_K = 3
+LOCK_FILE = ".ragate.lock"  # held by the one process writing a run directory (ragate.fileio.exclusive_lock)
 
 
 @dataclass(frozen=True)
@@ -220,65 +221,77 @@ def run_eval(
     every call (same predictions, every call paid).
     """
     out_dir = Path(out_dir)
-    files = _dataset_files(config.dataset)
-    check_config(config, out_dir, resume=resume, dataset_files=files)
-    examples = list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
-    if not examples:
-        raise RagateError(f"dataset {config.dataset!r} has no questions to evaluate")
-    for m in config.methods:
-        config.spec(m)  # unknown names fail here, before any work
-    if workers < 1:
-        raise RagateError(f"--workers must be >= 1, not {workers}")
-    if workers > 1 and (lm is not None or retriever is not None or concurrency > 1):
-        raise RagateError(
-            "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
+        files = _dataset_files(config.dataset)
+        check_config(config, out_dir, resume=resume, dataset_files=files)
+        examples = (
+            list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
         )
-    _save_config(out_dir, config.to_json() | {"dataset_files": files})
-    path = out_dir / "questions.jsonl"
-    fold_parts(path)  # a multi-worker run killed before it could fold
-    # failures are retried: a resumed run answers them again
-    done = {(r["id"], r["method"]) for r in latest(read_records(path)) if "error" not in r}
-    jobs = [
-        (i, ex, m)
-        for i, ex in enumerate(examples)
-        for m in _rotated(config.methods, i)
-        if (ex.id, m) not in done
-    ]
-    started = time.time()
-    store = None if not cache else (call_cache or default_call_cache())
-    if workers > 1 and jobs:
-        shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
-        try:
-            run_workers(
-                _answer_jobs,
-                [(config, share, part_path(path, w), store) for w, share in enumerate(shares)],
-                [part_path(path, w) for w in range(workers)],
-                total=len(jobs),
-                desc=f"eval {config.dataset} ({workers} workers)",
-                progress=progress,
+        if not examples:
+            raise RagateError(f"dataset {config.dataset!r} has no questions to evaluate")
+        for m in config.methods:
+            config.spec(m)  # unknown names fail here, before any work
+        if workers < 1:
+            raise RagateError(f"--workers must be >= 1, not {workers}")
+        if workers > 1 and (lm is not None or retriever is not None or concurrency > 1):
+            raise RagateError(
+                "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
             )
-        finally:  # what the workers wrote is kept, even when one of them was killed
-            fold_parts(path)
-    elif jobs:
-        _answer_jobs(
-            config, jobs, path, store, lm=lm, retriever=retriever, progress=progress, concurrency=concurrency
-        )
-    records = latest(read_records(path))
-    results = {
-        "config": config.to_json(),
-        "questions": len(examples),
-        "dataset_files": files,
-        "provenance": provenance(config),
-        "started": started,
-        "finished": time.time(),
-        "calls": {"cache": None if store is None else str(store), "workers": workers} | cost_totals(records),
-        "summary": summarize(records, [m for m in config.methods]),
-    }
-    with atomic_writer(out_dir / "results.json") as f:
-        f.write(json.dumps(results, indent=2).encode())
-    with atomic_writer(out_dir / "results.md") as f:
-        f.write(summary_markdown(results).encode())
-    return results
+        _save_config(out_dir, config.to_json() | {"dataset_files": files})
+        path = out_dir / "questions.jsonl"
+        fold_parts(path)  # a multi-worker run killed before it could fold
+        # failures are retried: a resumed run answers them again
+        done = {(r["id"], r["method"]) for r in latest(read_records(path)) if "error" not in r}
+        jobs = [
+            (i, ex, m)
+            for i, ex in enumerate(examples)
+            for m in _rotated(config.methods, i)
+            if (ex.id, m) not in done
+        ]
+        started = time.time()
+        store = None if not cache else (call_cache or default_call_cache())
+        if workers > 1 and jobs:
+            shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
+            try:
+                run_workers(
+                    _answer_jobs,
+                    [(config, share, part_path(path, w), store) for w, share in enumerate(shares)],
+                    [part_path(path, w) for w in range(workers)],
+                    total=len(jobs),
+                    desc=f"eval {config.dataset} ({workers} workers)",
+                    progress=progress,
+                )
+            finally:  # what the workers wrote is kept, even when one of them was killed
+                fold_parts(path)
+        elif jobs:
+            _answer_jobs(
+                config,
+                jobs,
+                path,
+                store,
+                lm=lm,
+                retriever=retriever,
+                progress=progress,
+                concurrency=concurrency,
+            )
+        records = latest(read_records(path))
+        results = {
+            "config": config.to_json(),
+            "questions": len(examples),
+            "dataset_files": files,
+            "provenance": provenance(config),
+            "started": started,
+            "finished": time.time(),
+            "calls": {"cache": None if store is None else str(store), "workers": workers}
+            | cost_totals(records),
+            "summary": summarize(records, [m for m in config.methods]),
+        }
+        with atomic_writer(out_dir / "results.json") as f:
+            f.write(json.dumps(results, indent=2).encode())
+        with atomic_writer(out_dir / "results.md") as f:
+            f.write(summary_markdown(results).encode())
+        return results
 
 
 def default_call_cache() -> Path:

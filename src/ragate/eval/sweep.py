@@ -32,6 +32,7 @@ from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.datasets import Example, load_dataset
 from ragate.eval.records import RecordWriter, read_records
 from ragate.eval.run import (
+    LOCK_FILE,
     EvalConfig,
     _dataset_files,
     _open_lm,
@@ -43,7 +44,7 @@ from ragate.eval.run import (
     open_call_cache,
 )
 from ragate.eval.workers import fold_parts, part_path, run_workers
-from ragate.fileio import atomic_writer
+from ragate.fileio import atomic_writer, exclusive_lock
 from ragate.methods import GateSpec, MethodSpec, decide, run_method
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -81,42 +82,46 @@ def sweep_pass(
     ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
     store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls."""
     out_dir = Path(out_dir)
-    files = _dataset_files(config.dataset)
-    check_config(config, out_dir, resume=resume, dataset_files=files)
-    examples = list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
-    specs = {m: config.spec(m) for m in config.methods}
-    if dynamic := [m for m, spec in specs.items() if spec.dynamic is not None]:
-        raise RagateError(
-            f"{', '.join(dynamic)}: dynamic methods decide while generating, so their thresholds are not a lookup; "
-            "sweep single-shot gates here and re-run dynamic methods with `ragate eval` at each threshold"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
+        files = _dataset_files(config.dataset)
+        check_config(config, out_dir, resume=resume, dataset_files=files)
+        examples = (
+            list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
         )
-    if workers < 1:
-        raise RagateError(f"--workers must be >= 1, not {workers}")
-    if workers > 1 and (lm is not None or retriever is not None):
-        raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
-    families = _families(specs)
-    _save_config(out_dir, config.to_json() | {"kind": "sweep", "dataset_files": files})
-    path = out_dir / "sweep.jsonl"
-    fold_parts(path)
-    done = {(r["id"], r["family"]) for r in read_records(path)}
-    jobs = [(i, ex, fam) for i, ex in enumerate(examples) for fam in families if (ex.id, fam) not in done]
-    store = None if not cache else (call_cache or default_call_cache())
-    if workers > 1 and jobs:
-        shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
-        try:
-            run_workers(
-                _sweep_jobs,
-                [(config, share, part_path(path, w), store) for w, share in enumerate(shares)],
-                [part_path(path, w) for w in range(workers)],
-                total=len(jobs),
-                desc=f"sweep {config.dataset} ({workers} workers)",
-                progress=progress,
+        specs = {m: config.spec(m) for m in config.methods}
+        if dynamic := [m for m, spec in specs.items() if spec.dynamic is not None]:
+            raise RagateError(
+                f"{', '.join(dynamic)}: dynamic methods decide while generating, so their thresholds are not a lookup; "
+                "sweep single-shot gates here and re-run dynamic methods with `ragate eval` at each threshold"
             )
-        finally:  # what the workers wrote is kept, even when one of them was killed
-            fold_parts(path)
-    elif jobs:
-        _sweep_jobs(config, jobs, path, store, lm=lm, retriever=retriever, progress=progress)
-    return read_records(path)
+        if workers < 1:
+            raise RagateError(f"--workers must be >= 1, not {workers}")
+        if workers > 1 and (lm is not None or retriever is not None):
+            raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
+        families = _families(specs)
+        _save_config(out_dir, config.to_json() | {"kind": "sweep", "dataset_files": files})
+        path = out_dir / "sweep.jsonl"
+        fold_parts(path)
+        done = {(r["id"], r["family"]) for r in read_records(path)}
+        jobs = [(i, ex, fam) for i, ex in enumerate(examples) for fam in families if (ex.id, fam) not in done]
+        store = None if not cache else (call_cache or default_call_cache())
+        if workers > 1 and jobs:
+            shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
+            try:
+                run_workers(
+                    _sweep_jobs,
+                    [(config, share, part_path(path, w), store) for w, share in enumerate(shares)],
+                    [part_path(path, w) for w in range(workers)],
+                    total=len(jobs),
+                    desc=f"sweep {config.dataset} ({workers} workers)",
+                    progress=progress,
+                )
+            finally:  # what the workers wrote is kept, even when one of them was killed
+                fold_parts(path)
+        elif jobs:
+            _sweep_jobs(config, jobs, path, store, lm=lm, retriever=retriever, progress=progress)
+        return read_records(path)
 
 
 def _families(specs: dict[str, MethodSpec]) -> dict[str, list[str]]:

@@ -17,6 +17,7 @@ beside the target, fsynced, then renamed into place, so a crash never leaves a h
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import mmap
 import os
@@ -32,7 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ragate.errors import IndexFormatError
-from ragate.fileio import sha256_file
+from ragate.fileio import exclusive_lock, sha256_file
 from ragate.retrieval.corpus import passage_json
 from ragate.retrieval.types import Passage
 
@@ -106,7 +107,8 @@ def staged_directory(out_dir: Path, *, overwrite: bool = False) -> Iterator[Path
 
     Refuses a non-empty ``out_dir`` unless ``overwrite``; then the old directory is moved aside, the new one
     renamed in and the old one deleted. On any error the temporary directory is removed and ``out_dir`` is
-    left as it was.
+    left as it was. One build at a time per ``out_dir`` (a lock file beside it names the holder's PID); a
+    build killed before it could clean up leaves its temporary directory, which the next build removes.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -117,22 +119,27 @@ def staged_directory(out_dir: Path, *, overwrite: bool = False) -> Iterator[Path
             "(overwrite=True) to replace it"
         )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    staging = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
-    staging.mkdir()
-    try:
-        yield staging
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{tag}"
-            os.replace(out_dir, old)
-            os.replace(staging, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out_dir)
-        _fsync_dir(out_dir.parent)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    lock = out_dir.parent / f".{out_dir.name}.lock"
+    with exclusive_lock(lock, f"index directory {out_dir} (another build into it)"):
+        for kind in ("tmp", "old"):  # left by a build that was killed: no live build holds them
+            for stale in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.{kind}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        tag = uuid.uuid4().hex[:8]
+        staging = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
+        staging.mkdir()
+        try:
+            yield staging
+            if out_dir.exists():
+                old = out_dir.parent / f".{out_dir.name}.old-{tag}"
+                os.replace(out_dir, old)
+                os.replace(staging, out_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging, out_dir)
+            _fsync_dir(out_dir.parent)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_manifest(index_dir: Path) -> dict[str, Any]:
