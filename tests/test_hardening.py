@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +130,50 @@ def test_one_index_build_per_out_and_a_killed_builds_staging_is_cleaned(tmp_path
     assert dead.exists()  # a live build's staging is never touched
     build_index(passages, out, "bm25", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ix"]
+
+
+def _rewrite(index: Path, name: str, data: bytes) -> None:
+    """Replace one index file and record its new size and sha256, as a careless rebuild of the manifest would."""
+    import hashlib
+
+    (index / name).write_bytes(data)
+    manifest = json.loads((index / "manifest.json").read_text())
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (index / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [
+        ("bm25/vocab.index.json", lambda b: b[: len(b) // 2]),  # truncated JSON
+        ("bm25/vocab.index.json", lambda b: b"[1, 2, 3]"),  # JSON, but not the vocabulary object
+        ("bm25/params.index.json", lambda b: b"{not json"),
+        ("bm25/data.csc.index.npy", lambda b: b[: len(b) - 9]),  # truncated array
+        ("bm25/data.csc.index.npy", None),  # an object-dtype (pickled) array
+    ],
+)
+@pytest.mark.parametrize("verify", [True, False])
+def test_damaged_bm25_files_are_an_index_error_not_a_traceback(
+    tmp_path: Path, name: str, damage: Any, verify: bool
+) -> None:
+    import io
+
+    import numpy as np
+
+    from ragate.errors import IndexFormatError
+    from ragate.retrieval.index import build_index, open_index
+    from ragate.retrieval.types import Passage
+
+    passages = [Passage(f"p{i}", f"title {i}", f"text number {i} about things") for i in range(5)]
+    index = build_index(passages, tmp_path / "ix", "bm25", progress=False)
+    if damage is None:
+        buf = io.BytesIO()
+        np.save(buf, np.array([{"x": 1}, None], dtype=object), allow_pickle=True)
+        data = buf.getvalue()
+    else:
+        data = damage((index / name).read_bytes())
+    _rewrite(index, name, data)
+    with pytest.raises(
+        IndexFormatError, match=r"bm25.* cannot be read .*rebuild the index with `ragate index"
+    ):
+        open_index(index, verify=verify).close()

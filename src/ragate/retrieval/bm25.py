@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from ragate.errors import IndexFormatError
 from ragate.retrieval.ranking import check_queries, make_hits, top_k
-from ragate.retrieval.store import PassageStore, iter_passage_file
+from ragate.retrieval.store import PassageStore, iter_passage_file, rebuild_hint
 from ragate.retrieval.types import Hit, Passage, Retriever
 
 BM25_DIR = "bm25"
@@ -104,7 +105,20 @@ class BM25Retriever(Retriever):
     def load(cls, bm25_dir: Path, passages: PassageStore, params: BM25Params) -> BM25Retriever:
         import bm25s
 
-        model = bm25s.BM25.load(str(bm25_dir), mmap=True, allow_pickle=False, load_corpus=False)
+        try:
+            model = bm25s.BM25.load(str(bm25_dir), mmap=True, allow_pickle=False, load_corpus=False)
+            bad = [
+                name for name, array in (model.scores or {}).items()
+                if isinstance(array, np.ndarray) and array.dtype == object
+            ]  # fmt: skip
+            if bad or not isinstance(model.vocab_dict, dict):
+                raise ValueError(f"arrays {bad} are not numeric" if bad else "the vocabulary is not a JSON object")
+        except (ValueError, TypeError, KeyError, OSError, EOFError, AttributeError) as err:
+            # truncated or malformed JSON, an object-dtype or truncated array, a missing file
+            raise IndexFormatError(
+                f"{bm25_dir}: the BM25 files cannot be read ({type(err).__name__}: {err}); rebuild the index "
+                f"with `{rebuild_hint(bm25_dir.parent)}`"
+            ) from None
         return cls(model, passages, params)
 
     def __len__(self) -> int:
