@@ -104,7 +104,16 @@ def _error(r: httpx.Response, status: int, *words: str) -> str:
 @pytest.fixture(scope="module")
 def service(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("service") / "serve.log"
-    args = ["--method", "dtr", "--max-body-bytes", "2048", "--max-question-chars", "200"]
+    args = [
+        "--method",
+        "dtr",
+        "--max-body-bytes",
+        "2048",
+        "--max-question-chars",
+        "200",
+        "--read-timeout",
+        "3",
+    ]
     proc, url = _serve(args, log, env={"RAGATE_API_KEY": ""})
     yield url
     _stop(proc)
@@ -192,8 +201,40 @@ def test_bad_input_gets_4xx_with_a_message(http: httpx.Client) -> None:
     _error(http.post("/v1/answer", json={"question": QUESTION, "method": "dtrr"}), 400, "Did you mean 'dtr'")
     _error(http.post("/v1/answer", json={"question": QUESTION, "options": {"max_tokens": 99999}}), 400, "512")
     _error(http.post("/v1/search", json={"query": "x", "k": 500}), 400, "at most 20")
+    # a lone surrogate is valid JSON but not Unicode text: one check and one 400 for every text field
+    lone = rb'"\ud800 nobel"'
+    for path, body in (
+        ("/v1/search", b'{"query": ' + lone + b"}"),
+        ("/v1/answer", b'{"question": ' + lone + b"}"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": ' + lone + b"}]}"),
+    ):
+        _error(http.post(path, content=body, headers=json_h), 400, "lone surrogate", "character 0")
     _error(http.get("/v1/nothing"), 404, "/v1/nothing", "POST /v1/answer")
     _error(http.get("/v1/answer"), 405, "GET")
+
+
+def test_a_body_that_trickles_in_is_cut_off_at_the_read_timeout(service: str) -> None:
+    """Slow-body clients (12 of 1000 promised bytes, then nothing) get 408 and a closed socket after
+    --read-timeout (3 s here), instead of holding 10 connections open for as long as they like."""
+    host, port = service.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/answer HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    )
+    socks = []
+    for _ in range(10):
+        sock = socket.create_connection((host, int(port)), timeout=15)
+        sock.sendall(head.encode() + b'{"question":')  # 12 bytes of the 1000
+        socks.append(sock)
+    start = time.monotonic()
+    for sock in socks:
+        got = b""
+        while chunk := sock.recv(4096):  # returns b"" once the server closes the connection
+            got += chunk
+        sock.close()
+        assert got.startswith(b"HTTP/1.1 408"), got[:200]
+        assert b"did not arrive within 3 s (12 bytes came)" in got
+    assert time.monotonic() - start < 12
 
 
 def test_openai_client_chat_completions(service: str) -> None:
@@ -203,7 +244,10 @@ def test_openai_client_chat_completions(service: str) -> None:
     reply = client.chat.completions.create(model="no-retrieval", messages=messages, max_tokens=8)
     assert reply.object == "chat.completion" and reply.model == "no-retrieval"
     choice = reply.choices[0]
-    assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "stop"
+    assert choice.message.role == "assistant" and choice.message.content
+    assert reply.usage is not None
+    # SmolLM2 answers in sentences: 8 tokens cut it, and the client is told so
+    assert choice.finish_reason == ("length" if reply.usage.completion_tokens >= 8 else "stop")
     assert (
         reply.usage is not None
         and reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
@@ -221,6 +265,10 @@ def test_openai_client_chat_completions(service: str) -> None:
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content  # greedy: the same answer
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [choice.finish_reason]
+    short = client.chat.completions.create(model="no-retrieval", messages=messages, max_tokens=1)
+    assert short.choices[0].finish_reason == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == reply.usage.total_tokens
 
     assert "dtr" in [m.id for m in client.models.list()]

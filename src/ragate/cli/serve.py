@@ -42,6 +42,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_tokens=args.max_tokens_limit,
             max_concurrency=args.max_concurrency,
             request_timeout=args.timeout,
+            read_timeout=args.read_timeout,
             backend_timeout=args.openai_timeout,
         )
     except ValueError as err:
@@ -145,6 +146,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=float,
         default=d.request_timeout,
         help=f"seconds per request (default {d.request_timeout:g})",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=d.read_timeout,
+        help=f"seconds a client may take to send its request body; slower gets 408 (default {d.read_timeout:g})",
     )
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body")
     p.add_argument("--max-question-chars", type=int, default=d.max_question_chars, help="longest question")

@@ -21,10 +21,11 @@ class Stage:
     completion_tokens: int
     seconds: float
     overhead: bool = False
+    finish_reason: str = ""  # an LM call's: "stop" (an end token or a stop string) or "length" (max_tokens)
 
     @classmethod
     def of(cls, name: str, gen: Generation, *, overhead: bool = False) -> Stage:
-        return cls(name, gen.prompt_tokens, gen.completion_tokens, gen.seconds, overhead)
+        return cls(name, gen.prompt_tokens, gen.completion_tokens, gen.seconds, overhead, gen.finish_reason)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,16 @@ class Trace:
     @property
     def seconds(self) -> float:
         return sum(s.seconds for s in self.stages)
+
+    @property
+    def finish_reason(self) -> str:
+        """Why the answer's text ended: "length" when the call that wrote it (the reading answer, a draft
+        kept as the answer, or its continuation) stopped at ``max_tokens``, else "stop"."""
+        lm = [s for s in self.stages if s.prompt_tokens or s.completion_tokens]
+        answer = (
+            [s for s in lm if s.name in ("answer", "continue")] or [s for s in lm if s.name == "draft"] or lm
+        )
+        return "length" if answer and answer[-1].finish_reason == "length" else "stop"
 
     @property
     def lm_calls(self) -> int:

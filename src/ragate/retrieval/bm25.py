@@ -112,7 +112,9 @@ class BM25Retriever(Retriever):
                 if isinstance(array, np.ndarray) and array.dtype == object
             ]  # fmt: skip
             if bad or not isinstance(model.vocab_dict, dict):
-                raise ValueError(f"arrays {bad} are not numeric" if bad else "the vocabulary is not a JSON object")
+                raise ValueError(
+                    f"arrays {bad} are not numeric" if bad else "the vocabulary is not a JSON object"
+                )
         except (ValueError, TypeError, KeyError, OSError, EOFError, AttributeError) as err:
             # truncated or malformed JSON, an object-dtype or truncated array, a missing file
             raise IndexFormatError(

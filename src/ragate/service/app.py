@@ -158,9 +158,20 @@ class Runtime:
         return spec
 
     def question(self, text: str) -> str:
+        """The one check of every text a client sends to the pipeline (an answer's question, a search query, a
+        chat's last user message): non-empty, not too long, and valid Unicode (JSON can carry a lone surrogate
+        such as ``\\ud800``, which no tokenizer or encoder can read)."""
         question = text.strip()
         if not question:
             raise ApiError(400, "the question is empty: send the question as a non-empty string")
+        try:
+            question.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ApiError(
+                400,
+                f"the text has a lone surrogate ({question[err.start]!r} at character {err.start}): send valid "
+                "Unicode (a surrogate pair, or the character itself)",
+            ) from None
         if len(question) > self.settings.max_question_chars:
             raise ApiError(
                 400,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import time
 
+import anyio
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,7 +16,7 @@ from ragate.service.settings import ServiceSettings
 
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-    405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type",
+    405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large", 415: "unsupported_media_type",
     422: "invalid_request_error", 429: "rate_limit_exceeded", 500: "internal_error", 502: "backend_error",
     503: "backend_unavailable", 504: "timeout",
 }  # fmt: skip
@@ -87,18 +88,27 @@ class Guard:
                 return error_response(400, f"Content-Length {declared!r} is not a number of bytes"), receive
             if int(declared) > limit:
                 return error_response(413, f"{too_large} (Content-Length: {declared})"), receive
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return Response(status_code=400), receive  # nobody is listening any more
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return error_response(413, too_large), receive
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        chunks: list[bytes] = []
+        size, wait = 0, self.settings.read_timeout
+        with anyio.move_on_after(wait) as deadline:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return Response(status_code=400), receive  # nobody is listening any more
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    return error_response(413, too_large), receive
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        if deadline.cancelled_caught:
+            return error_response(
+                408,
+                f"the request body did not arrive within {wait:g} s ({size} bytes came): send the whole body "
+                "at once",
+                {"Connection": "close"},
+            ), receive
         body = b"".join(chunks)
         if not body.strip():
             return error_response(

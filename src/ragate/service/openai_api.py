@@ -89,7 +89,7 @@ def completion(trace: Trace, model: str, extension: dict[str, Any]) -> dict[str,
                 "index": 0,
                 "message": {"role": "assistant", "content": trace.answer},
                 "logprobs": None,
-                "finish_reason": "stop",
+                "finish_reason": trace.finish_reason,
             }
         ],
         "usage": usage(trace),
@@ -116,7 +116,7 @@ def stream_events(
     yield chunk({"role": "assistant", "content": ""})
     for piece in re.findall(r"\s*\S+", trace.answer):
         yield chunk({"content": piece})
-    yield chunk({}, "stop", ragate=extension)
+    yield chunk({}, trace.finish_reason, ragate=extension)
     if include_usage:
         yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage(trace)})}\n\n"
     yield "data: [DONE]\n\n"

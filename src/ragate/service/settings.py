@@ -26,7 +26,9 @@ class ServiceSettings:
     ``index`` None serves the demo index; ``milvus_uri`` serves a Milvus collection instead of an index directory.
     ``engine`` "openai" sends every LM call to ``openai_base_url`` (vLLM, SGLang, llama.cpp server).
     ``max_concurrency`` bounds the requests being answered at once (the rest get 429 with ``Retry-After``); a local
-    model is additionally used by one request at a time. ``request_timeout`` bounds one request's wall time (504).
+    model is additionally used by one request at a time. ``request_timeout`` bounds one request's wall time (504);
+    ``read_timeout`` the time its body may take to arrive (408, and the connection closed: a slow client cannot
+    hold a socket open by trickling a promised body).
     """
 
     method: str = "dtr"
@@ -46,6 +48,7 @@ class ServiceSettings:
     max_k: int = 20  # the most documents a request may ask for (options.k, /v1/search k)
     max_concurrency: int = 8
     request_timeout: float = 120.0
+    read_timeout: float = 10.0  # a client sending its request body slower than this gets 408 and is cut off
     backend_timeout: float = 60.0  # one HTTP exchange with an OpenAI-compatible LM server
     backend_retries: int = 2
     health_timeout: float = 2.0
@@ -55,6 +58,7 @@ class ServiceSettings:
             "port": self.port, "workers": self.workers, "max_body_bytes": self.max_body_bytes,
             "max_question_chars": self.max_question_chars, "max_tokens": self.max_tokens, "max_k": self.max_k,
             "max_concurrency": self.max_concurrency, "request_timeout": self.request_timeout,
+            "read_timeout": self.read_timeout,
             "backend_timeout": self.backend_timeout, "health_timeout": self.health_timeout,
         }  # fmt: skip
         bad = [f"{name} = {value}" for name, value in positive.items() if not value > 0]
