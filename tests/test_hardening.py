@@ -177,3 +177,35 @@ def test_damaged_bm25_files_are_an_index_error_not_a_traceback(
         IndexFormatError, match=r"bm25.* cannot be read .*rebuild the index with `ragate index"
     ):
         open_index(index, verify=verify).close()
+
+
+def test_resume_knows_the_index_by_its_resolved_path_and_notices_a_rebuild(tmp_path: Path) -> None:
+    from ragate.backends.scripted import ScriptedBackend, make_generation
+    from ragate.errors import RagateError
+    from ragate.eval.run import EvalConfig, run_eval
+    from ragate.models import ragate_home
+    from ragate.retrieval.index import build_index
+    from ragate.retrieval.types import Passage
+
+    def lm() -> ScriptedBackend:
+        return ScriptedBackend([make_generation(["x"], [-0.1])] * 4)
+
+    def run(index: str | None, out: Path, *, resume: bool, limit: int) -> None:
+        config = EvalConfig("demo", ("no-retrieval",), index=index, limit=limit)
+        run_eval(config, out, lm=lm(), progress=False, resume=resume, cache=False)
+
+    # the default index, then the same index spelled out: one index, so the run resumes
+    run(None, tmp_path / "a", resume=False, limit=1)
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert saved["index"] is None and saved["index_identity"]["path"] == str(
+        ragate_home() / "indexes" / "demo"
+    )
+    run(str(ragate_home() / "indexes" / ".." / "indexes" / "demo"), tmp_path / "a", resume=True, limit=1)
+
+    passages = [Passage(f"p{i}", f"title {i}", f"text number {i} about things") for i in range(5)]
+    index = build_index(passages, tmp_path / "ix", "bm25", progress=False)
+    run(str(index), tmp_path / "b", resume=False, limit=1)
+    run(str(index), tmp_path / "b", resume=True, limit=1)  # unchanged: fine
+    build_index(passages[:3], index, "bm25", progress=False, overwrite=True)
+    with pytest.raises(RagateError, match=r"the index at .*ix was rebuilt since"):
+        run(str(index), tmp_path / "b", resume=True, limit=1)

@@ -80,10 +80,16 @@ class EvalConfig:
 
 
 def check_config(
-    config: EvalConfig, out_dir: Path, *, resume: bool, dataset_files: list[dict[str, Any]] | None = None
+    config: EvalConfig,
+    out_dir: Path,
+    *,
+    resume: bool,
+    dataset_files: list[dict[str, Any]] | None = None,
+    index_identity: dict[str, Any] | None = None,
 ) -> None:
     """Refuse to mix runs: an existing run directory needs ``resume``, and then the same configuration and, where
-    both name it, the same dataset file (by sha256: another file of the same name is another dataset)."""
+    both name it, the same dataset file (by sha256: another file of the same name is another dataset) and the
+    same index (by path, however spelled, and by its files' digest: a rebuilt index is another index)."""
     saved_path = out_dir / "config.json"
     if not saved_path.exists():
         return
@@ -94,11 +100,20 @@ def check_config(
     saved = json.loads(saved_path.read_text())
     now = config.to_json()
     for key in ("dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url"):
-        if saved.get(key) != now.get(key):
+        same = _index_path(saved.get(key)) == _index_path(now.get(key)) if key == "index" else None
+        if not same and saved.get(key) != now.get(key):
             raise RagateError(
                 f"cannot resume {out_dir}: it was run with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}; "
                 "rerun with the same settings or use another --out directory"
             )
+    was = (saved.get("index_identity") or {}).get("files_sha256")
+    is_now = (index_identity or {}).get("files_sha256")
+    if was and is_now and was != is_now:
+        raise RagateError(
+            f"cannot resume {out_dir}: the index at {_index_path(config.index)} was rebuilt since (its files' "
+            f"digest was {was[:12]}, now {is_now[:12]}), so its answers would mix two indexes; use another --out "
+            "directory"
+        )
     saved_files = [f.get("sha256") for f in saved.get("dataset_files") or []]
     now_files = [f.get("sha256") for f in dataset_files or []]
     if saved_files and now_files and saved_files != now_files:
@@ -107,6 +122,26 @@ def check_config(
             f"cannot resume {out_dir}: it read {where} with sha256 {saved_files}, but the dataset file now has "
             f"sha256 {now_files}: another file under the same name; use another --out directory"
         )
+
+
+def _index_path(index: str | None) -> str:
+    """Where an index setting points, resolved (None: the demo index), so that spellings of one path compare equal."""
+    if index is None:
+        from ragate.models import ragate_home
+
+        return str((ragate_home() / "indexes" / "demo").resolve())
+    return str(Path(index).expanduser().resolve())
+
+
+def run_identity(config: EvalConfig) -> dict[str, Any]:
+    """What a run directory records of the files it reads: the dataset file(s) and the index's identity."""
+    from ragate.eval.provenance import index_identity
+
+    try:
+        index = index_identity(config.index)
+    except RagateError:
+        index = {"path": _index_path(config.index)}  # not built yet (or damaged): opening it will say so
+    return {"dataset_files": _dataset_files(config.dataset), "index_identity": index}
 
 
 def answer_fields(trace: Any, example: Example) -> dict[str, Any]:
@@ -223,8 +258,11 @@ def run_eval(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
-        files = _dataset_files(config.dataset)
-        check_config(config, out_dir, resume=resume, dataset_files=files)
+        identity = run_identity(config)
+        files = identity["dataset_files"]
+        check_config(
+            config, out_dir, resume=resume, dataset_files=files, index_identity=identity["index_identity"]
+        )
         examples = (
             list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
         )
@@ -238,7 +276,7 @@ def run_eval(
             raise RagateError(
                 "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
             )
-        _save_config(out_dir, config.to_json() | {"dataset_files": files})
+        _save_config(out_dir, config.to_json() | {**identity})
         path = out_dir / "questions.jsonl"
         fold_parts(path)  # a multi-worker run killed before it could fold
         # failures are retried: a resumed run answers them again

@@ -34,7 +34,6 @@ from ragate.eval.records import RecordWriter, read_records
 from ragate.eval.run import (
     LOCK_FILE,
     EvalConfig,
-    _dataset_files,
     _open_lm,
     _open_retriever,
     _save_config,
@@ -42,6 +41,7 @@ from ragate.eval.run import (
     check_config,
     default_call_cache,
     open_call_cache,
+    run_identity,
 )
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
@@ -84,8 +84,11 @@ def sweep_pass(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
-        files = _dataset_files(config.dataset)
-        check_config(config, out_dir, resume=resume, dataset_files=files)
+        identity = run_identity(config)
+        files = identity["dataset_files"]
+        check_config(
+            config, out_dir, resume=resume, dataset_files=files, index_identity=identity["index_identity"]
+        )
         examples = (
             list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
         )
@@ -100,7 +103,7 @@ def sweep_pass(
         if workers > 1 and (lm is not None or retriever is not None):
             raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
         families = _families(specs)
-        _save_config(out_dir, config.to_json() | {"kind": "sweep", "dataset_files": files})
+        _save_config(out_dir, config.to_json() | {"kind": "sweep", **identity})
         path = out_dir / "sweep.jsonl"
         fold_parts(path)
         done = {(r["id"], r["family"]) for r in read_records(path)}
