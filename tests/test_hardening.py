@@ -5,6 +5,7 @@ line. Each test here failed on main before the fix (see the issue's closing note
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -209,3 +210,22 @@ def test_resume_knows_the_index_by_its_resolved_path_and_notices_a_rebuild(tmp_p
     build_index(passages[:3], index, "bm25", progress=False, overwrite=True)
     with pytest.raises(RagateError, match=r"the index at .*ix was rebuilt since"):
         run(str(index), tmp_path / "b", resume=True, limit=1)
+
+
+def test_retry_after_is_the_expected_wait_for_the_oldest_request_not_the_mean() -> None:
+    from ragate.service.admission import Slots
+
+    now = [0.0]
+    slots = Slots(1, lambda used: None, clock=lambda: now[0])
+    assert slots.take()
+    now[0] = 40.0
+    slots.give(40.0)  # one request took 40 s: the mean moves from 1 toward 40
+    mean = 0.8 * 1.0 + 0.2 * 40.0  # 8.8
+    assert slots.take()
+    assert slots.retry_after() == math.ceil(mean)  # it just started: the whole mean is left
+    now[0] += 2.0
+    assert not slots.take() and slots.retry_after() == math.ceil(mean - 2.0) == 7  # the mean alone said 9
+    now[0] += 60.0  # overdue: it may end any moment
+    assert slots.retry_after() == 1
+    slots.give(62.0)
+    assert slots.take() and slots.used == 1

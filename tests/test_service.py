@@ -201,6 +201,10 @@ def test_bad_input_gets_4xx_with_a_message(http: httpx.Client) -> None:
     _error(http.post("/v1/answer", json={"question": QUESTION, "method": "dtrr"}), 400, "Did you mean 'dtr'")
     _error(http.post("/v1/answer", json={"question": QUESTION, "options": {"max_tokens": 99999}}), 400, "512")
     _error(http.post("/v1/search", json={"query": "x", "k": 500}), 400, "at most 20")
+    for loose in ("4", True, 4.0):  # numbers are JSON numbers of the right kind, not strings or booleans
+        _error(http.post("/v1/search", json={"query": "x", "k": loose}), 422, "k:")
+        _error(http.post("/v1/answer", json={"question": QUESTION, "options": {"max_tokens": loose}}), 422)
+    _error(http.post("/v1/answer", json={"question": QUESTION, "options": {"threshold": "0.5"}}), 422)
     # a lone surrogate is valid JSON but not Unicode text: one check and one 400 for every text field
     lone = rb'"\ud800 nobel"'
     for path, body in (
@@ -397,7 +401,11 @@ def test_api_key_is_required_except_for_healthz(remote: httpx.Client) -> None:
     _error(r, 401, "API key", "Authorization: Bearer")
     assert r.headers["WWW-Authenticate"] == "Bearer"
     _error(bare.get("/metrics", headers={"Authorization": "Bearer nope"}), 401, "wrong API key")
-    assert bare.get("/healthz").status_code == 200
+    r = bare.get("/healthz")
+    assert r.status_code == 200  # no key needed, and then no paths on this machine
+    assert r.json()["index"] == "(send the API key to see it)" and "/" not in r.json()["model"]
+    full = remote.get("/healthz").json()
+    assert full["index"].startswith("/") and full["index"].endswith("bm25") and full["model"].startswith("/")
     r = _ask(remote)
     assert r.status_code == 200 and r.json()["answer"] and r.json()["model"].endswith(".gguf")
 

@@ -15,29 +15,44 @@ from ragate.retrieval.types import Hit, Passage, Retriever
 
 class Slots:
     """At most ``n`` requests at work. A slot is freed when its work ends, also when the client already got a
-    504, so the limit bounds real work. ``retry_after`` estimates seconds until a slot frees."""
+    504, so the limit bounds real work. ``retry_after`` estimates seconds until a slot frees: the mean request
+    time (an exponential average of recent ones) minus how long the oldest request at work has run."""
 
-    def __init__(self, n: int, on_change: Callable[[int], None]) -> None:
+    def __init__(
+        self, n: int, on_change: Callable[[int], None], clock: Callable[[], float] = time.perf_counter
+    ):
         self.n, self.used, self._mean = n, 0, 1.0
-        self._lock, self._on_change = threading.Lock(), on_change
+        self._lock, self._on_change, self._clock = threading.Lock(), on_change, clock
+        self._started: list[float] = []  # when each request at work took its slot
 
     def take(self) -> bool:
         with self._lock:
             if self.used >= self.n:
                 return False
             self.used += 1
+            self._started.append(self._clock())
             self._on_change(self.used)
             return True
 
     def give(self, seconds: float | None) -> None:
+        """Free a slot; ``seconds`` is how long its request took (None: it never ran)."""
         with self._lock:
             self.used -= 1
+            if (
+                self._started
+            ):  # the request that took its slot ``seconds`` ago (else the newest: it never ran)
+                when = self._clock() - seconds if seconds is not None else max(self._started)
+                self._started.remove(min(self._started, key=lambda s: abs(s - when)))
             if seconds is not None:
                 self._mean = 0.8 * self._mean + 0.2 * seconds
             self._on_change(self.used)
 
     def retry_after(self) -> int:
-        return max(1, math.ceil(self._mean))
+        with self._lock:
+            if self.used < self.n or not self._started:
+                return 1
+            ran = self._clock() - min(self._started)
+            return max(1, math.ceil(self._mean - ran))
 
 
 class Ticket:

@@ -18,12 +18,14 @@ Every error is JSON ``{"error": {"message", "type"}}``; no stack trace reaches a
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -59,21 +61,21 @@ ENDPOINT_LIST = (
 class AnswerOptions(BaseModel):
     """Per-request changes to the method: answer length, gate threshold, documents read."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "4" or true is not a number
     max_tokens: int | None = Field(default=None, ge=1)
     threshold: float | None = Field(default=None, allow_inf_nan=False)
     k: int | None = Field(default=None, ge=1)
 
 
 class AnswerRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "4" or true is not a number
     question: str
     method: str | None = None
     options: AnswerOptions = Field(default_factory=AnswerOptions)
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "4" or true is not a number
     query: str
     k: int = Field(default=5, ge=1)
 
@@ -222,12 +224,17 @@ class Runtime:
             "timings": timings,
         }
 
-    async def health(self) -> tuple[int, dict[str, Any]]:
+    async def health(self, *, authorised: bool = True) -> tuple[int, dict[str, Any]]:
+        """The service's state. ``/healthz`` needs no key, so without one (where the server has a key) it does
+        not say where the model and the index are on disk."""
         info = {
             "status": "ok", "version": __version__, "method": self.settings.method, "model": self.lm.model,
             "engine": self.lm.engine, "index": self.index_name, "passages": self.passages,
             "in_progress": self.slots.used, "max_concurrency": self.slots.n,
         }  # fmt: skip
+        if not authorised:
+            hidden = "(send the API key to see it)"
+            info |= {"index": hidden, "model": Path(str(self.lm.model)).name or hidden}
         base = getattr(self.lm, "base_url", None) if self.lm.engine == "openai" else None
         if base is None:
             return 200, info
@@ -421,8 +428,13 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
         return JSONResponse(openai_api.model_list(list(METHODS), int(rt.started)))
 
     @app.get("/healthz")
-    async def healthz() -> Response:
-        status, info = await rt.health()
+    async def healthz(request: Request) -> Response:
+        key = rt.settings.api_key
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        authorised = key is None or (
+            scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+        )
+        status, info = await rt.health(authorised=authorised)
         return JSONResponse(info, status_code=status)
 
     @app.get("/metrics")
