@@ -241,6 +241,27 @@ def test_a_body_that_trickles_in_is_cut_off_at_the_read_timeout(service: str) ->
     assert time.monotonic() - start < 12
 
 
+def test_headers_that_trickle_in_are_cut_off_at_the_read_timeout(service: str) -> None:
+    """Slowloris: 10 connections that send half a request line, or headers without their blank line, are closed
+    after --read-timeout (3 s), while a keep-alive connection that answered a request still works."""
+    host, port = service.removeprefix("http://").split(":")
+    partial = [b"POST /v1/ans", f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n".encode()]
+    socks = []
+    for i in range(10):
+        sock = socket.create_connection((host, int(port)), timeout=15)
+        sock.sendall(partial[i % 2])
+        socks.append(sock)
+    start = time.monotonic()
+    for sock in socks:
+        assert sock.recv(4096) == b""  # closed by the server, with nothing to say to half a request
+        sock.close()
+    assert 2.5 < time.monotonic() - start < 12
+    with httpx.Client(base_url=service, timeout=30) as client:  # one connection, several requests
+        for _ in range(2):
+            assert client.get("/healthz").status_code == 200
+            time.sleep(1)
+
+
 def test_openai_client_chat_completions(service: str) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0, timeout=120)

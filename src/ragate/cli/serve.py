@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ragate.service.app import create_app
+        from ragate.service.deadline import READ_TIMEOUT_ENV, HeaderDeadline
         from ragate.service.settings import API_KEY_ENV, SETTINGS_ENV
     except ImportError as err:
         raise RagateError(
@@ -73,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         "log_level": args.log_level,
         "server_header": False,
         "timeout_graceful_shutdown": 10,
+        "http": HeaderDeadline,  # a client gets --read-timeout for its headers too, not forever
     }
+    os.environ[READ_TIMEOUT_ENV] = str(settings.read_timeout)  # read by every worker's protocol
     if settings.workers > 1:
         from ragate.methods import get_method
         from ragate.retrieval.demo import demo_index
