@@ -104,16 +104,7 @@ def _error(r: httpx.Response, status: int, *words: str) -> str:
 @pytest.fixture(scope="module")
 def service(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("service") / "serve.log"
-    args = [
-        "--method",
-        "dtr",
-        "--max-body-bytes",
-        "2048",
-        "--max-question-chars",
-        "200",
-        "--read-timeout",
-        "3",
-    ]
+    args = ["--method", "dtr", "--max-body-bytes", "2048", "--max-question-chars", "200", "--read-timeout", "3"]  # fmt: skip
     proc, url = _serve(args, log, env={"RAGATE_API_KEY": ""})
     yield url
     _stop(proc)
