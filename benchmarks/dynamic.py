@@ -61,7 +61,9 @@ def quality(args: argparse.Namespace) -> int:
     out = Path(args.out)
     # the examples keep their dataset name, so the dataset's few-shot prompts apply as in an unsliced run
     examples = load_dataset(args.dataset, limit=args.questions)[args.start :]
-    results = run_eval(config, out, resume=(out / "config.json").exists(), examples=examples)
+    results = run_eval(
+        config, out, resume=(out / "config.json").exists(), examples=examples, workers=args.workers
+    )
     print(
         f"{args.dataset}, questions {args.start + 1}-{args.questions}, model {args.model or 'smollm2-135m'} "
         f"on {args.engine}"
@@ -201,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="skip the first START of the --questions (a second process's share)",
+    )
+    sub.choices["quality"].add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="shard the questions over N processes, each pinned to its own core (ragate eval --workers)",
     )
     t = sub.add_parser("table", help="a quality run's tables so far, on the questions every method answered")
     t.add_argument("out", nargs="+", help="the quality run's --out folder(s); several are joined")
