@@ -55,6 +55,13 @@ def register(subparsers: Any) -> None:
     )
     cal.add_argument("--gate", required=True, help="a gate method, e.g. targ-margin, dtr, targ-entropy")
     cal.add_argument("--budget", type=float, help="target retrieval rate in [0, 1]")
+    cal.add_argument(
+        "--confidence",
+        type=float,
+        default=None,
+        help="keep the rate on new questions at most --budget with this probability, e.g. 0.95 (an exact "
+        "order-statistic bound; default: the plain quantile, which overshoots about half the time)",
+    )
     cal.add_argument("--objective", choices=("budget", "em"), default="budget")
     cal.add_argument("--dev", required=True, help="dev dataset name or JSONL path")
     cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200)")
@@ -241,11 +248,14 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
+    if args.confidence is not None and args.objective != "budget":
+        raise RagateError("--confidence bounds a budget: use it with --objective budget --budget RHO")
     result = calibrate(
         method=args.gate,
         dev=args.dev,
         objective=args.objective,
         budget=args.budget,
+        confidence=args.confidence,
         limit=args.limit,
         model=args.model,
         engine=args.engine,
@@ -268,6 +278,12 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         f"retrieves for {100 * result['dev_retrieval_rate']:.1f}%"
         + (f", dev EM {100 * result['dev_em']:.1f}" if result.get("dev_em") is not None else "")
     )
+    if "rate_interval" in result:
+        low, high = result["rate_interval"]
+        print(
+            f"with confidence {result['confidence']:g}, new questions retrieve at most {100 * args.budget:g}% "
+            f"(expected {100 * result['expected_rate']:.1f}%, {100 * low:.1f}-{100 * high:.1f}%)"
+        )
     print(f"saved {out}; use it with: ragate eval ... --calibration {out}")
     return 0
 
