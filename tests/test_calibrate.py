@@ -108,3 +108,23 @@ def test_too_few_dev_questions_for_the_confidence_is_a_named_error() -> None:
     for budget, confidence in ((0.0, 0.9), (1.0, 0.9), (0.3, 1.0), (0.3, 0.0)):
         with pytest.raises(ValueError, match="strictly between 0 and 1"):
             conservative_threshold([0.1, 0.2], budget, confidence)
+
+
+def test_the_batch_bound_holds_for_the_realised_rate_of_a_finite_test_set() -> None:
+    """The population bound covers the dev draw only: on test sets of 100 it is over budget more often than
+    delta. The batch bound (beta-binomial) covers the test set's noise too."""
+    import numpy as np
+
+    from ragate.eval.calibrate import conservative_threshold
+
+    rng = np.random.default_rng(1)
+    budget, delta, trials = 0.3, 0.05, 2000
+    over = {"population": 0, "batch": 0}
+    for _ in range(trials):
+        dev, test = rng.random(150), rng.random(100)
+        for how, batch in (("population", None), ("batch", 100)):
+            tau = conservative_threshold(dev, budget, 1 - delta, batch=batch).tau
+            over[how] += float(np.mean(test > tau)) > budget
+    assert over["batch"] / trials <= delta + 0.015 < over["population"] / trials
+    with pytest.raises(ValueError, match="batch must be"):
+        conservative_threshold([0.1, 0.2], 0.3, 0.9, batch=0)

@@ -62,6 +62,13 @@ def register(subparsers: Any) -> None:
         help="keep the rate on new questions at most --budget with this probability, e.g. 0.95 (an exact "
         "order-statistic bound; default: the plain quantile, which overshoots about half the time)",
     )
+    cal.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="with --confidence: bound the realised rate of every M new questions (a test set, a day of "
+        "traffic), not only the rate of their distribution; picks a higher tau",
+    )
     cal.add_argument("--objective", choices=("budget", "em"), default="budget")
     cal.add_argument("--dev", required=True, help="dev dataset name or JSONL path")
     cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200)")
@@ -248,6 +255,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
+    if args.batch is not None and args.confidence is None:
+        raise RagateError("--batch M needs --confidence (e.g. 0.95): it bounds the rate of M new questions")
     if args.confidence is not None and args.objective != "budget":
         raise RagateError("--confidence bounds a budget: use it with --objective budget --budget RHO")
     result = calibrate(
@@ -256,6 +265,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         objective=args.objective,
         budget=args.budget,
         confidence=args.confidence,
+        batch=args.batch,
         limit=args.limit,
         model=args.model,
         engine=args.engine,

@@ -58,7 +58,9 @@ class BudgetBound:
     bound: str = "order statistic (exact binomial)"
 
 
-def conservative_threshold(scores: Sequence[float], budget: float, confidence: float) -> BudgetBound:
+def conservative_threshold(
+    scores: Sequence[float], budget: float, confidence: float, *, batch: int | None = None
+) -> BudgetBound:
     """tau = s_(k), the k-th smallest dev score, with the smallest k such that the rate on new questions,
     p(tau) = P(S > tau), is at most ``budget`` with probability ``confidence`` over the draw of the dev set.
 
@@ -67,8 +69,13 @@ def conservative_threshold(scores: Sequence[float], budget: float, confidence: f
     = P(Binomial(n, 1 - rho) <= k - 1). It is exact and distribution-free, and tighter than DKW's uniform band
     (which pays for all thresholds at once, sqrt(log(1/delta) / 2n): about 0.09 of rate at n = 200, delta =
     0.05), since only one threshold is used. Raises ValueError when n is too small for the confidence: even the
-    largest score may then be exceeded too often (n must be at least log(1 - confidence) / log(1 - rho))."""
-    from scipy.stats import beta, binom
+    largest score may then be exceeded too often (n must be at least log(1 - confidence) / log(1 - rho)).
+
+    With ``batch`` = m the guarantee is on the realised rate of a batch of m new questions instead (what a
+    service sees over m requests, or a test set of m): the number of them above s_(k) is Beta-Binomial(m,
+    n - k + 1, k) for exchangeable scores (fewer when scores tie), and k is the smallest with P(X <= rho m) >=
+    confidence. This also covers the batch's own sampling noise, so it picks a higher k."""
+    from scipy.stats import beta, betabinom, binom
 
     if not 0.0 < budget < 1.0:
         raise ValueError(f"budget must be a share of questions strictly between 0 and 1, got {budget}")
@@ -78,13 +85,22 @@ def conservative_threshold(scores: Sequence[float], budget: float, confidence: f
     n = values.size
     if n == 0 or not np.all(np.isfinite(values)):
         raise ValueError("need finite dev scores to calibrate on: score at least one question first")
+    if batch is not None and batch < 1:
+        raise ValueError(f"batch must be a number of new questions >= 1, got {batch}")
     ks = np.arange(1, n + 1)
-    ok = binom.cdf(ks - 1, n, 1.0 - budget) >= confidence
+    if batch is None:
+        ok = binom.cdf(ks - 1, n, 1.0 - budget) >= confidence
+    else:
+        ok = betabinom.cdf(np.floor(budget * batch + 1e-9), batch, n - ks + 1, ks) >= confidence
     if not ok.any():
-        need = int(np.ceil(np.log(1.0 - confidence) / np.log(1.0 - budget)))
+        if batch is None:
+            need = f"score at least {int(np.ceil(np.log(1.0 - confidence) / np.log(1.0 - budget)))}"
+        else:
+            need = "score more dev questions"
         raise ValueError(
-            f"{n} dev questions cannot bound a retrieval rate of {budget:g} at confidence {confidence:g}: "
-            f"score at least {need}, or lower the confidence"
+            f"{n} dev questions cannot bound a retrieval rate of {budget:g} at confidence {confidence:g}"
+            + (f" over batches of {batch}" if batch else "")
+            + f": {need}, or lower the confidence"
         )
     k = int(ks[ok][0])
     # the rate on new questions, 1 - F(s_(k)), is Beta(n - k + 1, k) for continuous scores
@@ -97,6 +113,9 @@ def conservative_threshold(scores: Sequence[float], budget: float, confidence: f
         confidence=confidence,
         expected_rate=(n - k + 1) / (n + 1),
         rate_interval=(float(low), float(high)),
+        bound="order statistic (exact binomial)"
+        if batch is None
+        else f"order statistic (exact beta-binomial, batches of {batch})",
     )
 
 
@@ -113,6 +132,7 @@ def calibrate(
     objective: Literal["budget", "em"] = "budget",
     budget: float | None = None,
     confidence: float | None = None,
+    batch: int | None = None,
     limit: int | None = 200,
     model: str | None = None,
     engine: str = "llama.cpp",
@@ -167,12 +187,12 @@ def calibrate(
             bound: dict[str, Any] = {"bound": "plain quantile F^-1(1 - budget) (TARG 3.3)"}
         else:
             try:
-                found = conservative_threshold(scores, budget, confidence)
+                found = conservative_threshold(scores, budget, confidence, batch=batch)
             except ValueError as err:
                 raise RagateError(f"{err} (--limit sets how many dev questions are scored)") from None
             tau = found.tau
             bound = {
-                "bound": found.bound, "confidence": confidence, "k": found.k,
+                "bound": found.bound, "confidence": confidence, "batch": batch, "k": found.k,
                 "expected_rate": found.expected_rate, "rate_interval": list(found.rate_interval),
             }  # fmt: skip
         return (
