@@ -463,3 +463,86 @@ def test_stalled_lm_gives_504_and_a_full_server_429(remote: httpx.Client, llama:
     while (r := _ask(remote)).status_code != 200 and time.monotonic() < deadline:
         time.sleep(1)
     assert r.status_code == 200, r.text
+
+
+# -- a live retrieval budget (issue H.3) -----------------------------------------------------------------------
+def _gauge(client: httpx.Client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_a_budget_steers_the_retrieval_rate_and_survives_a_kill(tmp_path: Path) -> None:
+    """`ragate serve --budget 0.3` with SmolLM2: its default TARG-entropy threshold would retrieve for nearly
+    every question; the controller brings the rate over its window toward 0.3, and a kill -9 and restart keeps
+    the threshold it had reached."""
+    from ragate.retrieval.corpus import demo_dir
+
+    questions = [
+        json.loads(line)["question"] for line in (demo_dir() / "questions.jsonl").read_text().splitlines()
+    ]
+    state = tmp_path / "budget.json"
+    args = ["--method", "targ-entropy", "--budget", "0.3", "--window", "10", "--budget-state", str(state)]
+    proc, url = _serve(args, tmp_path / "serve.log", env={"RAGATE_API_KEY": ""})
+    decided = []
+    try:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            assert _gauge(client, "ragate_budget") == 0.3
+            for q in questions[:40]:
+                r = client.post("/v1/answer", json={"question": q, "options": {"max_tokens": 4}})
+                assert r.status_code == 200, r.text
+                body = r.json()
+                decided.append((body["gate"]["threshold"], body["retrieved"]))
+                assert body["budget"]["budget"] == 0.3 and body["budget"]["window"] == 10
+            first = [retrieved for _, retrieved in decided[:10]]
+            last = [retrieved for _, retrieved in decided[-20:]]
+            assert decided[0][0] == 0.8  # TARG's default before any score was seen
+            assert abs(sum(last) / 20 - 0.3) < abs(sum(first) / 10 - 0.3) or abs(sum(last) / 20 - 0.3) <= 0.15
+            assert abs(_gauge(client, "ragate_budget_window_rate") - 0.3) <= 0.25
+            tau = _gauge(client, "ragate_budget_threshold")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert json.loads(state.read_text())["tau"] == tau
+    proc, url = _serve(args, tmp_path / "serve2.log", env={"RAGATE_API_KEY": ""})
+    try:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            assert _gauge(client, "ragate_budget_threshold") == tau
+            r = client.post("/v1/answer", json={"question": questions[40], "options": {"max_tokens": 4}})
+            assert r.json()["gate"]["threshold"] == tau  # the first answer after the restart uses it
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--budget", "1.5"], "strictly between 0 and 1"),
+        (["--budget", "0.3", "--window", "5"], "at least 10"),
+        (["--budget", "0.3", "--method", "no-retrieval"], "no threshold to control"),
+        (["--budget", "0.3", "--workers", "2"], "--workers 1"),
+    ],
+)
+def test_bad_budget_settings_are_named(
+    extra: list[str], words: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["serve", "--budget-state", str(tmp_path / "s.json"), *extra]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_budget_state_of_another_model_is_refused(tmp_path: Path) -> None:
+    from ragate.errors import RagateError
+    from ragate.methods import get_method
+    from ragate.service.budget import BudgetController
+
+    state = tmp_path / "s.json"
+    controller = BudgetController(0.3, 10, get_method("targ-margin"), state, model="model-a")
+    for score in range(12):
+        controller.observe(float(score), retrieved=score > 8)
+    again = BudgetController(0.3, 10, get_method("targ-margin"), state, model="model-a")
+    assert again.tau == controller.tau == 8.0  # F^-1(0.7) of the last ten scores 2..11: 9, 10, 11 above
+    with pytest.raises(RagateError, match="model 'model-a', not 'model-b'"):
+        BudgetController(0.3, 10, get_method("targ-margin"), state, model="model-b")
+    with pytest.raises(RagateError, match="method 'targ-margin', not 'targ-entropy'"):
+        BudgetController(0.3, 10, get_method("targ-entropy"), state, model="model-a")

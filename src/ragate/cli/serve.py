@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ragate.backends import ENGINES
@@ -41,6 +42,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_question_chars=args.max_question_chars,
             max_tokens=args.max_tokens_limit,
             max_concurrency=args.max_concurrency,
+            budget=args.budget,
+            budget_window=args.window,
+            budget_state=str(args.budget_state) if args.budget_state else None,
             request_timeout=args.timeout,
             read_timeout=args.read_timeout,
             backend_timeout=args.openai_timeout,
@@ -149,6 +153,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=float,
         default=d.request_timeout,
         help=f"seconds per request (default {d.request_timeout:g})",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="keep the share of requests that retrieve at this rate, e.g. 0.3: the served method's threshold "
+        "follows the quantile of its last --window gate scores (docs/service.md)",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=d.budget_window,
+        help=f"requests the budget's rate and threshold are taken over (default {d.budget_window}, at least 10)",
+    )
+    p.add_argument(
+        "--budget-state",
+        type=Path,
+        default=None,
+        help="where the budget keeps its window and threshold across restarts "
+        "(default RAGATE_HOME/service/budget-METHOD.json)",
     )
     p.add_argument(
         "--read-timeout",

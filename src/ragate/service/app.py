@@ -45,6 +45,7 @@ from ragate.methods.trace import Trace
 from ragate.retrieval.types import Hit, Retriever
 from ragate.service import openai_api
 from ragate.service.admission import SerialRetriever, Slots, Ticket
+from ragate.service.budget import BudgetController
 from ragate.service.guard import ApiError, Guard, error_response
 from ragate.service.metrics import ServiceMetrics
 from ragate.service.settings import ServiceSettings
@@ -94,6 +95,14 @@ class Runtime:
     passages: int  # counted once: a Milvus count is a network call /healthz should not depend on
     owned: bool  # whether the app loaded (and so closes) the model and the index
     started: float
+    budget: BudgetController | None = None  # --budget: the served method's tau, kept at a retrieval rate
+
+    def controls(self, method: str | None, options: AnswerOptions | None = None) -> bool:
+        """Whether the budget controller sets this request's threshold: the served method, no threshold asked."""
+        asked = options is not None and options.threshold is not None
+        return (
+            self.budget is not None and (method or self.settings.method) == self.settings.method and not asked
+        )
 
     async def work(self, fn: Callable[[Callable[[], bool]], T]) -> T:
         """Run ``fn(wanted)`` in a worker thread within a slot and the timeout, mapping ragate's errors to HTTP
@@ -151,6 +160,8 @@ class Runtime:
             spec = spec.with_(max_tokens=options.max_tokens)
         if options.threshold is not None:
             spec = spec.with_(gate=replace(spec.gate, threshold=options.threshold))
+        elif self.budget is not None and self.controls(method, options):
+            spec = spec.with_(gate=replace(spec.gate, threshold=self.budget.tau))
         if options.k is not None:
             if options.k > s.max_k:
                 raise ApiError(
@@ -182,7 +193,9 @@ class Runtime:
             )
         return question
 
-    async def answer(self, question: str, spec: MethodSpec) -> tuple[Trace, dict[str, Any]]:
+    async def answer(
+        self, question: str, spec: MethodSpec, *, controlled: bool = False
+    ) -> tuple[Trace, dict[str, Any]]:
         """Run the method; the trace and the timings (queueing = time not spent in a stage)."""
         start = time.perf_counter()
 
@@ -195,6 +208,9 @@ class Runtime:
         trace = await self.work(go)
         total = time.perf_counter() - start
         self.metrics.observe_trace(trace)
+        if controlled and self.budget is not None:
+            self.budget.observe(trace.gate.score, trace.retrieved)
+            self.metrics.observe_budget(self.budget.budget, self.budget.tau, self.budget.rate())
         stage = {s.name: 0.0 for s in trace.stages}
         for s in trace.stages:
             stage[s.name] += s.seconds
@@ -222,6 +238,16 @@ class Runtime:
             "model": self.lm.model,
             "index": self.index_name,
             "timings": timings,
+            **({"budget": self.budget_info()} if self.budget is not None else {}),
+        }
+
+    def budget_info(self) -> dict[str, Any]:
+        assert self.budget is not None
+        return {
+            "budget": self.budget.budget,
+            "window": self.budget.window,
+            "window_rate": self.budget.rate(),
+            "next_threshold": self.budget.tau,
         }
 
     async def health(self, *, authorised: bool = True) -> tuple[int, dict[str, Any]]:
@@ -328,6 +354,17 @@ def load_pipeline(settings: ServiceSettings) -> tuple[Backend, Retriever, str]:
     return lm, retriever, name
 
 
+def _budget(settings: ServiceSettings, lm: Backend) -> BudgetController | None:
+    if settings.budget is None:
+        return None
+    from ragate.models import ragate_home
+
+    state = settings.budget_state or ragate_home() / "service" / f"budget-{settings.method}.json"
+    return BudgetController(
+        settings.budget, settings.budget_window, get_method(settings.method), Path(state), model=str(lm.model)
+    )
+
+
 def create_app(
     settings: ServiceSettings, lm: Backend | None = None, retriever: Retriever | None = None
 ) -> FastAPI:
@@ -351,7 +388,10 @@ def create_app(
         passages=len(retriever),
         owned=owned,
         started=time.time(),
+        budget=_budget(settings, lm),
     )
+    if runtime.budget is not None:
+        metrics.observe_budget(runtime.budget.budget, runtime.budget.tau, runtime.budget.rate())
 
     def close() -> None:  # a request abandoned at its timeout may still be using the model: wait for it
         held = runtime.lm_lock.acquire(timeout=settings.request_timeout) if runtime.lm_lock else False
@@ -385,7 +425,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
     @app.post("/v1/answer")
     async def answer(body: AnswerRequest) -> Response:
         question, spec = rt.question(body.question), rt.spec(body.method, body.options)
-        trace, timings = await rt.answer(question, spec)
+        trace, timings = await rt.answer(question, spec, controlled=rt.controls(body.method, body.options))
         payload = {"answer": trace.answer, "question": question, **rt.extension(trace, timings)}
         payload["trace"] = trace.to_json()
         return JSONResponse(_finite(payload))
@@ -413,7 +453,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
         method = body.model if body.model in METHODS else rt.settings.method
         question = rt.question(text)
         spec = rt.spec(method, AnswerOptions(max_tokens=body.token_limit()))
-        trace, timings = await rt.answer(question, spec)
+        trace, timings = await rt.answer(question, spec, controlled=rt.controls(method))
         extension = _finite(rt.extension(trace, timings))
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage

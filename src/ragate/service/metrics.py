@@ -47,6 +47,9 @@ class ServiceMetrics:
     stages: Histogram
     errors: Counter
     in_progress: Gauge
+    budget: Gauge
+    budget_tau: Gauge
+    budget_rate: Gauge
     _tally: dict[str, tuple[int, int]] = field(
         default_factory=dict, repr=False
     )  # method -> (answers, retrieved)
@@ -85,6 +88,11 @@ class ServiceMetrics:
             in_progress=Gauge(
                 "ragate_requests_in_progress", "requests holding a concurrency slot", registry=r
             ),
+            budget=Gauge("ragate_budget", "the retrieval budget (serve --budget)", registry=r),
+            budget_tau=Gauge("ragate_budget_threshold", "the gate threshold the budget sets now", registry=r),
+            budget_rate=Gauge(
+                "ragate_budget_window_rate", "retrieval rate over the budget's window of requests", registry=r
+            ),
         )
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
@@ -108,6 +116,13 @@ class ServiceMetrics:
         self.retrieval_rate.labels(trace.method).set(k / n)
         for stage in trace.stages:
             self.stages.labels(stage.name).observe(stage.seconds)
+
+    def observe_budget(self, budget: float, tau: float, rate: float | None) -> None:
+        """The live budget: its target, the threshold it sets now, and the rate over its window."""
+        self.budget.set(budget)
+        self.budget_tau.set(tau)
+        if rate is not None:
+            self.budget_rate.set(rate)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -52,6 +52,9 @@ class ServiceSettings:
     backend_timeout: float = 60.0  # one HTTP exchange with an OpenAI-compatible LM server
     backend_retries: int = 2
     health_timeout: float = 2.0
+    budget: float | None = None  # a live retrieval budget for the served method (ragate.service.budget)
+    budget_window: int = 200
+    budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)
 
     def __post_init__(self) -> None:
         positive = {
@@ -72,6 +75,11 @@ class ServiceSettings:
             raise ValueError("the openai engine needs openai_base_url (e.g. http://127.0.0.1:8080/v1)")
         if self.index and self.milvus_uri:
             raise ValueError("serve an index directory or a Milvus collection, not both")
+        if self.budget is not None and self.workers > 1:
+            raise ValueError(
+                "--budget keeps one window of recent requests per server: use --workers 1 with it (one process "
+                "answers a local model at a time anyway)"
+            )
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty: pass a non-empty key or none")
 

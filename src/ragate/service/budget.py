@@ -1,0 +1,115 @@
+"""A live retrieval budget (issue H.3): ``ragate serve --budget RHO --window W`` keeps the share of requests that
+retrieve at RHO as traffic drifts.
+
+The controller is a windowed quantile: it keeps the gate scores of the last W answered requests and sets
+tau = F^-1(1 - RHO) over them (the same inverted-CDF quantile as ``ragate calibrate``), so that a share RHO of
+the recent scores lies above tau and, while the next requests look like the recent ones, about RHO of them
+retrieve. A gate's score does not depend on tau, so the window is an unbiased sample of current traffic whatever
+tau was. When the mix of questions shifts, the window fills with the new scores and tau follows within W
+requests. A feedback controller (nudging tau by the rate error) was the alternative; it needs a gain tuned to
+each gate's score scale and oscillates on heavy-tailed scores such as DTR's NLL, while the quantile needs none.
+
+Before the window holds W scores, tau is the quantile of those it has (and, with none, the method's own
+threshold). The state (scores, recent decisions, tau) is written atomically after every answer and read back on
+start, so a restart keeps tau.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import RagateError
+from ragate.eval.calibrate import threshold_for_budget
+from ragate.fileio import atomic_writer
+from ragate.methods import MethodSpec
+
+CONTROLLED = ("ugt", "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "pairs-embedding", "random")
+MIN_WINDOW = 10
+
+
+def check_budget(budget: float, window: int, spec: MethodSpec) -> None:
+    """Refuse settings the controller cannot honour, naming the fix."""
+    if not 0.0 < budget < 1.0:
+        raise RagateError(f"--budget is a share of requests strictly between 0 and 1, got {budget:g}")
+    if window < MIN_WINDOW:
+        raise RagateError(
+            f"--window {window} is too short to estimate a rate: use at least {MIN_WINDOW} (default 200)"
+        )
+    if spec.gate.kind not in CONTROLLED:
+        raise RagateError(
+            f"method {spec.name!r} decides with its {spec.gate.kind!r} gate, which has no threshold to control; "
+            f"serve a thresholded gate with --budget ({', '.join(CONTROLLED)})"
+        )
+
+
+class BudgetController:
+    """Thread-safe windowed-quantile controller with an atomically persisted state."""
+
+    def __init__(
+        self, budget: float, window: int, spec: MethodSpec, state: Path | None, *, model: str = ""
+    ) -> None:
+        check_budget(budget, window, spec)
+        self.budget, self.window, self.method, self.path, self.model = budget, window, spec.name, state, model
+        self._scores: deque[float] = deque(maxlen=window)
+        self._decisions: deque[bool] = deque(maxlen=window)
+        self._tau = spec.gate.tau
+        self._lock = threading.Lock()
+        if state is not None and state.exists():
+            self._load(state)
+
+    def _load(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            for key, mine in (("method", self.method), ("model", self.model)):
+                if data[key] != mine:
+                    raise RagateError(
+                        f"{path} holds the budget state of {key} {data[key]!r}, not {mine!r}: its scores do not "
+                        "describe this server's gate; pass another --budget-state file (or delete this one)"
+                    )
+            self._scores.extend(float(s) for s in data["scores"][-self.window :])
+            self._decisions.extend(bool(d) for d in data["decisions"][-self.window :])
+            self._tau = float(data["tau"])
+        except RagateError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise RagateError(
+                f"{path} is not a readable budget state ({type(err).__name__}: {err}); delete it to start afresh"
+            ) from None
+
+    @property
+    def tau(self) -> float:
+        with self._lock:
+            return self._tau
+
+    def rate(self) -> float | None:
+        """The share of the last W answered requests that retrieved (None before the first)."""
+        with self._lock:
+            return sum(self._decisions) / len(self._decisions) if self._decisions else None
+
+    def observe(self, score: float | None, retrieved: bool) -> float:
+        """Record one answered request's gate score and decision; returns the new tau."""
+        with self._lock:
+            self._decisions.append(retrieved)
+            if score is not None and math.isfinite(score):  # NaN or inf says nothing about the distribution
+                self._scores.append(float(score))
+                self._tau = threshold_for_budget(list(self._scores), self.budget)
+            if self.path is not None:  # under the lock: states are written in the order they were reached
+                with atomic_writer(self.path) as f:
+                    f.write(json.dumps(self._state()).encode())
+            return self._tau
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "model": self.model,
+            "budget": self.budget,
+            "window": self.window,
+            "tau": self._tau,
+            "scores": list(self._scores),
+            "decisions": list(self._decisions),
+        }
