@@ -128,3 +128,26 @@ def test_the_batch_bound_holds_for_the_realised_rate_of_a_finite_test_set() -> N
     assert over["batch"] / trials <= delta + 0.015 < over["population"] / trials
     with pytest.raises(ValueError, match="batch must be"):
         conservative_threshold([0.1, 0.2], 0.3, 0.9, batch=0)
+
+
+def test_a_calibration_of_another_gate_or_model_is_refused(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    from pathlib import Path
+
+    from ragate.cli.main import main
+
+    cal = Path(str(tmp_path)) / "cal.json"
+    base = ["eval", "--dataset", "demo", "--limit", "1", "--out", str(Path(str(tmp_path)) / "run")]
+    cal.write_text(json.dumps({"method": "targ-margin", "tau": 0.3, "model": None, "engine": "llama.cpp"}))
+    assert main([*base, "--methods", "dtr", "--calibration", str(cal)]) == 2
+    assert "calibrates 'targ-margin', which this run does not evaluate (dtr)" in capsys.readouterr().err
+    cal.write_text(
+        json.dumps({"method": "dtr", "tau": 0.3, "model": "qwen2.5-coder-1.5b", "engine": "llama.cpp"})
+    )
+    assert main([*base, "--methods", "dtr", "--calibration", str(cal)]) == 2
+    assert (
+        "calibrated with model 'qwen2.5-coder-1.5b', this run uses the default model"
+        in capsys.readouterr().err
+    )

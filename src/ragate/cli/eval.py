@@ -143,6 +143,19 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
     thresholds: dict[str, float] = {}
     for path in args.calibration:
         cal = _read_calibration(path)
+        if cal["method"] not in names:
+            raise RagateError(
+                f"{path} calibrates {cal['method']!r}, which this run does not evaluate ({', '.join(names)}): "
+                "pass the calibration of a method in --methods"
+            )
+        for key, now in (("model", args.model), ("engine", args.engine)):
+            if key in cal and cal[key] != now:
+                said = repr(now) if now else f"the default {key}"
+                flag = "--model" if key == "model" else "--backend"
+                raise RagateError(
+                    f"{path} was calibrated with {key} {cal[key]!r}, this run uses {said}: a gate's scores, and "
+                    f"so its threshold, belong to one model; rerun ragate calibrate with this run's {flag}"
+                )
         thresholds[cal["method"]] = float(cal["tau"])
     for item in args.threshold:
         method, sep, value = item.partition("=")
