@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/budget.py transfer SWEEP_DIR [SWEEP_DIR ...] [--splits 1000] [--dev-share 0.5]
         [--budgets 0.1,0.2,0.3,0.5] [--confidence 0.95] [--metric acc] [--gates targ-margin,...]
+    .venv/bin/python benchmarks/budget.py drift SWEEP_DIR SWEEP_DIR [...] --gate targ-margin [--budget 0.3]
+        [--window 50] [--plot drift.png]
 
 ``transfer``: a `ragate sweep` stores, per question, each gate's score and the closed-book and retrieval answers'
 scores. Each of ``--splits`` random splits puts ``--dev-share`` of the questions in a dev set and the rest in a
@@ -16,6 +18,15 @@ retrieval rate on the test questions, the share of splits where it exceeds rho, 
 The share of splits over budget mixes two kinds of chance: the dev draw (which the bound covers) and the finite
 test set's own sampling noise around the true rate (which it does not: a test set of m questions moves the
 realised rate by about sqrt(rho (1 - rho) / m)); the batch bound covers both.
+
+``drift``: the questions of several sweeps (one gate, one model, e.g. NQ then HotpotQA then StrategyQA), each
+shuffled, are played one phase after another as a request stream. A fixed tau, calibrated on the first W requests
+(the traffic it was deployed on), and the service's controller (:class:`ragate.service.budget.BudgetController`,
+tau = the quantile of the last W scores) decide each request in turn. It prints each one's largest deviation of
+the windowed retrieval rate from rho after the first W requests, the share of requests outside rho +- 0.05, and
+accuracy per phase from the recorded closed-book and retrieval answers; ``--plot`` draws the windowed rates.
+Deviations count the windows that begin after the first W requests (the controller's first window is its
+warm-up); a window of W i.i.d. requests at rate rho varies by about sqrt(rho (1 - rho) / W) by chance alone.
 """
 
 from __future__ import annotations
@@ -130,6 +141,102 @@ def transfer(args: argparse.Namespace) -> int:
     return 0
 
 
+def replay(
+    phases: list[list[dict[str, Any]]], gate: str, budget: float, window: int, metric: str
+) -> dict[str, Any]:
+    """Decisions of a fixed tau (the quantile of the first ``window`` scores) and of the controller over the
+    concatenated ``phases``; per request, for each: retrieved, correct; and the windowed rates."""
+    from ragate.methods import get_method
+    from ragate.service.budget import BudgetController
+
+    stream = [(p, r) for p, rows in enumerate(phases) for r in rows]
+    if len(stream) <= window:
+        raise SystemExit(f"{len(stream)} requests in all: the stream must be longer than --window {window}")
+    scores = [r["gates"][gate]["score"] for _, r in stream]
+    fixed_tau = threshold_for_budget(scores[:window], budget)
+    controller = BudgetController(budget, window, get_method(gate), None)
+    out: dict[str, Any] = {
+        "fixed": [],
+        "controller": [],
+        "phase": [p for p, _ in stream],
+        "fixed_tau": fixed_tau,
+    }
+    for (_, r), s in zip(stream, scores, strict=True):
+        decisions = {"fixed": s > fixed_tau, "controller": s > controller.tau}
+        controller.observe(s, decisions["controller"])
+        for how, retrieve in decisions.items():
+            answer = r["open"] if retrieve else r["closed"]
+            out[how].append((retrieve, answer["scores"][metric]))
+    for how in ("fixed", "controller"):
+        retrieved = np.array([d[0] for d in out[how]], dtype=np.float64)
+        rates = np.convolve(
+            retrieved, np.ones(window) / window, mode="valid"
+        )  # rate over the last W requests
+        out[f"{how}_rates"] = rates  # rates[i]: requests i .. i + W - 1
+    return out
+
+
+def drift(args: argparse.Namespace) -> int:
+    rng = np.random.default_rng(args.seed)
+    phases, names = [], []
+    for folder in args.sweeps:
+        path = Path(folder) / "sweep.jsonl"
+        if not path.is_file():
+            print(
+                f"{folder} holds no sweep.jsonl: pass the --out folder of a `ragate sweep`", file=sys.stderr
+            )
+            return 2
+        rows = method_records(read_records(path), args.gate)
+        phases.append([rows[i] for i in rng.permutation(len(rows))])
+        names.append(Path(folder).name)
+    got = replay(phases, args.gate, args.budget, args.window, args.metric)
+    phase = np.array(got["phase"])
+    print(
+        f"\n{args.gate}, budget {args.budget:g}, window {args.window}: "
+        + " -> ".join(f"{n} ({len(p)})" for n, p in zip(names, phases, strict=True))
+        + f"; fixed tau {got['fixed_tau']:.4g} (the quantile of the first {args.window} requests)\n"
+    )
+    print(
+        "| decided by | largest deviation of the windowed rate from ρ | windows outside ρ ± 0.05 | "
+        + " | ".join(f"{n}: rate / {args.metric}" for n in names)
+        + " |"
+    )
+    print("|---|---|---|" + "---|" * len(names))
+    for how in ("fixed", "controller"):
+        rates = got[f"{how}_rates"][args.window :]  # windows that begin after the first W requests
+        deviation = np.abs(rates - args.budget) if rates.size else np.zeros(1)
+        cells = []
+        for p in range(len(phases)):
+            mine = [d for d, q in zip(got[how], phase, strict=True) if q == p]
+            cells.append(f"{np.mean([d[0] for d in mine]):.2f} / {100 * np.mean([d[1] for d in mine]):.1f}")
+        print(
+            f"| {how} τ | {deviation.max():.3f} | {100 * np.mean(deviation > 0.05):.1f}% | "
+            + " | ".join(cells)
+            + " |"
+        )
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        x = np.arange(args.window, args.window + len(got["fixed_rates"]))
+        ax.plot(x, got["fixed_rates"], label=f"fixed τ = {got['fixed_tau']:.3g}")
+        ax.plot(x, got["controller_rates"], label=f"controller (window {args.window})")
+        ax.axhspan(args.budget - 0.05, args.budget + 0.05, color="grey", alpha=0.2, label="ρ ± 0.05")
+        for start in np.flatnonzero(np.diff(phase)) + 1:
+            ax.axvline(start, color="black", linestyle=":", linewidth=1)
+        ax.set_xlabel("request")
+        ax.set_ylabel(f"retrieval rate, last {args.window}")
+        ax.set_title(f"{args.gate}: " + " → ".join(names))
+        ax.legend(loc="best", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"\nwrote {args.plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -145,6 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--gates", default=None, help="comma-separated (default: every swept gate but random)")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(run=transfer)
+    d = sub.add_parser("drift", help="a fixed tau vs the live controller over a stream whose mix changes")
+    d.add_argument("sweeps", nargs="+", help="`ragate sweep` --out folders, played in this order")
+    d.add_argument("--gate", required=True)
+    d.add_argument("--budget", type=float, default=0.3)
+    d.add_argument("--window", type=int, default=50)
+    d.add_argument("--metric", choices=("em", "f1", "acc"), default="acc")
+    d.add_argument("--plot", type=Path, default=None, help="write the windowed rates as a PNG")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(run=drift)
     args = p.parse_args(argv)
     return int(args.run(args))
 
