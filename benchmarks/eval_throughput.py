@@ -11,8 +11,9 @@ after the other, each a real ``ragate eval`` process with its own fresh call sto
 - ``after-2``: the call cache and ``--workers 2``: the questions sharded over two processes, each pinned to its own
   core with a one-thread engine.
 
-It prints each arm's wall time, questions per hour (a question = all the methods answering it), LM calls charged
-and computed, and how many (question, method) predictions differ from ``before`` (prediction, retrieval decision
+It prints each arm's wall time, questions per hour (a question = all the methods answering it), the CPU seconds
+its LM calls took (a figure other load on this shared machine moves less than wall time), LM calls charged and
+computed, and how many (question, method) predictions differ from ``before`` (prediction, retrieval decision
 and documents read), naming each difference. With one worker that number must be 0: every call is computed from
 a cleared engine cache, so the store returns exactly what computing it again would.
 
@@ -68,6 +69,12 @@ def run_arm(name: str, flags: list[str], args: argparse.Namespace, out: Path) ->
     return {"seconds": wall, "charged_calls": calls["charged"]["calls"], "paid_calls": calls["paid"]["calls"]}
 
 
+def _paid_cpu(run_dir: Path) -> float:
+    """CPU seconds the run's LM calls really took (all threads and workers): less moved by other load on a
+    shared machine than wall time."""
+    return float(json.loads((run_dir / "results.json").read_text())["calls"]["paid"]["cpu_seconds"])
+
+
 def answers(run_dir: Path) -> dict[tuple[str, str], tuple[Any, ...]]:
     return {
         (r["id"], r["method"]): (r.get("prediction"), r.get("retrieved"), tuple(r.get("doc_ids") or ()))
@@ -120,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     reference = answers(out / "before") if "before" in timings.get("arms", {}) else None
     print(f"\n{args.questions} {args.dataset} questions x 17 single-shot methods, {args.model} ({out})\n")
     print(
-        "| arm | wall s | questions/hour | vs before | LM calls charged | computed | predictions differing |"
+        "| arm | wall s | questions/hour | vs before | LM CPU s paid | vs before | LM calls charged | computed "
+        "| predictions differing |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cpu = {name: _paid_cpu(out / name) for name in timings["arms"]}
     base = timings["arms"].get("before", {}).get("seconds")
     diffs: dict[str, list[tuple[Any, ...]]] = {}
     for name, t in timings["arms"].items():
@@ -134,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             diffs[name] = [(k, reference.get(k), mine.get(k)) for k in sorted(reference.keys() | mine.keys())
                            if reference.get(k) != mine.get(k)]  # fmt: skip
             differing = str(len(diffs[name]))
+        cpu_ratio = f"{cpu['before'] / cpu[name]:.2f}x" if cpu.get("before") and cpu[name] else "-"
         print(
-            f"| {name} | {t['seconds']:.0f} | {qph:.1f} | {ratio} | {t['charged_calls']:.0f} | "
-            f"{t['paid_calls']:.0f} | {differing} |"
+            f"| {name} | {t['seconds']:.0f} | {qph:.1f} | {ratio} | {cpu[name]:.0f} | {cpu_ratio} | "
+            f"{t['charged_calls']:.0f} | {t['paid_calls']:.0f} | {differing} |"
         )
     for name, rows in diffs.items():
         for key, was, now in rows:
