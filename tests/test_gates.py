@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ragate.backends.scripted import make_generation
+from ragate.backends.scripted import make_generation, text_generation
 from ragate.gates.basic import always, never, random_gate
 from ragate.gates.judge import llm_judge, p_yes
 from ragate.gates.pairs import pairs_agreement, pairs_embedding_agreement
@@ -98,6 +98,12 @@ def test_llm_judge_reads_reply_and_p_yes() -> None:
     assert not d.retrieve and d.score == pytest.approx(0.2)
     unclear = make_generation(["Maybe"], [-0.5])
     assert llm_judge(unclear).retrieve and p_yes(unclear) == 0.5
+    for text, retrieve, score in (("Yes.", True, 1.0), ("No", False, 0.0), ("Maybe", True, 0.5)):
+        d = llm_judge(
+            text_generation(text)
+        )  # a text-only API: no alternatives, the score comes from the words
+        assert p_yes(text_generation(text)) is None
+        assert (d.retrieve, d.score) == (retrieve, score) and "no logprobs" in d.reason
 
 
 def test_never_always_random() -> None:

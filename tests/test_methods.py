@@ -15,7 +15,7 @@ from ragate.methods import DYNAMIC_METHODS, METHODS, get_method, run_method
 NAMED = [
     "no-retrieval", "standard-rag", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
     "dpr-ais-dynamic", "dpr-ais-rerank", "pairs", "pairs-exclude-num", "targ-entropy", "targ-margin",
-    "targ-variance", "random",
+    "targ-variance", "random", "verbal-confidence",
 ]  # fmt: skip
 DYNAMIC = [
     "etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "ircot", "ralm",
@@ -104,7 +104,7 @@ def test_method_needs_an_index_when_it_retrieves() -> None:
 def test_every_named_method_runs_end_to_end_on_smollm2(method: str, smollm2_path: Path, minilm: Any) -> None:
     from ragate.cli.ask import ask_with_method
 
-    trace = ask_with_method(
+    trace, capabilities = ask_with_method(
         "who got the first nobel prize in physics",
         method,
         index=None,
@@ -112,6 +112,7 @@ def test_every_named_method_runs_end_to_end_on_smollm2(method: str, smollm2_path
         engine="llama.cpp",
         threshold=None,
     )
+    assert capabilities["logprobs"] == "full distribution"
     assert trace.method == method and trace.lm_calls >= 1 and trace.seconds > 0
     assert trace.retrieved == bool(trace.documents)
     if trace.retrieved:

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragate.backends.openai_compat import OpenAICompatBackend, align_offsets
-from ragate.errors import BackendError, BackendUnavailableError
+from ragate.errors import BackendError, BackendUnavailableError, CapabilityError
 from ragate.types import Generation, GenerationRequest, Message
 
 if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llama_cpp.server") is None:
@@ -53,10 +53,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_llama_server(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_llama_server(log: Path, *, logprobs: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+    """llama-cpp-python's server; ``logprobs=False`` starts it with --logits_all false, and then it refuses every
+    request that asks for logprobs (a real server without logprobs, like many hosted APIs)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(_gguf()), "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", "2048", "--logits_all", "true"]  # fmt: skip
+           "--port", str(port), "--n_ctx", "2048", "--logits_all", "true" if logprobs else "false"]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
@@ -96,10 +98,107 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, base = _start_llama_server(tmp_path_factory.mktemp("plain") / "server.log", logprobs=False)
+    yield base
+    _stop(proc)
+
+
+@pytest.fixture(scope="session")
 def backend(llama_server: str) -> Iterator[OpenAICompatBackend]:
     b = OpenAICompatBackend(llama_server, extra_body=NO_PENALTY, backoff=0.05)
     yield b
     b.close()
+
+
+def test_capabilities_are_asked_of_the_server(
+    backend: OpenAICompatBackend, llama_server: str, plain_server: str
+) -> None:
+    caps = backend.capabilities
+    assert (caps.logprobs, caps.top_k, caps.full_distribution) == (True, 20, False)
+    assert backend.capability_note == "probed: token logprobs with top-20 alternatives"
+    with OpenAICompatBackend(plain_server, extra_body=NO_PENALTY, max_retries=0) as plain:
+        assert (plain.capabilities.logprobs, plain.capabilities.top_k) == (False, 0)
+        assert plain.capability_note.startswith("probed: the server refuses logprobs")
+        [g] = plain.generate(
+            [GenerationRequest((Message("user", "Say hello."),), max_tokens=8, top_logprobs=0)]
+        )
+        assert (
+            g.text and g.tokens == () and g.completion_tokens > 0
+        )  # text only, nothing asked that it refuses
+        with pytest.raises(CapabilityError, match="at most 0 top logprobs"):
+            plain.generate([GenerationRequest(PROMPT, top_logprobs=2)])
+    with OpenAICompatBackend(llama_server, logprobs="off") as off:
+        assert not off.capabilities.logprobs and off.capability_note == "logprobs=off: text only"
+
+
+def test_gates_over_a_real_server_with_and_without_logprobs(
+    backend: OpenAICompatBackend, plain_server: str
+) -> None:
+    """Issue I.4: TARG's entropy gate over top-20 runs end to end (and says its entropy is approximate); without
+    logprobs it is refused with the methods that would run, and --fallback runs a text-only gate."""
+    from ragate.methods import get_method, run_method
+    from ragate.methods.needs import require
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    question = "who got the first nobel prize in physics"
+    with open_index(demo_index()) as index:
+        trace = run_method(get_method("targ-entropy"), question, backend, index)
+        assert "top-k entropy approximation" in trace.gate.reason and trace.answer
+        with OpenAICompatBackend(plain_server, extra_body=NO_PENALTY, max_retries=0) as plain:
+            with pytest.raises(CapabilityError, match="returns no logprobs.*Methods that run on it: .*pairs"):
+                run_method(get_method("targ-entropy"), question, plain, index)
+            spec = require(get_method("targ-entropy"), plain.capabilities, engine="openai", fallback="pairs")
+            trace = run_method(spec, question, plain, index)
+            assert trace.method == "targ-entropy:fallback=pairs" and trace.answer
+            assert "answers" in trace.gate.reason  # PAIRS's agreement of two answers' text decided
+
+
+def test_serve_over_a_server_without_logprobs_falls_back_and_says_so(
+    plain_server: str, tmp_path: Path
+) -> None:
+    """`ragate serve --backend openai` against a server without logprobs starts with a logprob-free gate (the
+    default method's selector, PAIRS's agreement) and /healthz says so; an explicit method it cannot serve is a
+    start-up error naming the fix."""
+    port = _free_port()
+    base = [
+        "--backend",
+        "openai",
+        "--openai-base-url",
+        plain_server,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    cmd = [sys.executable, "-m", "ragate.cli.main", "serve", *base]
+    refused = subprocess.run(
+        [*cmd, "--method", "targ-margin"], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and "--fallback" in refused.stderr and "no logprobs" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+        while True:
+            try:
+                health = httpx.get(f"{url}/healthz", timeout=3).json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text(errors="replace")
+                time.sleep(0.3)
+        assert health["method"] == "dtr:fallback=pairs" and "'pairs' gate" in health["fallback"]
+        assert (
+            health["capabilities"]["logprobs"] == "none"
+            and health["capabilities"]["gates"]["ugt"] == "unavailable"
+        )
+        answer = httpx.post(f"{url}/v1/answer", json={"question": "who wrote hamlet"}, timeout=120).json()
+        assert answer["method"] == "dtr:fallback=pairs", answer
+    finally:
+        _stop(proc)
 
 
 def _check_offsets(g: Generation) -> None:
@@ -189,7 +288,7 @@ def test_dead_port_is_unavailable_quickly() -> None:
     start = time.monotonic()
     with pytest.raises(BackendUnavailableError, match=url.replace(".", r"\.")) as e:
         OpenAICompatBackend(url, max_retries=2, backoff=0.01)  # GET /models at construction
-    b = OpenAICompatBackend(url, model="m", max_retries=1, backoff=0.01)
+    b = OpenAICompatBackend(url, model="m", max_retries=1, backoff=0.01, logprobs="on")
     with pytest.raises(BackendUnavailableError, match="is it running"):
         b.generate([GenerationRequest(PROMPT)])
     assert time.monotonic() - start < 5 and "3 attempts" in str(e.value)
@@ -198,7 +297,9 @@ def test_dead_port_is_unavailable_quickly() -> None:
 def test_client_errors_are_not_retried(llama_server: str) -> None:
     no_v1 = llama_server.removesuffix("/v1")
     with pytest.raises(BackendError, match="404.*must include /v1") as e:
-        OpenAICompatBackend(no_v1, model="m", max_retries=3, backoff=5).generate([GenerationRequest(PROMPT)])
+        OpenAICompatBackend(no_v1, model="m", max_retries=3, backoff=5, logprobs="on").generate(
+            [GenerationRequest(PROMPT)]
+        )
     assert not isinstance(e.value, BackendUnavailableError)
     b = OpenAICompatBackend(llama_server, max_retries=3, backoff=5)
     start = time.monotonic()
@@ -209,7 +310,7 @@ def test_client_errors_are_not_retried(llama_server: str) -> None:
 
 def test_server_errors_are_retried_then_unavailable(llama_server: str) -> None:
     # llama-cpp-python's server answers an invalid parameter with HTTP 500 (not 422), so it is retried.
-    b = OpenAICompatBackend(llama_server, extra_body={"top_p": 7}, max_retries=1, backoff=0.01)
+    b = OpenAICompatBackend(llama_server, extra_body={"top_p": 7}, max_retries=1, backoff=0.01, logprobs="on")
     with pytest.raises(BackendUnavailableError, match="failed on all 2 attempts.*HTTP 500.*top_p"):
         b.generate([GenerationRequest(PROMPT)])
 
@@ -318,7 +419,9 @@ def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_503_with_retry_after_is_retried(fake_server: str) -> None:
-    b = OpenAICompatBackend(fake_server, model="fake", max_retries=2, backoff=30)  # Retry-After: 0 wins
+    b = OpenAICompatBackend(
+        fake_server, model="fake", max_retries=2, backoff=30, logprobs="on"
+    )  # Retry-After: 0 wins
     start = time.monotonic()
     [g] = b.generate([GenerationRequest("flaky", stop=("\n",))])
     assert time.monotonic() - start < 5
@@ -328,7 +431,9 @@ def test_503_with_retry_after_is_retried(fake_server: str) -> None:
 
 
 def test_missing_logprobs_timeout_and_empty_model_list(fake_server: str) -> None:
-    b = OpenAICompatBackend(fake_server, model="fake", timeout=0.5, max_retries=1, backoff=0.01)
+    b = OpenAICompatBackend(
+        fake_server, model="fake", timeout=0.5, max_retries=1, backoff=0.01, logprobs="on"
+    )
     with pytest.raises(BackendError, match="does not support logprobs"):
         b.generate([GenerationRequest("nologprobs")])
     with pytest.raises(BackendError, match=r"timed out after 0\.5 s.*raise the timeout") as e:

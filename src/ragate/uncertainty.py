@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -40,23 +41,49 @@ def entropy(logprobs: Sequence[float] | np.ndarray) -> float:
     return float(-(p[p > 0] * lp[p > 0]).sum())
 
 
-def topk_entropy(top_logprobs: Sequence[float]) -> float:
-    """APPROXIMATE entropy from only the top-k log-probabilities of a step.
+TailModel = Literal["lumped", "capped", "uniform"]
 
-    The probability mass outside the top k, r = 1 - sum(p_k), is treated as one extra outcome:
-    H_k = -sum_k p_k log p_k - r log r. Lumping the tail together can only lower the entropy, so this is a
-    lower bound on the exact :func:`entropy`; it equals it when the top k hold all the mass. Use it only where a
-    backend returns no full distribution (OpenAI-compatible servers), and say so in results.
+
+def topk_entropy(
+    top_logprobs: Sequence[float], tail: TailModel = "lumped", vocab_size: int | None = None
+) -> float:
+    """APPROXIMATE entropy from only the top-k log-probabilities of a step (issue I: APIs give k <= 20).
+
+    The top k tokens' share -sum_k p_k log p_k is exact; the tail mass r = 1 - sum(p_k) is unseen except that no
+    tail token is more likely than the k-th, p_min. Three ways to count the tail:
+
+    - ``lumped``: r as one outcome, -r log r. The smallest entropy any distribution with these top-k could have
+      if the tail were one token, which the cap p_min usually forbids: a loose lower bound.
+    - ``capped``: r split into as few tokens as the cap allows (floor(r / p_min) tokens of p_min and the rest):
+      the tightest lower bound (entropy is Schur-concave, and this tail majorises every admissible one).
+    - ``uniform``: r spread evenly over the other ``vocab_size - k`` tokens: the upper bound.
+
+    All three equal the exact :func:`entropy` when the top k hold all the mass.
     """
     if len(top_logprobs) == 0:
         raise ValueError("topk_entropy needs at least one log-probability")
     p = np.exp(np.asarray(top_logprobs, dtype=np.float64))
-    total = p.sum()
+    total = float(p.sum())
     if total > 1 + 1e-6:
         raise ValueError(f"top-k probabilities sum to {total:.6f} > 1: are these log-probabilities?")
     rest = max(0.0, 1.0 - total)
     h = float(-(p[p > 0] * np.log(p[p > 0])).sum())
-    return h - rest * math.log(rest) if rest > 0 else h
+    if rest <= 1e-12:
+        return h
+    if tail == "lumped":
+        return h - rest * math.log(rest)
+    if tail == "uniform":
+        if vocab_size is None or vocab_size <= len(p):
+            raise ValueError("the uniform tail needs the vocabulary size (more tokens than the top k)")
+        return h - rest * math.log(rest / (vocab_size - len(p)))
+    if tail != "capped":
+        raise ValueError(f"tail must be 'lumped', 'capped' or 'uniform', got {tail!r}")
+    cap = float(p.min())
+    if cap <= 0:
+        return h - rest * math.log(rest)
+    full = math.floor(rest / cap)
+    left = rest - full * cap
+    return h - full * cap * math.log(cap) - (left * math.log(left) if left > 1e-15 else 0.0)
 
 
 def margin(top_logprobs: Sequence[float]) -> float:

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -45,6 +45,12 @@ class OpenAICompatBackend(Backend):
     ``max_retries`` times after ``backoff * 2**attempt`` seconds (or the server's ``Retry-After``, capped at
     ``timeout``), so a request never takes longer than ``(max_retries + 1) * timeout`` plus those waits.
     4xx answers and timeouts are not retried. A batch is sent over at most ``max_concurrency`` connections.
+
+    ``logprobs`` says what the server returns: ``"auto"`` (the default) asks once, with a one-token request for
+    ``top_k`` alternatives, and sets :attr:`capabilities` from the answer (an error or an answer without
+    logprobs: none; fewer alternatives than asked: that many); ``"on"`` trusts ``top_k`` without asking;
+    ``"off"`` never asks for logprobs (text only: only the gates that need none run, see
+    :mod:`ragate.methods.needs`). :attr:`capability_note` says how the capabilities were found.
     """
 
     engine = "openai"
@@ -61,11 +67,14 @@ class OpenAICompatBackend(Backend):
         max_concurrency: int = 4,
         top_k: int = 20,
         extra_body: Mapping[str, Any] | None = None,
+        logprobs: Literal["auto", "on", "off"] = "auto",
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(
                 f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
             )
+        if logprobs not in ("auto", "on", "off"):
+            raise ValueError(f"logprobs must be 'auto', 'on' or 'off', got {logprobs!r}")
         if timeout <= 0 or max_retries < 0 or backoff < 0 or max_concurrency < 1 or top_k < 0:
             raise ValueError(
                 "need timeout > 0, max_retries >= 0, backoff >= 0, max_concurrency >= 1, top_k >= 0"
@@ -79,11 +88,33 @@ class OpenAICompatBackend(Backend):
         self._client = httpx.Client(
             headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=max_concurrency)
         )
-        self.capabilities = Capabilities(
-            logprobs=True, top_k=top_k, attentions=False, sampling=True, chat_template=True,
-            full_distribution=False, token_ids=False, prefix_cache=False,
-        )  # fmt: skip
+        self.capabilities = _caps(top_k if logprobs != "off" else None)
+        self.capability_note = {"on": "logprobs=on: not checked", "off": "logprobs=off: text only"}.get(
+            logprobs, ""
+        )
         self.model = model if model is not None else self._first_model()
+        if logprobs == "auto":
+            self.capabilities, self.capability_note = self._probe(top_k)
+
+    def _probe(self, top_k: int) -> tuple[Capabilities, str]:
+        """Ask once for a one-token chat answer with ``top_k`` alternatives and read what comes back."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1,
+                "temperature": 0.0, **self.extra_body}  # fmt: skip
+        try:
+            answer = self._request(
+                "POST", "/chat/completions", {**body, "logprobs": True, "top_logprobs": top_k}
+            )
+        except BackendError as e:
+            self._request("POST", "/chat/completions", body)  # a server that fails this too is broken: raise
+            return _caps(None), f"probed: the server refuses logprobs ({str(e)[:200]})"
+        try:
+            steps = parse_steps(answer["choices"][0])
+        except (KeyError, IndexError, TypeError, ValueError):
+            steps = None
+        if not steps:
+            return _caps(None), "probed: the server returns no logprobs"
+        seen = max(len(s[2]) for s in steps)
+        return _caps(min(top_k, seen)), f"probed: token logprobs with top-{min(top_k, seen)} alternatives"
 
     def _first_model(self) -> str:
         data = self._request("GET", "/models").get("data") or []
@@ -110,9 +141,12 @@ class OpenAICompatBackend(Backend):
             body["repetition_penalty"] = (
                 request.repetition_penalty
             )  # vLLM / SGLang name; not OpenAI's own API
+        asks = self.capabilities.logprobs
         if isinstance(request.prompt, str):
             path = "/completions"
-            body.update(prompt=request.prompt + request.assistant_prefix, logprobs=request.top_logprobs)
+            body.update(prompt=request.prompt + request.assistant_prefix)
+            if asks:
+                body.update(logprobs=request.top_logprobs)
         else:
             if request.assistant_prefix:
                 raise CapabilityError(
@@ -121,7 +155,9 @@ class OpenAICompatBackend(Backend):
                 )
             path = "/chat/completions"
             messages = [{"role": m.role, "content": m.content} for m in request.prompt]
-            body.update(messages=messages, logprobs=True, top_logprobs=request.top_logprobs)
+            body.update(messages=messages)
+            if asks:
+                body.update(logprobs=True, top_logprobs=request.top_logprobs)
         return path, {**body, **self.extra_body}
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -148,16 +184,22 @@ class OpenAICompatBackend(Backend):
             raise BackendError(
                 f"unexpected answer from {self.base_url}{path}: {e!r}; is it OpenAI-compatible?"
             ) from e
+        finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
+        usage = answer.get("usage") or {}
+        if not self.capabilities.logprobs:  # text only: no per-token steps
+            return Generation(
+                text=text, tokens=(), token_ids=(), logprobs=(), top_logprobs=(), offsets=(),
+                finish_reason=finish, prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds,
+            )  # fmt: skip
         if steps is None:
             raise BackendError(
                 f"the server at {self.base_url} returned no logprobs although they were requested: it does not "
                 "support logprobs (for llama-cpp-python start it with --logits_all true; for vLLM set "
-                "--max-logprobs >= top_logprobs)"
+                "--max-logprobs >= top_logprobs), or run text-only gates with logprobs='off'"
             )
-        finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         offsets = align_offsets(text, steps)
         steps = steps[: len(offsets)]
-        usage = answer.get("usage") or {}
         k = request.top_logprobs
         ids = [_token_id(s[0]) for s in steps]
         return Generation(
@@ -248,6 +290,14 @@ class OpenAICompatBackend(Backend):
 
     def __repr__(self) -> str:
         return f"OpenAICompatBackend(base_url={self.base_url!r}, model={self.model!r})"
+
+
+def _caps(top_k: int | None) -> Capabilities:
+    """An OpenAI-style server's capabilities: token logprobs with ``top_k`` alternatives, or none (``None``)."""
+    return Capabilities(
+        logprobs=top_k is not None, top_k=top_k or 0, attentions=False, sampling=True, chat_template=True,
+        full_distribution=False, token_ids=False, prefix_cache=False,
+    )  # fmt: skip
 
 
 # -- hooks 2 and 3: the answer ----------------------------------------------------------------------------------

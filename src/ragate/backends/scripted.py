@@ -58,6 +58,20 @@ def make_generation(
     )
 
 
+def text_generation(text: str, *, finish_reason: FinishReason = "stop") -> Generation:
+    """A :class:`Generation` as a text-only API returns it: the text, no per-token steps."""
+    return Generation(
+        text=text, tokens=(), token_ids=(), logprobs=(), top_logprobs=(), offsets=(),
+        finish_reason=finish_reason, prompt_tokens=0, completion_tokens=0, seconds=0.0,
+    )  # fmt: skip
+
+
+TEXT_ONLY = Capabilities(
+    logprobs=False, top_k=0, attentions=False, sampling=True, chat_template=True, full_distribution=False,
+    token_ids=False, prefix_cache=False,
+)  # fmt: skip
+
+
 class ScriptedBackend(Backend):
     """Answers each request by calling ``script(request)``, or pops the next of a fixed list of generations.
 

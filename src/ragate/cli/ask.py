@@ -13,11 +13,12 @@ import difflib
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ragate.backends import ENGINES, load_backend
 from ragate.errors import RagateError
+from ragate.methods.needs import capability_summary
 from ragate.methods.trace import Trace
 from ragate.types import Generation, GenerationRequest, Message
 from ragate.uncertainty import (
@@ -40,6 +41,7 @@ class AskResult:
     generation: Generation
     model: str
     engine: str
+    capabilities: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
         gen = self.generation
@@ -68,9 +70,10 @@ class AskResult:
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.completion_tokens,
             "seconds": round(gen.seconds, 4),
-            "entropy": "exact" if exact else "top-k approximation (lower bound)",
+            "entropy": "exact" if exact else ("top-k approximation (lower bound)" if len(gen) else None),
             "uncertainty": summary(gen),
             "tokens": tokens,
+            "capabilities": self.capabilities,
         }
 
 
@@ -112,8 +115,9 @@ def ask(
     except ValueError as err:
         raise RagateError(str(err)) from err
     with load_backend(model, engine, **options) as backend:
+        request = replace(request, top_logprobs=min(top_k, backend.capabilities.top_k))
         [gen] = backend.generate([request])
-        return AskResult(question, gen, backend.model, backend.engine)
+        return AskResult(question, gen, backend.model, backend.engine, capability_summary(backend))
 
 
 def render(result: AskResult) -> str:
@@ -177,12 +181,14 @@ def ask_with_method(
     threshold: float | None,
     gate: str | None = None,
     selector: str | None = None,
+    fallback: str | None = None,
     **options: Any,
-) -> Trace:
-    """Run a named method (``ragate.methods``) on one question against ``index`` (default: the demo index)."""
-    from dataclasses import replace
-
+) -> tuple[Trace, dict[str, Any]]:
+    """Run a named method (``ragate.methods``) on one question against ``index`` (default: the demo index);
+    returns the trace and the backend's capabilities. ``fallback`` names the gate to run where the backend cannot
+    serve the method's own (``ragate.methods.needs.require``)."""
     from ragate.methods import GateSpec, get_method, run_method
+    from ragate.methods.needs import require
     from ragate.methods.spec import GATES, SELECTORS
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
@@ -199,8 +205,10 @@ def ask_with_method(
             spec = spec.with_(dynamic=replace(spec.dynamic, threshold=threshold))
         else:
             spec = spec.with_(gate=replace(spec.gate, threshold=threshold))
-    with open_index(index or demo_index()) as retriever, load_backend(model, engine, **options) as backend:
-        return run_method(spec, question, backend, retriever)
+    with load_backend(model, engine, **options) as backend:
+        spec = require(spec, backend.capabilities, engine=backend.engine, fallback=fallback)
+        with open_index(index or demo_index()) as retriever:
+            return run_method(spec, question, backend, retriever), capability_summary(backend)
 
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
@@ -250,8 +258,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.openai_base_url:
             raise RagateError("--backend openai needs --openai-base-url (e.g. http://127.0.0.1:8000/v1)")
         options["base_url"] = args.openai_base_url
+        options["logprobs"] = args.openai_logprobs
+    elif args.openai_logprobs != "auto":
+        raise RagateError("--openai-logprobs goes with --backend openai")
+    if args.fallback and not args.method:
+        raise RagateError("--fallback goes with --method (the gate to run where the backend cannot serve it)")
     if args.method:
-        trace = ask_with_method(
+        trace, capabilities = ask_with_method(
             args.question,
             args.method,
             index=args.index,
@@ -260,9 +273,11 @@ def run(args: argparse.Namespace) -> int:
             threshold=args.threshold,
             gate=args.gate,
             selector=args.selector,
+            fallback=args.fallback,
             **options,
         )
-        print(json.dumps(trace.to_json(), ensure_ascii=False) if args.json else render_trace(trace))
+        out = {**trace.to_json(), "capabilities": capabilities}
+        print(json.dumps(out, ensure_ascii=False) if args.json else render_trace(trace))
         return 0
     if args.index:
         raise RagateError(
@@ -305,6 +320,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         help="base URL of an OpenAI-compatible server (with --backend openai)",
     )
+    parser.add_argument(
+        "--openai-logprobs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="what the server returns: auto asks it once (default), on trusts top-20, off sends no logprobs "
+        "request (text-only gates only)",
+    )
     parser.add_argument("--max-tokens", type=int, default=32, help="longest answer in tokens (default 32)")
     parser.add_argument("--top-k", type=int, default=5, help="alternatives shown per token (default 5)")
     parser.add_argument(
@@ -327,6 +349,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--threshold", type=float, default=None, help="the gate's threshold (default: the paper's)"
+    )
+    parser.add_argument(
+        "--fallback",
+        default=None,
+        metavar="GATE",
+        help="with --method: where the backend cannot serve the method's gate (no logprobs, too few top-k), run "
+        "this gate instead (e.g. verbal-confidence, pairs); the method is then named NAME:fallback=GATE",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(run=run)

@@ -111,6 +111,13 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
     p.add_argument("--calibration", action="append", default=[], type=Path, help="a `ragate calibrate` file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
+        "--fallback",
+        default=None,
+        metavar="GATE",
+        help="where the backend cannot serve a method's gate (no logprobs, too few top-k), run this gate instead "
+        "(e.g. verbal-confidence, pairs); recorded in config.json. Default: such a method is an error",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -175,6 +182,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         seed=args.seed,
         thresholds=tuple(sorted(thresholds.items())),
         base_url=args.base_url,
+        fallback=getattr(args, "fallback", None),
     )
 
 

@@ -38,6 +38,14 @@ def _size(n: int | None) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
+ENGINE_CAPABILITIES = (
+    ("llama.cpp", "full next-token distribution (exact entropy), top-100 logprobs, seeded sampling; every gate"),
+    ("transformers", "full distribution, top-100 logprobs, attentions (DRAGIN's query), seeded sampling"),
+    ("openai", ("asked at start: top-k logprobs (entropy gates approximate, margin needs k >= 2) or none "
+                "(text-only gates: pairs, verbal-confidence, targ-variance, llm-judge from its reply; or --fallback)")),
+)  # fmt: skip
+
+
 def run_list(args: argparse.Namespace) -> int:
     rows = [("NAME", "INSTALLED", "SIZE", "PATH", "DESCRIPTION")]
     for status in list_models(args.home):
@@ -49,6 +57,9 @@ def run_list(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     print("\n* default model. Any local GGUF file or model directory also works by path.")
+    print("\nWhat each engine gives the gates (ragate ask --json shows it for a loaded backend):")
+    for engine, gives in ENGINE_CAPABILITIES:
+        print(f"  {engine:<13} {gives}")
     for status in list_models(args.home):
         if not status.installed:
             print(f"To install {status.spec.name}: {status.spec.install_hint}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from ragate.backends import ENGINES
 from ragate.errors import RagateError
+from ragate.methods.needs import DEFAULT_TEXT_GATE
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -26,8 +27,11 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     if args.openai_base_url and engine != "openai":
         raise RagateError(f"--openai-base-url goes with --backend openai, not --backend {engine}")
     try:
+        fallback = args.fallback or (DEFAULT_TEXT_GATE if args.method is None else None)
         return ServiceSettings(
-            method=args.method,
+            method=args.method or ServiceSettings.method,
+            fallback=fallback,
+            openai_logprobs=args.openai_logprobs,
             index=args.index,
             milvus_uri=args.milvus,
             milvus_collection=args.milvus_collection,
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings)
     rt = app.state.runtime
     print(
-        f"ragate serve: method {settings.method}, model {rt.lm.model} ({rt.lm.engine}), index {rt.index_name} "
+        f"ragate serve: method {rt.served.name if rt.served else settings.method}, model {rt.lm.model} ({rt.lm.engine}), index {rt.index_name} "
         f"({rt.passages} passages), auth {'on' if settings.api_key else 'off'}; listening on {where}",
         file=sys.stderr,
         flush=True,
@@ -117,7 +121,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Serve one adaptive-retrieval method over HTTP: POST /v1/answer, POST /v1/search, "
         "POST /v1/chat/completions (OpenAI format), GET /healthz, GET /metrics. See docs/service.md.",
     )
-    p.add_argument("--method", default=d.method, help=f"the default method (default {d.method})")
+    p.add_argument(
+        "--method",
+        default=None,
+        help=f"the default method (default {d.method}; where the backend cannot serve its gate, e.g. an API "
+        f"without logprobs, the {DEFAULT_TEXT_GATE} gate decides instead and /healthz says so)",
+    )
+    p.add_argument(
+        "--fallback",
+        default=None,
+        metavar="GATE",
+        help="the gate to serve where the backend cannot serve the method's own (no logprobs, too few top-k); "
+        "without it an explicit --method the backend cannot serve is an error",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--index", default=None, help="index directory (default: the demo index)")
     where.add_argument("--milvus", default=None, metavar="URI", help="serve a Milvus collection instead")
@@ -131,6 +147,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument(
         "--openai-timeout", type=float, default=d.backend_timeout, help="seconds per LM server call"
+    )
+    p.add_argument(
+        "--openai-logprobs",
+        choices=("auto", "on", "off"),
+        default=d.openai_logprobs,
+        help="what the LM server returns: auto asks it once at start (default), on trusts top-20, off is text only",
     )
     p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
     p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")

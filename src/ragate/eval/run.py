@@ -42,6 +42,7 @@ from ragate.eval.summary import summarize, summary_markdown
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
 from ragate.methods import MethodSpec, get_method, run_method
+from ragate.methods.needs import require
 from ragate.retrieval.types import Retriever
 
 RECALL_K = 3
@@ -61,6 +62,7 @@ class EvalConfig:
     seed: int = 0
     thresholds: tuple[tuple[str, float], ...] = ()  # (method, tau) overrides, e.g. from `ragate calibrate`
     base_url: str | None = None
+    fallback: str | None = None  # the gate that replaces one the backend cannot serve (ragate.methods.needs)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (not compared on resume)
 
     def to_json(self) -> dict[str, Any]:
@@ -99,7 +101,9 @@ def check_config(
         )
     saved = json.loads(saved_path.read_text())
     now = config.to_json()
-    for key in ("dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url"):
+    for key in (
+        "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
+    ):  # fmt: skip
         same = _index_path(saved.get(key)) == _index_path(now.get(key)) if key == "index" else None
         if not same and saved.get(key) != now.get(key):
             raise RagateError(
@@ -382,6 +386,15 @@ def _answer_jobs(
     specs = {m: config.spec(m) for m in config.methods}
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
+    try:  # a method the backend cannot serve is refused before any answer, or runs with the fallback gate
+        specs = {
+            m: require(s, lm.capabilities, engine=lm.engine, fallback=config.fallback, rename=False)
+            for m, s in specs.items()
+        }
+    except RagateError:
+        if own_lm:
+            lm.close()
+        raise
     needs_index = any(specs[m].retrieves for _, _, m in jobs)
     if retriever is None and needs_index:
         retriever = _open_retriever(config)

@@ -21,10 +21,11 @@ JUDGE_PROMPT = (  # DTR Appendix D, Figure 15
 )
 
 
-def p_yes(reply: Generation) -> float:
-    """P(yes) among yes/no at the reply's first step; 0.5 when neither appears in the top-k list."""
-    if len(reply) == 0:
-        return 0.5
+def p_yes(reply: Generation) -> float | None:
+    """P(yes) among yes/no at the reply's first step; 0.5 when neither appears in the top-k list; None when the
+    reply carries no alternatives (a backend without top-k logprobs)."""
+    if len(reply) == 0 or not reply.top_logprobs[0]:
+        return None
     yes = no = 0.0
     for alt in reply.top_logprobs[0]:
         word = alt.token.strip().lower()
@@ -36,14 +37,18 @@ def p_yes(reply: Generation) -> float:
 
 
 def llm_judge(reply: Generation) -> GateDecision:
-    """Decide from the judge's reply text; the score is :func:`p_yes` (threshold 0.5)."""
-    score = p_yes(reply)
+    """Decide from the judge's reply text; the score is :func:`p_yes` (threshold 0.5), or, without logprobs, the
+    reply's own word: 1 for "yes", 0 for "no", 0.5 otherwise (a text-only score: too coarse to sweep)."""
     words = normalize_answer(reply.text).split()
     first = words[0] if words else ""
+    probability = p_yes(reply)
+    text_score = {"yes": 1.0, "no": 0.0}.get(first, 0.5)
+    score = text_score if probability is None else probability
+    how = "from the reply text, no logprobs" if probability is None else f"P(yes) = {score:.3f}"
     if first == "yes":
-        return GateDecision(True, score, 0.5, f"the model says it needs information (P(yes) = {score:.3f})")
+        return GateDecision(True, score, 0.5, f"the model says it needs information ({how})")
     if first == "no":
-        return GateDecision(False, score, 0.5, f"the model says it can answer (P(yes) = {score:.3f})")
+        return GateDecision(False, score, 0.5, f"the model says it can answer ({how})")
     return GateDecision(
-        True, score, 0.5, f"unclear judge reply {reply.text.strip()[:40]!r}: retrieve to be safe"
+        True, score, 0.5, f"unclear judge reply {reply.text.strip()[:40]!r}: retrieve to be safe ({how})"
     )

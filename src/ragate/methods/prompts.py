@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragate.gates.judge import JUDGE_PROMPT
+from ragate.gates.verbal import VERBAL_PROMPT
 from ragate.retrieval.types import Passage
 from ragate.text import extract_tagged_answer
 
@@ -78,5 +79,6 @@ HYDE = (
     "Please write a passage to answer the question\nQuestion: {question}\nPassage:"  # HyDE (Gao et al., 2023)
 )
 JUDGE = JUDGE_PROMPT  # DTR Fig. 15
+VERBAL = VERBAL_PROMPT  # Tian et al. 2023, verbalised confidence (gates/verbal.py)
 
 PROMPT_SETS = {p.name: p for p in (DTR, PAIRS, TARG)}

@@ -95,6 +95,12 @@ _METHODS = (
         _TARG_SELECT,
         TARG,
     ),
+    MethodSpec(
+        "verbal-confidence",
+        "the model states P(its answer is right); retrieve below 0.5 (Tian et al. 2023; no logprobs needed)",
+        GateSpec("verbal-confidence"),
+        _Q,
+    ),
     MethodSpec("random", "retrieve for a random half of the questions (the control)", GateSpec("random"), _Q),
     # dynamic RAG (ragate.dynamic): few-shot chain of thought, retrieval decided while the model writes
     *(

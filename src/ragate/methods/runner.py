@@ -18,9 +18,10 @@ import numpy as np
 
 from ragate.backends.base import Backend
 from ragate.errors import ModelNotFoundError
-from ragate.gates import basic, judge, pairs, targ, ugt
+from ragate.gates import basic, judge, pairs, targ, ugt, verbal
 from ragate.gates.base import GateDecision
 from ragate.methods import prompts as P
+from ragate.methods.needs import require
 from ragate.methods.spec import GateSpec, MethodSpec, SelectorSpec
 from ragate.methods.trace import Stage, Trace
 from ragate.retrieval.types import Hit, Retriever
@@ -62,7 +63,9 @@ class _Run:
         request = GenerationRequest(
             self.messages(template, **fields),
             max_tokens=max_tokens or self.spec.max_tokens,
-            top_logprobs=top_logprobs,
+            top_logprobs=min(
+                top_logprobs, self.lm.capabilities.top_k
+            ),  # what the gate needs is checked first
         )
         return self.generate(name, [request], overhead=overhead)[0]
 
@@ -92,7 +95,9 @@ def run_method(
     """Answer ``question`` with ``spec``; ``retriever`` may be None only for methods that never retrieve.
 
     Dynamic methods (``spec.dynamic``) run :func:`ragate.dynamic.loop.run_dynamic`; ``dataset`` picks their
-    few-shot exemplars (single-shot methods ignore it)."""
+    few-shot exemplars (single-shot methods ignore it). A method the backend cannot serve (a logprob gate on a
+    text-only API) is a :class:`~ragate.errors.CapabilityError`, never a silent wrong score."""
+    require(spec, lm.capabilities, engine=lm.engine)
     if spec.dynamic is not None:
         from ragate.dynamic.loop import run_dynamic
 
@@ -130,6 +135,7 @@ def decide(
             f"{spec.name!r} is a dynamic method: it decides while generating, so it has no gate to run alone "
             "(sweeps and calibration cover single-shot gates; re-run dynamic methods with `ragate eval`)"
         )
+    require(spec, lm.capabilities, engine=lm.engine)
     return _gate(_Run(spec, question, lm, retriever), spec.gate, seed, answer=False)[0]
 
 
@@ -164,6 +170,9 @@ def _gate(
         else:
             decision = pairs.pairs_agreement(a1.text, a2.text, exclude_numbers=kind == "pairs-exclude-num")
         return decision, a1.text, p
+    if kind == "verbal-confidence":
+        reply = run.one("verbal", P.VERBAL, max_tokens=verbal.MAX_TOKENS, top_logprobs=0)
+        return verbal.verbal_confidence(reply.text, gate.tau), verbal.parse_guess(reply.text), None
     if kind == "llm-judge":
         reply = run.one("judge", P.JUDGE, max_tokens=4, overhead=True)
         decision = judge.llm_judge(reply)

@@ -16,7 +16,7 @@ from ragate.uncertainty import DEFAULT_MARGIN_BETA
 
 GateKind = Literal[
     "never", "always", "random", "ugt", "pairs", "pairs-exclude-num", "pairs-embedding",
-    "targ-entropy", "targ-margin", "targ-variance", "llm-judge",
+    "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "verbal-confidence",
 ]  # fmt: skip
 SelectorKind = Literal[
     "question", "hyde", "q2d", "cot", "dpr-ais", "dpr-ais-question", "dpr-ais-pseudo",

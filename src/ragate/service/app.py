@@ -41,6 +41,7 @@ from ragate import __version__
 from ragate.backends import Backend, load_backend
 from ragate.errors import BackendError, BackendUnavailableError, RagateError
 from ragate.methods import METHODS, MethodSpec, get_method, run_method
+from ragate.methods.needs import capability_summary, method_support, require
 from ragate.methods.trace import Trace
 from ragate.retrieval.types import Hit, Retriever
 from ragate.service import openai_api
@@ -96,6 +97,9 @@ class Runtime:
     owned: bool  # whether the app loaded (and so closes) the model and the index
     started: float
     budget: BudgetController | None = None  # --budget: the served method's tau, kept at a retrieval rate
+    served: MethodSpec | None = (
+        None  # the served method as the backend can run it (its fallback gate, if any)
+    )
 
     def controls(self, method: str | None, options: AnswerOptions | None = None) -> bool:
         """Whether the budget controller sets this request's threshold: the served method, no threshold asked."""
@@ -149,7 +153,9 @@ class Runtime:
         """The method with the request's options, within the server's limits."""
         s = self.settings
         try:
-            spec = get_method(method or s.method)
+            spec = (
+                self.served if self.served and method in (None, s.method) else get_method(method or s.method)
+            )
         except RagateError as err:
             raise ApiError(400, str(err)) from None
         if options.max_tokens is not None:
@@ -253,11 +259,19 @@ class Runtime:
     async def health(self, *, authorised: bool = True) -> tuple[int, dict[str, Any]]:
         """The service's state. ``/healthz`` needs no key, so without one (where the server has a key) it does
         not say where the model and the index are on disk."""
+        served = self.served.name if self.served else self.settings.method
         info = {
-            "status": "ok", "version": __version__, "method": self.settings.method, "model": self.lm.model,
+            "status": "ok", "version": __version__, "method": served, "model": self.lm.model,
             "engine": self.lm.engine, "index": self.index_name, "passages": self.passages,
             "in_progress": self.slots.used, "max_concurrency": self.slots.n,
+            "capabilities": capability_summary(self.lm),
         }  # fmt: skip
+        if self.served is not None and self.served.gate.kind != get_method(self.settings.method).gate.kind:
+            info["fallback"] = (
+                f"the {self.lm.engine} backend cannot serve {self.settings.method!r}'s gate "
+                f"({method_support(get_method(self.settings.method), self.lm.capabilities)[1]}): "
+                f"its answers are decided by the {self.served.gate.kind!r} gate"
+            )
         if not authorised:
             hidden = "(send the API key to see it)"
             info |= {"index": hidden, "model": Path(str(self.lm.model)).name or hidden}
@@ -376,6 +390,15 @@ def create_app(
         if not owned:
             raise ValueError("give both lm and retriever, or neither")
         lm, retriever, index_name = load_pipeline(settings)
+    try:
+        served = require(
+            get_method(settings.method), lm.capabilities, engine=lm.engine, fallback=settings.fallback
+        )
+    except RagateError:
+        if owned:
+            lm.close()
+            retriever.close()
+        raise
     metrics = ServiceMetrics.create()
     runtime = Runtime(
         settings=settings,
@@ -389,6 +412,7 @@ def create_app(
         owned=owned,
         started=time.time(),
         budget=_budget(settings, lm),
+        served=served,
     )
     if runtime.budget is not None:
         metrics.observe_budget(runtime.budget.budget, runtime.budget.tau, runtime.budget.rate())

@@ -55,6 +55,8 @@ class ServiceSettings:
     budget: float | None = None  # a live retrieval budget for the served method (ragate.service.budget)
     budget_window: int = 200
     budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)
+    fallback: str | None = None  # the gate served where the backend cannot serve the method's own
+    openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
 
     def __post_init__(self) -> None:
         positive = {
@@ -80,6 +82,8 @@ class ServiceSettings:
                 "--budget keeps one window of recent requests per server: use --workers 1 with it (one process "
                 "answers a local model at a time anyway)"
             )
+        if self.openai_logprobs not in ("auto", "on", "off"):
+            raise ValueError(f"openai_logprobs must be auto, on or off, got {self.openai_logprobs!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty: pass a non-empty key or none")
 
@@ -103,6 +107,7 @@ class ServiceSettings:
             "timeout": min(self.backend_timeout, self.request_timeout),
             "max_retries": self.backend_retries,
             "backoff": 0.25,
+            "logprobs": self.openai_logprobs,
         }
 
     def public(self) -> dict[str, Any]:
