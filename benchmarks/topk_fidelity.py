@@ -10,7 +10,8 @@ log-probabilities: the DTR closed-book answer (no-retrieval; UGT's NLL), TARG's 
 margin), the LLM judge's reply (P(yes)) and the verbalised-confidence reply (no logprobs needed), plus the
 standard-rag answer (question top-3), so that the accuracy of retrieving is known for each question. One JSON
 line per question in ``DIR/part-W.jsonl`` (resumable: rerun the same command after a kill); ``--workers N``
-runs N processes, each pinned to one core with a one-thread engine.
+runs N processes, each pinned to one core with a one-thread engine. The runs behind docs/methods.md are in
+``benchmarks/results/topk/{nq,hotpotqa}/part-W.jsonl.gz`` (``table`` reads them as they are).
 
 ``table`` recomputes every gate's score from the full distribution and from only the top k (k = 1, 2, 5, 10,
 20; "none": no logprobs, where a text-only form exists) and prints, per dataset and gate: AUROC for "the
@@ -25,6 +26,7 @@ Correctness is the eval's "acc" (gold answer contained in the extracted answer).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -105,8 +107,9 @@ def answer_one(example: Any, lm: Recorder, retriever: Any) -> dict[str, Any]:
 
 def read_rows(folder: Path) -> list[dict[str, Any]]:
     rows = []
-    for part in sorted(folder.glob("part-*.jsonl")):
-        for line in part.read_text(encoding="utf-8", errors="replace").splitlines():
+    for part in sorted([*folder.glob("part-*.jsonl"), *folder.glob("part-*.jsonl.gz")]):
+        raw = gzip.decompress(part.read_bytes()) if part.suffix == ".gz" else part.read_bytes()
+        for line in raw.decode("utf-8", errors="replace").splitlines():
             try:
                 rows.append(json.loads(line))
             except ValueError:
@@ -227,6 +230,8 @@ DEFAULT_TAU = {
 
 
 def table(args: argparse.Namespace) -> int:
+    from scipy.stats import spearmanr
+
     rows_by_set: dict[str, list[dict[str, Any]]] = {}
     for folder in args.dirs:
         for row in read_rows(folder):
@@ -242,9 +247,9 @@ def table(args: argparse.Namespace) -> int:
         rag = np.array([r["rag"]["acc"] for r in rows])
         print(f"\n### {dataset}: n = {len(rows)}, closed-book acc {closed.mean():.3f}, always-retrieve acc "
               f"{rag.mean():.3f}, closed-book wrong {wrong.mean():.3f}\n")  # fmt: skip
-        print(f"| gate | form | AUROC | Δ AUROC vs exact [95% CI] | decisions agree (default τ) | "
-              f"decisions agree (budget {args.budget:g}) | acc at budget |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print(f"| gate | form | AUROC | Δ AUROC vs exact [95% CI] | Spearman vs exact | decisions agree "
+              f"(default τ) | decisions agree (budget {args.budget:g}) | acc at budget |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
         keys = sorted(
             {k for f in forms for k in f}, key=lambda k: (k.split("|")[0], _form_order(k.split("|")[1]))
         )
@@ -252,24 +257,27 @@ def table(args: argparse.Namespace) -> int:
             gate, form = key.split("|")
             values = [f.get(key) for f in forms]
             if any(v is None for v in values):
-                print(f"| {gate} | {form} | unavailable | | | | |")
+                print(f"| {gate} | {form} | unavailable | | | | | |")
                 continue
             s = np.array(values, dtype=float)
             exact_key = f"{gate}|exact" if f"{gate}|exact" in forms[0] else key
             e = np.array([f[exact_key] for f in forms], dtype=float)
             a = auroc(s, wrong)
-            delta = ""
-            if exact_key != key:
+            delta = rho = ""
+            if exact_key != key and np.allclose(s, e, rtol=0, atol=1e-9):
+                delta, rho = "0 (the same scores)", "1"
+            elif exact_key != key:
                 lo, hi = paired_auroc_ci(s, e, wrong)
                 verdict = "" if lo > 0 or hi < 0 else " (not established)"
                 delta = f"{a - auroc(e, wrong):+.3f} [{lo:+.3f}, {hi:+.3f}]{verdict}"
+                rho = f"{spearmanr(s, e).statistic:.3f}"
             tau = DEFAULT_TAU[gate]
             agree_default = float(np.mean((s > tau) == (e > tau)))
             ts, te = np.quantile(s, 1 - args.budget), np.quantile(e, 1 - args.budget)
             agree_budget = float(np.mean((s > ts) == (e > te)))
             acc = float(np.where(s > ts, rag, closed).mean())
             print(
-                f"| {gate} | {form} | {a:.3f} | {delta} | {agree_default:.3f} | {agree_budget:.3f} | {acc:.3f} |"
+                f"| {gate} | {form} | {a:.3f} | {delta} | {rho} | {agree_default:.3f} | {agree_budget:.3f} | {acc:.3f} |"
             )
             if form in ("exact", "top-20", "top-20/capped", "none"):
                 plots.setdefault(dataset, {})[key] = frontier(s, closed, rag)
@@ -283,7 +291,7 @@ def _form_order(form: str) -> tuple[int, str]:
     if form == "exact":
         return (0, "")
     if form == "none":
-        return (99, "")
+        return (999, "")
     k, _, tail = form[4:].partition("/")
     return (100 - int(k), tail)
 

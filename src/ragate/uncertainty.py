@@ -54,8 +54,11 @@ def topk_entropy(
 
     - ``lumped``: r as one outcome, -r log r. The smallest entropy any distribution with these top-k could have
       if the tail were one token, which the cap p_min usually forbids: a loose lower bound.
-    - ``capped``: r split into as few tokens as the cap allows (floor(r / p_min) tokens of p_min and the rest):
-      the tightest lower bound (entropy is Schur-concave, and this tail majorises every admissible one).
+    - ``capped`` (the default): r split into as few tokens as the cap allows (floor(r / p_min) tokens of p_min
+      and the rest): the tightest lower bound (entropy is Schur-concave, and this tail majorises every admissible
+      one). Measured with Qwen2.5-Coder-1.5B over 200 NQ and 200 HotpotQA questions
+      (benchmarks/topk_fidelity.py): from the top 20, TARG's mean entropy keeps a Spearman correlation of
+      0.99 with the exact score and 95% of its retrieve/skip decisions at the paper's tau (lumped: 0.80).
     - ``uniform``: r spread evenly over the other ``vocab_size - k`` tokens: the upper bound.
 
     All three equal the exact :func:`entropy` when the top k hold all the mass.
@@ -64,8 +67,10 @@ def topk_entropy(
         raise ValueError("topk_entropy needs at least one log-probability")
     p = np.exp(np.asarray(top_logprobs, dtype=np.float64))
     total = float(p.sum())
-    if total > 1 + 1e-6:
+    if total > 1 + 1e-3:
         raise ValueError(f"top-k probabilities sum to {total:.6f} > 1: are these log-probabilities?")
+    if total > 1:  # rounded logprobs (servers send a few decimals) can overshoot 1 by a little
+        p, total = p / total, 1.0
     rest = max(0.0, 1.0 - total)
     h = float(-(p[p > 0] * np.log(p[p > 0])).sum())
     if rest <= 1e-12:
