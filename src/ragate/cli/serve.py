@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings)
     rt = app.state.runtime
     print(
-        f"ragate serve: method {rt.served.name if rt.served else settings.method}, model {rt.lm.model} ({rt.lm.engine}), index {rt.index_name} "
+        f"ragate serve: method {rt.served.name}, model {rt.lm.model} ({rt.lm.engine}), index {rt.index_name} "
         f"({rt.passages} passages), auth {'on' if settings.api_key else 'off'}; listening on {where}",
         file=sys.stderr,
         flush=True,

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ragate.backends.base import Capabilities
+from ragate.backends.base import Backend, Capabilities
 from ragate.errors import CapabilityError
 from ragate.methods.spec import GATES, GateKind, GateSpec, MethodSpec, TriggerKind
 
@@ -173,8 +173,8 @@ def capability_report(caps: Capabilities) -> dict[str, object]:
     }
 
 
-def capability_summary(backend: object) -> dict[str, object]:
+def capability_summary(backend: Backend) -> dict[str, object]:
     """:func:`capability_report` of a backend plus how its capabilities were found (``capability_note``)."""
-    report = capability_report(backend.capabilities)  # type: ignore[attr-defined]
+    report = capability_report(backend.capabilities)
     note = getattr(backend, "capability_note", "")
     return {**report, "note": note} if note else report

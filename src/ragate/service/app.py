@@ -96,10 +96,8 @@ class Runtime:
     passages: int  # counted once: a Milvus count is a network call /healthz should not depend on
     owned: bool  # whether the app loaded (and so closes) the model and the index
     started: float
+    served: MethodSpec  # the served method as the backend can run it (with its fallback gate, if any)
     budget: BudgetController | None = None  # --budget: the served method's tau, kept at a retrieval rate
-    served: MethodSpec | None = (
-        None  # the served method as the backend can run it (its fallback gate, if any)
-    )
 
     def controls(self, method: str | None, options: AnswerOptions | None = None) -> bool:
         """Whether the budget controller sets this request's threshold: the served method, no threshold asked."""
@@ -153,9 +151,7 @@ class Runtime:
         """The method with the request's options, within the server's limits."""
         s = self.settings
         try:
-            spec = (
-                self.served if self.served and method in (None, s.method) else get_method(method or s.method)
-            )
+            spec = self.served if method in (None, s.method) else get_method(method)
         except RagateError as err:
             raise ApiError(400, str(err)) from None
         if options.max_tokens is not None:
@@ -259,14 +255,13 @@ class Runtime:
     async def health(self, *, authorised: bool = True) -> tuple[int, dict[str, Any]]:
         """The service's state. ``/healthz`` needs no key, so without one (where the server has a key) it does
         not say where the model and the index are on disk."""
-        served = self.served.name if self.served else self.settings.method
         info = {
-            "status": "ok", "version": __version__, "method": served, "model": self.lm.model,
+            "status": "ok", "version": __version__, "method": self.served.name, "model": self.lm.model,
             "engine": self.lm.engine, "index": self.index_name, "passages": self.passages,
             "in_progress": self.slots.used, "max_concurrency": self.slots.n,
             "capabilities": capability_summary(self.lm),
         }  # fmt: skip
-        if self.served is not None and self.served.gate.kind != get_method(self.settings.method).gate.kind:
+        if self.served.name != self.settings.method:  # require() renamed it: a fallback gate decides
             info["fallback"] = (
                 f"the {self.lm.engine} backend cannot serve {self.settings.method!r}'s gate "
                 f"({method_support(get_method(self.settings.method), self.lm.capabilities)[1]}): "
