@@ -51,7 +51,7 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
     assert text == {
         "never": "exact", "always": "exact", "random": "exact", "ugt": "unavailable", "pairs": "exact",
         "pairs-exclude-num": "exact", "pairs-embedding": "exact", "targ-entropy": "unavailable",
-        "targ-margin": "unavailable", "targ-variance": "exact", "llm-judge": "text", "verbal-confidence": "exact",
+        "targ-margin": "unavailable", "targ-variance": "approximate", "llm-judge": "text", "verbal-confidence": "exact",
     }  # fmt: skip
     assert set(text) == set(GATES)
     top20 = capability_report(SCRIPTED_CAPABILITIES)["gates"]
@@ -174,3 +174,19 @@ def test_eval_refuses_before_answering_or_records_the_fallback(tmp_path: Path) -
     (row,) = results["summary"]
     assert row["method"] == "dtr" and row["n"] == 2 and row["retrieval_rate"] == 0
     assert results["config"]["fallback"] == "verbal-confidence"
+
+
+def test_targ_variance_on_a_text_only_backend_compares_words_not_nothing() -> None:
+    """Without per-token output the sampled drafts' words stand in for their tokens: disagreement is measured,
+    not read as an empty draft (which would retrieve for every question)."""
+    texts = ["Paris is the capital", "Paris is a city", "Lyon is the capital", "Paris is the capital"]
+
+    def script(request: GenerationRequest) -> object:
+        seed = request.seed or 0
+        return text_generation("Paris is the capital" if request.greedy else texts[seed % len(texts)])
+
+    spec = get_method("targ-variance").with_(gate=replace(get_method("targ-variance").gate, samples=4))
+    trace = run_method(spec, "Capital of France?", ScriptedBackend(script, capabilities=TEXT_ONLY), None)
+    # words 1-4: (Paris x3, Lyon) -> 1/4; (is x4) -> 0; (the x3, a) -> 1/4; (capital x3, city) -> 1/4
+    assert trace.gate.score == pytest.approx(0.75 / 4) and "words" in trace.gate.reason
+    assert not trace.retrieved and trace.answer == "Paris is the capital"

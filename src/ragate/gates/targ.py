@@ -55,10 +55,14 @@ def targ_margin(
 
 
 def targ_variance(samples: Sequence[Generation], tau: float, *, k: int = DEFAULT_PREFIX) -> GateDecision:
-    """TARG Eq. 3 across N sampled prefixes of the same prompt (token ids when the backend has them, else text)."""
+    """TARG Eq. 3 across N sampled prefixes of the same prompt: their token ids when the backend has them, else
+    their token strings; a text-only backend (no per-token output) gives neither, and then the first ``k`` words
+    of each sample stand in for its tokens (an approximation, said in the reason)."""
     if not samples:
         raise ValueError("the variance gate needs the N sampled prefixes (N = 5 by default)")
-    sequences = [s.token_ids if s.token_ids else s.tokens for s in samples]
+    by_words = all(not s.tokens for s in samples)
+    sequences = [s.text.split() if by_words else (s.token_ids or s.tokens) for s in samples]
     if all(len(s) == 0 for s in sequences):
         return _empty(tau)
-    return _decide(f"disagreement over {len(samples)} samples", disagreement(sequences, k), tau)
+    unit = " (words: no per-token output)" if by_words else ""
+    return _decide(f"disagreement over {len(samples)} samples", disagreement(sequences, k), tau, unit)

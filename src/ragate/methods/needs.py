@@ -39,7 +39,8 @@ class Need:
     the per-token output every dynamic loop cuts and replays). ``top_k``: alternatives per step (2 for TARG's
     margin and the judge's P(yes)). ``entropy``: per-step entropies, exact with the full distribution and
     approximate from the top-k otherwise. ``sampling``: seeded sampling (TARG's variance). ``text_fallback``: the
-    decision can still be read from the reply text when ``top_k`` is missing.
+    decision can still be read from the reply text when ``top_k`` is missing. ``tokens``: compares generated
+    tokens, and words where a text-only backend returns no per-token output (an approximation).
     """
 
     token_logprobs: bool = False
@@ -47,6 +48,7 @@ class Need:
     entropy: bool = False
     sampling: bool = False
     text_fallback: bool = False
+    tokens: bool = False
 
     def describe(self) -> str:
         parts = []
@@ -72,7 +74,9 @@ GATE_NEEDS: dict[GateKind, Need] = {
     "pairs-embedding": _TEXT,
     "targ-entropy": Need(token_logprobs=True, top_k=1, entropy=True),  # TARG Eq. 1
     "targ-margin": Need(token_logprobs=True, top_k=2),  # TARG Eq. 2: the top-1/top-2 gap is exact from top-2
-    "targ-variance": Need(sampling=True),  # TARG Eq. 3: agreement of sampled prefixes' tokens (text suffices)
+    "targ-variance": Need(
+        sampling=True, tokens=True
+    ),  # TARG Eq. 3: sampled prefixes' tokens, else their words
     "llm-judge": Need(
         token_logprobs=True, top_k=2, text_fallback=True
     ),  # P(yes); else the reply's first word
@@ -110,6 +114,8 @@ def support(need: Need, caps: Capabilities) -> tuple[Support, str]:
         if need.text_fallback:
             return "text", f"top-{caps.top_k} logprobs: decided from the reply text"
         return "unavailable", f"the backend returns top-{caps.top_k} logprobs, {need.top_k} are needed"
+    if need.tokens and not caps.logprobs:
+        return "approximate", "no per-token output: sampled texts compared word by word"
     if need.entropy and not caps.full_distribution:
         return "approximate", f"entropy estimated from the top-{caps.top_k} logprobs (no full distribution)"
     return "exact", ""
