@@ -120,11 +120,14 @@ def read_rows(folder: Path) -> list[dict[str, Any]]:
 def run_shard(args: argparse.Namespace) -> int:
     from ragate.backends import load_backend
     from ragate.eval.datasets import load_dataset
+    from ragate.eval.workers import worker_cores
     from ragate.retrieval.index import open_index
 
     shard, workers = args.shard
     if workers > 1:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[shard % len(os.sched_getaffinity(0))]})
+        os.sched_setaffinity(
+            0, {worker_cores(workers)[shard]}
+        )  # the core `ragate eval --workers` would give it
     examples = load_dataset(args.dataset, limit=args.questions)
     done = {r["id"] for r in read_rows(args.out)}
     todo = [e for i, e in enumerate(examples) if i % workers == shard and e.id not in done]
