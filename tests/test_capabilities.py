@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ragate.backends.base import Capabilities
 from ragate.backends.scripted import SCRIPTED_CAPABILITIES, TEXT_ONLY, ScriptedBackend, text_generation
-from ragate.errors import CapabilityError
+from ragate.errors import CapabilityError, RagateError
 from ragate.gates.verbal import parse_guess, parse_probability, verbal_confidence
 from ragate.methods import METHODS, get_method, run_method
 from ragate.methods.needs import capability_report, method_support, require
@@ -52,6 +52,7 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
         "never": "exact", "always": "exact", "random": "exact", "ugt": "unavailable", "pairs": "exact",
         "pairs-exclude-num": "exact", "pairs-embedding": "exact", "targ-entropy": "unavailable",
         "targ-margin": "unavailable", "targ-variance": "approximate", "llm-judge": "text", "verbal-confidence": "exact",
+        "self-eval": "text", "self-rag-lite": "text", "skr": "exact",
     }  # fmt: skip
     assert set(text) == set(GATES)
     top20 = capability_report(SCRIPTED_CAPABILITIES)["gates"]
@@ -80,6 +81,10 @@ def test_every_method_on_a_text_only_backend_errs_clearly_or_runs(name: str, dem
             and "verbal-confidence" in message
         )
         assert "--fallback" in message and not lm.calls  # refused before any call was paid
+    elif spec.gate.kind == "skr":  # runs text-only, given a label set (tests/test_targ_baselines.py)
+        with pytest.raises(RagateError, match="pass --skr-labels FILE"):
+            run_method(spec, "Where is the Louvre?", lm, demo)
+        assert not lm.calls
     else:
         trace = run_method(spec, "Where is the Louvre?", lm, demo)
         assert trace.answer and trace.gate.reason

@@ -182,6 +182,7 @@ def ask_with_method(
     gate: str | None = None,
     selector: str | None = None,
     fallback: str | None = None,
+    skr_labels: str | None = None,
     **options: Any,
 ) -> tuple[Trace, dict[str, Any]]:
     """Run a named method (``ragate.methods``) on one question against ``index`` (default: the demo index);
@@ -200,6 +201,10 @@ def ask_with_method(
     if selector is not None:
         kind = _choice(selector, SELECTORS, "selector")
         spec = spec.with_(selector=replace(spec.selector, kind=kind))  # type: ignore[arg-type]
+    if skr_labels is not None:
+        if spec.gate.kind != "skr":
+            raise RagateError(f"--skr-labels goes with the skr gate (--method skr), not {spec.name!r}")
+        spec = spec.with_(gate=replace(spec.gate, labels=skr_labels))
     if threshold is not None:
         if spec.dynamic is not None:
             spec = spec.with_(dynamic=replace(spec.dynamic, threshold=threshold))
@@ -274,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
             gate=args.gate,
             selector=args.selector,
             fallback=args.fallback,
+            skr_labels=args.skr_labels,
             **options,
         )
         out = {**trace.to_json(), "capabilities": capabilities}
@@ -356,6 +362,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="GATE",
         help="with --method: where the backend cannot serve the method's gate (no logprobs, too few top-k), run "
         "this gate instead (e.g. verbal-confidence, pairs); the method is then named NAME:fallback=GATE",
+    )
+    parser.add_argument(
+        "--skr-labels",
+        default=None,
+        metavar="FILE",
+        help="with --method skr: the label set of training questions it votes with (`ragate skr fit`)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(run=run)

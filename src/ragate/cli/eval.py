@@ -92,6 +92,19 @@ def register(subparsers: Any) -> None:
         default="em",
         help="accuracy in plots, deciles and quadrants (acc suits small models that answer in sentences)",
     )
+    rep.add_argument(
+        "--budgets",
+        default=None,
+        help="comma-separated retrieval budgets, e.g. 0.2,0.4,0.6: add the budget-matched table (TARG Tables 3-4)",
+    )
+    rep.add_argument(
+        "--with",
+        dest="with_runs",
+        action="append",
+        type=Path,
+        default=[],
+        help="an eval run on the same questions whose methods join the budget table as single points (repeatable)",
+    )
     rep.set_defaults(run=_run_report)
 
 
@@ -103,7 +116,21 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
     p.add_argument("--model", default=None, help="model name or GGUF path (default: smollm2-135m)")
     p.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (with --backend openai)")
-    p.add_argument("--limit", type=int, default=None, help="first N questions")
+    p.add_argument("--limit", type=int, default=None, help="first N questions (after --offset)")
+    p.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="skip the first N questions, e.g. to sweep a training split for `ragate skr fit` (default 0)",
+    )
+    p.add_argument(
+        "--skr-labels",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the label set the skr method votes with (from `ragate skr fit`); its questions must not be this "
+        "run's",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/DATASET-MODEL)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
@@ -183,6 +210,8 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         thresholds=tuple(sorted(thresholds.items())),
         base_url=args.base_url,
         fallback=getattr(args, "fallback", None),
+        offset=getattr(args, "offset", 0),
+        skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
     )
 
 
@@ -224,12 +253,11 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from ragate.eval.records import read_records
-    from ragate.eval.sweep import method_records, point, sweep_markdown, sweep_pass, write_sweep
+    from ragate.eval.sweep import compact, method_records, point, sweep_markdown, sweep_pass, write_sweep
 
     if args.run_dir is not None:
         out = args.run_dir
-        records = read_records(out / "sweep.jsonl")
+        records = compact(out / "sweep.jsonl")
         if not records:
             raise RagateError(
                 f"{out} has no sweep.jsonl records: run `ragate sweep --dataset ... --methods ...`"
@@ -320,9 +348,16 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    from ragate.errors import RagateError
+    from ragate.eval.matched import parse_budgets
     from ragate.eval.report import write_report
 
-    written = write_report(args.run_dir, args.out, metric=args.metric)
+    budgets = parse_budgets(args.budgets) if args.budgets else ()
+    if args.with_runs and not budgets:
+        raise RagateError("--with adds single points to the budget-matched table: pass --budgets too")
+    written = write_report(
+        args.run_dir, args.out, metric=args.metric, budgets=budgets, with_runs=args.with_runs
+    )
     for path in written:
         print(f"wrote {path}")
     return 0

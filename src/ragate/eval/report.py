@@ -39,7 +39,7 @@ from ragate.eval.summary import (
     summary_markdown,
     summary_table,
 )
-from ragate.eval.sweep import frontier, sweep_markdown, swept_methods
+from ragate.eval.sweep import compact, frontier, sweep_markdown, swept_methods
 from ragate.fileio import atomic_writer
 
 PAIRS_METHODS = ("pairs", "pairs-exclude-num", "pairs-embedding")
@@ -310,9 +310,68 @@ def markdown_to_html(markdown: str, images: dict[str, bytes], title: str) -> str
     )
 
 
-def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: Metric = "em") -> list[Path]:
+def _dataset_files(run_dir: Path) -> Any:
+    path = run_dir / "config.json"
+    return json.loads(path.read_text()).get("dataset_files") if path.exists() else None
+
+
+def _matched_section(
+    run_dir: Path,
+    sweep_records: Sequence[dict[str, Any]],
+    budgets: Sequence[float],
+    with_runs: Sequence[Path | str],
+    metric: Metric,
+) -> list[str]:
+    """The budget-matched table (TARG Tables 3-4) of a sweep and, as single points, the methods of eval runs."""
+    from ragate.eval.matched import matched_markdown, matched_table, references
+
+    if not sweep_records:
+        raise RagateError(
+            f"--budgets needs a sweep: {run_dir} holds no sweep.jsonl (run `ragate sweep`, then report it with "
+            "--with EVAL_DIR for methods with one operating point)"
+        )
+    files = _dataset_files(run_dir)
+    extra: list[dict[str, Any]] = []
+    for other in map(Path, with_runs):
+        if not (other / "questions.jsonl").exists():
+            raise RagateError(
+                f"--with {other}: no questions.jsonl there (an eval run directory from `ragate eval`)"
+            )
+        if files is not None and _dataset_files(other) not in (None, files):
+            raise RagateError(
+                f"--with {other} read another dataset file than the sweep {run_dir} (sha256 differs): its points "
+                "would be on other questions"
+            )
+        extra += [r for r in latest(read_records(other / "questions.jsonl")) if "error" not in r]
+    rows = matched_table(sweep_records, extra, budgets, metric)
+    return [
+        "## Budget-matched comparison (TARG Tables 3-4)",
+        "",
+        (
+            f"Each method's best operating point with retrieval rate <= the budget ({_LABEL[metric]} in %). Swept "
+            "gates take any threshold (exact, from the sweep); a method with one operating point enters at its own "
+            "rate and is marked over budget above it. Δ vs Always-RAG is paired over the same questions, with the "
+            "same reader, with its bootstrap 95% interval; one that crosses 0 is *not established*. Δlatency is "
+            "seconds per question over Never (for swept gates whose draft starts the closed-book answer, an upper "
+            "bound)."
+        ),
+        "",
+        matched_markdown(rows, references(sweep_records, metric), metric),
+    ]
+
+
+def write_report(
+    run_dir: Path | str,
+    out: Path | str | None = None,
+    *,
+    metric: Metric = "em",
+    budgets: Sequence[float] = (),
+    with_runs: Sequence[Path | str] = (),
+) -> list[Path]:
     """Write ``report.md``, ``frontier.png``, ``deciles.png`` (sweeps only) and ``report.html`` for the run in
-    ``run_dir`` into ``out`` (default ``run_dir/report``), each atomically; returns the paths written."""
+    ``run_dir`` into ``out`` (default ``run_dir/report``), each atomically; returns the paths written. With
+    ``budgets``, a sweep's report gains the budget-matched table (:mod:`ragate.eval.matched`), where the eval
+    runs ``with_runs`` (on the same questions) add their methods' single operating points."""
     run_dir = Path(run_dir)
     questions_path, sweep_path = run_dir / "questions.jsonl", run_dir / "sweep.jsonl"
     if not questions_path.exists() and not sweep_path.exists():
@@ -323,7 +382,7 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
     _canvas()  # a missing matplotlib fails before any work
     out_dir = Path(out) if out is not None else run_dir / "report"
     eval_records = latest(read_records(questions_path))
-    sweep_records = read_records(sweep_path)
+    sweep_records = compact(sweep_path)
     ok = [r for r in eval_records if "error" not in r]
     md = [f"# ragate report: {run_dir.name}", ""]
     label = _LABEL[metric]
@@ -433,6 +492,9 @@ def write_report(run_dir: Path | str, out: Path | str | None = None, *, metric: 
             "",
             pairs_markdown(ok, pairs, metric),
         ]
+
+    if budgets:
+        md += _matched_section(run_dir, sweep_records, budgets, with_runs, metric)
 
     markdown = "\n".join(md).rstrip("\n") + "\n"
     files: dict[str, bytes] = {"report.md": markdown.encode(), **images}

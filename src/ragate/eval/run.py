@@ -40,7 +40,7 @@ from ragate.eval.provenance import model_identity, provenance
 from ragate.eval.records import RecordWriter, latest, read_records
 from ragate.eval.summary import summarize, summary_markdown
 from ragate.eval.workers import fold_parts, part_path, run_workers
-from ragate.fileio import atomic_writer, exclusive_lock
+from ragate.fileio import atomic_writer, exclusive_lock, sha256_file
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.needs import require
 from ragate.retrieval.types import Retriever
@@ -63,6 +63,8 @@ class EvalConfig:
     thresholds: tuple[tuple[str, float], ...] = ()  # (method, tau) overrides, e.g. from `ragate calibrate`
     base_url: str | None = None
     fallback: str | None = None  # the gate that replaces one the backend cannot serve (ragate.methods.needs)
+    offset: int = 0  # skip the dataset's first N questions (a training split before, a test split after)
+    skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate reads
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (not compared on resume)
 
     def to_json(self) -> dict[str, Any]:
@@ -71,8 +73,17 @@ class EvalConfig:
         data["thresholds"] = dict(self.thresholds)
         return data
 
+    def examples(self) -> list[Example]:
+        """The questions this run reads: ``limit`` of them after the first ``offset``."""
+        if self.offset < 0:
+            raise RagateError(f"--offset must be >= 0, not {self.offset}")
+        examples = load_dataset(self.dataset)[self.offset :]
+        return examples if self.limit is None else examples[: self.limit]
+
     def spec(self, method: str) -> MethodSpec:
         spec = get_method(method)
+        if spec.gate.kind == "skr" and spec.dynamic is None and spec.crag is None:
+            spec = spec.with_(gate=replace(spec.gate, labels=self.skr_labels))
         tau = dict(self.thresholds).get(method)
         if tau is None:
             return spec
@@ -88,10 +99,12 @@ def check_config(
     resume: bool,
     dataset_files: list[dict[str, Any]] | None = None,
     index_identity: dict[str, Any] | None = None,
+    add_methods: bool = False,
 ) -> None:
     """Refuse to mix runs: an existing run directory needs ``resume``, and then the same configuration and, where
     both name it, the same dataset file (by sha256: another file of the same name is another dataset) and the
-    same index (by path, however spelled, and by its files' digest: a rebuilt index is another index)."""
+    same index (by path, however spelled, and by its files' digest: a rebuilt index is another index). With
+    ``add_methods`` (sweeps) the methods may grow: the stored answers stay, the new gates are scored on them."""
     saved_path = out_dir / "config.json"
     if not saved_path.exists():
         return
@@ -103,9 +116,14 @@ def check_config(
     now = config.to_json()
     for key in (
         "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
+        "offset", "skr_labels",
     ):  # fmt: skip
+        if key == "methods" and add_methods and set(saved.get(key) or ()) <= set(now[key]):
+            continue  # a sweep may gain gates: their scores join the stored answers
+        if key == "skr_labels" and add_methods and "skr" not in (saved.get("methods") or ()):
+            continue  # no skr gate was swept before: no label set to keep
         same = _index_path(saved.get(key)) == _index_path(now.get(key)) if key == "index" else None
-        if not same and saved.get(key) != now.get(key):
+        if not same and saved.get(key, _ADDED.get(key)) != now.get(key):
             raise RagateError(
                 f"cannot resume {out_dir}: it was run with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}; "
                 "rerun with the same settings or use another --out directory"
@@ -126,6 +144,37 @@ def check_config(
             f"cannot resume {out_dir}: it read {where} with sha256 {saved_files}, but the dataset file now has "
             f"sha256 {now_files}: another file under the same name; use another --out directory"
         )
+
+
+_ADDED = {"offset": 0}  # keys added after runs were saved without them: their value then
+
+
+def check_no_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[str, Any] | None:
+    """SKR must never vote with its own test questions' labels: a run whose questions overlap the label set's
+    training questions is refused, naming them and the fix. Returns what the run records of the label set."""
+    if not any(config.spec(m).gate.kind == "skr" for m in config.methods):
+        return None
+    from ragate.gates import skr
+
+    if config.skr_labels is None:
+        raise RagateError(
+            "skr needs --skr-labels FILE: run `ragate sweep` on a training split (e.g. --offset 300), then "
+            "`ragate skr fit --sweep DIR --out FILE`"
+        )
+    labels = skr.load_labels(config.skr_labels)
+    shared = labels.overlap([ex.question for ex in examples])
+    if shared:
+        raise RagateError(
+            f"{len(shared)} of this run's {len(examples)} questions are training questions of the SKR label set "
+            f"{config.skr_labels} (e.g. {shared[0][:60]!r}): SKR would vote with their own labels. Fit the "
+            "labels on another split (`ragate sweep --offset N` then `ragate skr fit`) or evaluate other questions"
+        )
+    return {
+        "path": str(Path(config.skr_labels).expanduser().resolve()),
+        "sha256": sha256_file(Path(config.skr_labels).expanduser()),
+        "questions": len(labels.ids),
+        "retrieve_share": float(labels.retrieve.mean()),
+    }
 
 
 def _index_path(index: str | None) -> str:
@@ -267,9 +316,8 @@ def run_eval(
         check_config(
             config, out_dir, resume=resume, dataset_files=files, index_identity=identity["index_identity"]
         )
-        examples = (
-            list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
-        )
+        examples = list(examples) if examples is not None else config.examples()
+        skr_identity = check_no_leak(config, examples)
         if not examples:
             raise RagateError(f"dataset {config.dataset!r} has no questions to evaluate")
         for m in config.methods:
@@ -280,7 +328,10 @@ def run_eval(
             raise RagateError(
                 "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
             )
-        _save_config(out_dir, config.to_json() | {**identity})
+        _save_config(
+            out_dir,
+            config.to_json() | {**identity} | ({"skr_label_set": skr_identity} if skr_identity else {}),
+        )
         path = out_dir / "questions.jsonl"
         fold_parts(path)  # a multi-worker run killed before it could fold
         # failures are retried: a resumed run answers them again

@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
-from ragate.eval.datasets import Example, load_dataset
-from ragate.eval.records import RecordWriter, read_records
+from ragate.eval.datasets import Example
+from ragate.eval.records import RecordWriter, read_records, write_records
 from ragate.eval.run import (
     LOCK_FILE,
     EvalConfig,
@@ -39,6 +39,7 @@ from ragate.eval.run import (
     _save_config,
     answer_fields,
     check_config,
+    check_no_leak,
     default_call_cache,
     open_call_cache,
     run_identity,
@@ -87,12 +88,21 @@ def sweep_pass(
         identity = run_identity(config)
         files = identity["dataset_files"]
         check_config(
-            config, out_dir, resume=resume, dataset_files=files, index_identity=identity["index_identity"]
+            config,
+            out_dir,
+            resume=resume,
+            dataset_files=files,
+            index_identity=identity["index_identity"],
+            add_methods=True,
         )
-        examples = (
-            list(examples) if examples is not None else load_dataset(config.dataset, limit=config.limit)
-        )
+        examples = list(examples) if examples is not None else config.examples()
+        skr_identity = check_no_leak(config, examples)
         specs = {m: config.spec(m) for m in config.methods}
+        if graded := [m for m, spec in specs.items() if spec.crag is not None]:
+            raise RagateError(
+                f"{', '.join(graded)}: CRAG-lite retrieves first and grades what it found, so it has no threshold to "
+                "sweep; evaluate it with `ragate eval` (its one operating point joins `ragate report --budgets`)"
+            )
         if dynamic := [m for m, spec in specs.items() if spec.dynamic is not None]:
             raise RagateError(
                 f"{', '.join(dynamic)}: dynamic methods decide while generating, so their thresholds are not a lookup; "
@@ -103,11 +113,17 @@ def sweep_pass(
         if workers > 1 and (lm is not None or retriever is not None):
             raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
         families = _families(specs)
-        _save_config(out_dir, config.to_json() | {"kind": "sweep", **identity})
+        saved = config.to_json() | {"kind": "sweep", **identity}
+        _save_config(out_dir, saved | ({"skr_label_set": skr_identity} if skr_identity else {}))
         path = out_dir / "sweep.jsonl"
         fold_parts(path)
-        done = {(r["id"], r["family"]) for r in read_records(path)}
-        jobs = [(i, ex, fam) for i, ex in enumerate(examples) for fam in families if (ex.id, fam) not in done]
+        done = {(r["id"], r["family"]): r for r in compact(path)}
+        jobs = [
+            (i, ex, fam, done.get((ex.id, fam)))
+            for i, ex in enumerate(examples)
+            for fam in families
+            if _missing(done.get((ex.id, fam)), families[fam], specs)
+        ]
         store = None if not cache else (call_cache or default_call_cache())
         if workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
@@ -124,7 +140,26 @@ def sweep_pass(
                 fold_parts(path)
         elif jobs:
             _sweep_jobs(config, jobs, path, store, lm=lm, retriever=retriever, progress=progress)
-        return read_records(path)
+        return compact(path)
+
+
+def compact(path: Path) -> list[dict[str, Any]]:
+    """The records of ``path``, one per (question, family): the last written, which holds every gate scored so
+    far (a sweep that gained gates appends a fuller copy of a record); the file is rewritten when it had copies."""
+    records = read_records(path)
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        last[r["id"], r["family"]] = r
+    if len(last) < len(records):
+        write_records(path, last.values())
+    return list(last.values())
+
+
+def _missing(record: dict[str, Any] | None, methods: Sequence[str], specs: dict[str, MethodSpec]) -> bool:
+    """Whether (question, family) still needs work: no record yet, or a gate of the family not scored in it."""
+    if record is None:
+        return True
+    return any(m not in record["gates"] for m in methods if specs[m].gate.kind not in UNSWEPT)
 
 
 def _families(specs: dict[str, MethodSpec]) -> dict[str, list[str]]:
@@ -136,7 +171,7 @@ def _families(specs: dict[str, MethodSpec]) -> dict[str, list[str]]:
 
 def _sweep_jobs(
     config: EvalConfig,
-    jobs: Sequence[tuple[int, Example, str]],
+    jobs: Sequence[tuple[int, Example, str, dict[str, Any] | None]],
     path: Path,
     store: Path | None,
     *,
@@ -144,7 +179,8 @@ def _sweep_jobs(
     retriever: Any = None,
     progress: bool = False,
 ) -> None:
-    """Pass 1 for ``jobs`` (question index, example, family), one record each appended to ``path``."""
+    """Pass 1 for ``jobs`` (question index, example, family, its stored record or None), one record each
+    appended to ``path``. A stored record keeps its two answers; only the gates it lacks are scored."""
     specs = {m: config.spec(m) for m in config.methods}
     families = _families(specs)
     own_lm, own_retriever = lm is None, retriever is None
@@ -153,20 +189,29 @@ def _sweep_jobs(
     calls, opened = open_call_cache(lm, store, config, own=own_lm)
     try:
         with RecordWriter(path) as writer:
-            for i, ex, fam in tqdm(
+            for i, ex, fam, stored in tqdm(
                 jobs, desc=f"sweep {config.dataset}", unit="question", disable=not progress
             ):
                 base = specs[families[fam][0]]
                 seed = config.seed + i
-                closed = run_method(
-                    base.with_(gate=GateSpec("never")), ex.question, calls, retriever, seed=seed
-                )
-                opened_answer = run_method(
-                    base.with_(gate=GateSpec("always")), ex.question, calls, retriever, seed=seed
-                )
-                gates: dict[str, Any] = {}
+                if stored is None:
+                    closed = _answer(
+                        run_method(
+                            base.with_(gate=GateSpec("never")), ex.question, calls, retriever, seed=seed
+                        ),
+                        ex,
+                    )
+                    opened_answer = _answer(
+                        run_method(
+                            base.with_(gate=GateSpec("always")), ex.question, calls, retriever, seed=seed
+                        ),
+                        ex,
+                    )
+                else:
+                    closed, opened_answer = stored["closed"], stored["open"]
+                gates: dict[str, Any] = dict(stored["gates"]) if stored else {}
                 for m in families[fam]:
-                    if specs[m].gate.kind in UNSWEPT:
+                    if specs[m].gate.kind in UNSWEPT or m in gates:
                         continue
                     with calls.tally() as tally:
                         start = time.perf_counter()
@@ -182,9 +227,11 @@ def _sweep_jobs(
                     {
                         "id": ex.id,
                         "family": fam,
-                        "methods": families[fam],
-                        "closed": _answer(closed, ex),
-                        "open": _answer(opened_answer, ex),
+                        "methods": list(
+                            dict.fromkeys([*(stored["methods"] if stored else ()), *families[fam]])
+                        ),
+                        "closed": closed,
+                        "open": opened_answer,
                         "gates": gates,
                     }
                 )

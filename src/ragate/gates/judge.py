@@ -36,6 +36,29 @@ def p_yes(reply: Generation) -> float | None:
     return yes / (yes + no) if yes + no > 0 else 0.5
 
 
+def first_word(reply: Generation) -> str:
+    words = normalize_answer(reply.text).split()
+    return words[0] if words else ""
+
+
+def yes_no_gate(reply: Generation, tau: float, *, yes: str, no: str) -> GateDecision:
+    """A yes/no reply as a thresholded gate: retrieve iff P(yes) > ``tau``; without logprobs, iff the reply
+    says "yes" (a reply that is neither retrieves, conservatively). ``yes``/``no`` say what each answer means."""
+    word = first_word(reply)
+    probability = p_yes(reply)
+    if probability is None:
+        score = {"yes": 1.0, "no": 0.0}.get(word, 0.5)
+        retrieve, how = word != "no", "from the reply text, no logprobs"
+    else:
+        score, how = probability, f"P(yes) = {probability:.3f}"
+        retrieve = probability > tau
+    if word not in ("yes", "no"):
+        said = f"unclear reply {reply.text.strip()[:40]!r}"
+    else:
+        said = yes if word == "yes" else no
+    return GateDecision(retrieve, score, tau, f"{said} ({how}; retrieve iff P(yes) > {tau:g})")
+
+
 def llm_judge(reply: Generation) -> GateDecision:
     """Decide from the judge's reply text; the score is :func:`p_yes` (threshold 0.5), or, without logprobs, the
     reply's own word: 1 for "yes", 0 for "no", 0.5 otherwise (a text-only score: too coarse to sweep)."""

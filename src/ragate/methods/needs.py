@@ -81,7 +81,13 @@ GATE_NEEDS: dict[GateKind, Need] = {
         token_logprobs=True, top_k=2, text_fallback=True
     ),  # P(yes); else the reply's first word
     "verbal-confidence": _TEXT,  # the stated probability is text
+    "self-eval": Need(token_logprobs=True, top_k=2, text_fallback=True),  # P(yes), as the judge
+    "self-rag-lite": Need(token_logprobs=True, top_k=2, text_fallback=True),
+    "skr": _TEXT,  # a vote of labelled neighbours: no generation at all
 }
+_CRAG = Need(
+    token_logprobs=True, top_k=2, text_fallback=True
+)  # each passage's grade is P(yes), else its word
 _STEPS = Need(token_logprobs=True)  # every dynamic loop watches tokens as they come
 TRIGGER_NEEDS: dict[TriggerKind, Need] = {
     "none": _STEPS,
@@ -99,7 +105,9 @@ TRIGGER_NEEDS: dict[TriggerKind, Need] = {
 
 
 def method_need(spec: MethodSpec) -> Need:
-    return TRIGGER_NEEDS[spec.dynamic.trigger] if spec.dynamic is not None else GATE_NEEDS[spec.gate.kind]
+    if spec.dynamic is not None:
+        return TRIGGER_NEEDS[spec.dynamic.trigger]
+    return _CRAG if spec.crag is not None else GATE_NEEDS[spec.gate.kind]
 
 
 def support(need: Need, caps: Capabilities) -> tuple[Support, str]:

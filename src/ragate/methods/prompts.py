@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragate.gates.judge import JUDGE_PROMPT
+from ragate.gates.self_eval import SELF_EVAL_PROMPT
+from ragate.gates.self_rag import SELF_RAG_LITE_PROMPT
 from ragate.gates.verbal import VERBAL_PROMPT
 from ragate.retrieval.types import Passage
 from ragate.text import extract_tagged_answer
@@ -80,5 +82,7 @@ HYDE = (
 )
 JUDGE = JUDGE_PROMPT  # DTR Fig. 15
 VERBAL = VERBAL_PROMPT  # Tian et al. 2023, verbalised confidence (gates/verbal.py)
+SELF_EVAL = SELF_EVAL_PROMPT  # TARG section 5.1's Self-Eval gate (gates/self_eval.py)
+SELF_RAG_LITE = SELF_RAG_LITE_PROMPT  # TARG section 5.1's Self-RAG-lite reflection (gates/self_rag.py)
 
 PROMPT_SETS = {p.name: p for p in (DTR, PAIRS, TARG)}

@@ -9,7 +9,7 @@ import difflib
 
 from ragate.errors import RagateError
 from ragate.methods.prompts import PAIRS, TARG
-from ragate.methods.spec import DynamicSpec, GateSpec, MethodSpec, SelectorSpec
+from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, SelectorSpec
 
 _Q = SelectorSpec("question")
 _DPR = SelectorSpec("dpr-ais")
@@ -100,6 +100,44 @@ _METHODS = (
         "the model states P(its answer is right); retrieve below 0.5 (Tian et al. 2023; no logprobs needed)",
         GateSpec("verbal-confidence"),
         _Q,
+    ),
+    # TARG section 5.1's expanded baselines (Tables 3-4), each with TARG's reader (its prompts, top-5)
+    MethodSpec(
+        "self-eval",
+        "TARG's Self-Eval gate: the model is asked 'do you need to search for this?'",
+        GateSpec("self-eval"),
+        _TARG_SELECT,
+        TARG,
+    ),
+    MethodSpec(
+        "self-rag-lite",
+        "Self-RAG-lite: draft, one reflection on whether the draft needs evidence, retrieve once if so",
+        GateSpec("self-rag-lite"),
+        _TARG_SELECT,
+        TARG,
+    ),
+    MethodSpec(
+        "skr",
+        "SKR: the k = 10 nearest labelled training questions vote on retrieval (needs --skr-labels)",
+        GateSpec("skr"),
+        _TARG_SELECT,
+        TARG,
+    ),
+    MethodSpec(
+        "crag-lite",
+        "CRAG-lite: retrieve top-5, the model grades each passage; incorrect: answer closed-book",
+        GateSpec("always"),
+        _TARG_SELECT,
+        TARG,
+        crag=CragSpec(),
+    ),
+    MethodSpec(
+        "crag-lite-rewrite",
+        "CRAG-lite, but incorrect rewrites the query and retrieves once more (CRAG's action)",
+        GateSpec("always"),
+        _TARG_SELECT,
+        TARG,
+        crag=CragSpec(incorrect="rewrite"),
     ),
     MethodSpec("random", "retrieve for a random half of the questions (the control)", GateSpec("random"), _Q),
     # dynamic RAG (ragate.dynamic): few-shot chain of thought, retrieval decided while the model writes

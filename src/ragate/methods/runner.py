@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend
-from ragate.errors import ModelNotFoundError
-from ragate.gates import basic, judge, pairs, targ, ugt, verbal
+from ragate.errors import ModelNotFoundError, RagateError
+from ragate.gates import basic, judge, pairs, self_eval, self_rag, skr, targ, ugt, verbal
 from ragate.gates.base import GateDecision
 from ragate.methods import prompts as P
 from ragate.methods.needs import require
@@ -30,7 +30,7 @@ from ragate.text import extract_tagged_answer
 from ragate.types import Generation, GenerationRequest, Message
 
 
-class _Run:
+class QuestionRun:
     """The mutable bookkeeping of one question (stages, queries); not shared, not kept."""
 
     def __init__(self, spec: MethodSpec, question: str, lm: Backend, retriever: Retriever | None) -> None:
@@ -102,7 +102,11 @@ def run_method(
         from ragate.dynamic.loop import run_dynamic
 
         return run_dynamic(spec, question, lm, retriever, dataset=dataset)
-    run = _Run(spec, question, lm, retriever)
+    run = QuestionRun(spec, question, lm, retriever)
+    if spec.crag is not None:
+        from ragate.methods.crag_lite import run_crag_lite
+
+        return run_crag_lite(run, spec.crag)
     decision, answer, pseudo = _gate(run, spec.gate, seed)
     documents: tuple[Hit, ...] = ()
     if decision.retrieve:
@@ -135,12 +139,17 @@ def decide(
             f"{spec.name!r} is a dynamic method: it decides while generating, so it has no gate to run alone "
             "(sweeps and calibration cover single-shot gates; re-run dynamic methods with `ragate eval`)"
         )
+    if spec.crag is not None:
+        raise ValueError(
+            f"{spec.name!r} retrieves first and grades what it found (CRAG-lite): it has no gate to run alone, "
+            "so it is not swept or calibrated; evaluate it with `ragate eval`"
+        )
     require(spec, lm.capabilities, engine=lm.engine)
-    return _gate(_Run(spec, question, lm, retriever), spec.gate, seed, answer=False)[0]
+    return _gate(QuestionRun(spec, question, lm, retriever), spec.gate, seed, answer=False)[0]
 
 
 def _gate(
-    run: _Run, gate: GateSpec, seed: int, *, answer: bool = True
+    run: QuestionRun, gate: GateSpec, seed: int, *, answer: bool = True
 ) -> tuple[GateDecision, str, str | None]:
     """The decision, the answer if no retrieval follows (with ``answer``), and a pseudo-context the selector may
     reuse."""
@@ -173,6 +182,25 @@ def _gate(
     if kind == "verbal-confidence":
         reply = run.one("verbal", P.VERBAL, max_tokens=verbal.MAX_TOKENS, top_logprobs=0)
         return verbal.verbal_confidence(reply.text, gate.tau), verbal.parse_guess(reply.text), None
+    if kind in ("self-eval", "skr"):
+        if kind == "self-eval":
+            reply = run.one("self-eval", P.SELF_EVAL, max_tokens=self_eval.MAX_TOKENS, overhead=True)
+            decision = self_eval.self_eval(reply, gate.tau)
+        else:
+            decision = _skr(run, gate)
+        if decision.retrieve or not answer:
+            return decision, "", None
+        return decision, run.one("answer", prompts.direct).text, None
+    if kind == "self-rag-lite":
+        draft = run.one("draft", prompts.direct)
+        reply = run.one(
+            "reflect",
+            P.SELF_RAG_LITE,
+            max_tokens=self_rag.MAX_TOKENS,
+            overhead=True,
+            draft=prompts.answer_text(draft.text) or "(no answer)",
+        )
+        return self_rag.self_rag_lite(reply, gate.tau), draft.text, None
     if kind == "llm-judge":
         reply = run.one("judge", P.JUDGE, max_tokens=4, overhead=True)
         decision = judge.llm_judge(reply)
@@ -182,7 +210,44 @@ def _gate(
     raise ValueError(f"unknown gate {kind!r}")
 
 
-def _targ(run: _Run, gate: GateSpec, seed: int, *, answer: bool) -> tuple[GateDecision, str, str | None]:
+def _skr(run: QuestionRun, gate: GateSpec) -> GateDecision:
+    """SKR's kNN vote (gates/skr.py) with the label set the gate names, checked against this index's encoder
+    and this model; the question never votes on itself."""
+    if gate.labels is None:
+        raise RagateError(
+            "skr needs a label set of training questions: run `ragate sweep` on a training split, then "
+            "`ragate skr fit --sweep DIR --out FILE`, and pass --skr-labels FILE"
+        )
+    labels = skr.load_labels(gate.labels)
+    retriever = run.need_retriever()
+    skr.check_encoder(labels, encoder_identity(retriever), "this index")
+    skr.check_model(labels, _model_identity(run.lm.model, run.lm.engine))
+    start = time.perf_counter()
+    share, voters, excluded = skr.vote(
+        retriever.embed_queries([run.question])[0], labels, gate.neighbours, exclude=run.question
+    )
+    run.stages.append(Stage("skr-vote", 0, 0, time.perf_counter() - start, overhead=True))
+    return skr.skr_decision(share, gate.tau, voters, excluded)
+
+
+def encoder_identity(retriever: Retriever) -> dict[str, Any] | None:
+    """The identity of the encoder a retriever embeds queries with (dense, or hybrid's dense half), else None."""
+    encoder = getattr(retriever, "encoder", None) or getattr(
+        getattr(retriever, "dense", None), "encoder", None
+    )
+    return encoder.identity() if encoder is not None else None
+
+
+@functools.lru_cache(maxsize=4)
+def _model_identity(model: str, engine: str) -> dict[str, Any]:
+    from ragate.eval.provenance import model_identity
+
+    return model_identity(model, engine)
+
+
+def _targ(
+    run: QuestionRun, gate: GateSpec, seed: int, *, answer: bool
+) -> tuple[GateDecision, str, str | None]:
     prompts = run.spec.prompts
     draft = run.one("draft", prompts.direct, max_tokens=gate.prefix)
     if gate.kind == "targ-variance":
@@ -217,7 +282,7 @@ def _targ(run: _Run, gate: GateSpec, seed: int, *, answer: bool) -> tuple[GateDe
     return decision, text, None
 
 
-def _select(run: _Run, sel: SelectorSpec, pseudo: str | None) -> list[Hit]:
+def _select(run: QuestionRun, sel: SelectorSpec, pseudo: str | None) -> list[Hit]:
     q, prompts = run.question, run.spec.prompts
     kind = sel.kind
     if kind == "question":
@@ -248,7 +313,7 @@ def _select(run: _Run, sel: SelectorSpec, pseudo: str | None) -> list[Hit]:
     return hits
 
 
-def _hyde(run: _Run, sel: SelectorSpec) -> list[Hit]:
+def _hyde(run: QuestionRun, sel: SelectorSpec) -> list[Hit]:
     """HyDE: the mean of the question's and the hypothetical documents' embeddings is the query vector."""
     retriever = run.need_retriever()
     greedy = sel.hyde_samples == 1

@@ -16,7 +16,8 @@ from ragate.uncertainty import DEFAULT_MARGIN_BETA
 
 GateKind = Literal[
     "never", "always", "random", "ugt", "pairs", "pairs-exclude-num", "pairs-embedding",
-    "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "verbal-confidence",
+    "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "verbal-confidence", "self-eval",
+    "self-rag-lite", "skr",
 ]  # fmt: skip
 SelectorKind = Literal[
     "question", "hyde", "q2d", "cot", "dpr-ais", "dpr-ais-question", "dpr-ais-pseudo",
@@ -43,6 +44,8 @@ class GateSpec:
     sample_temperature: float = DEFAULT_SAMPLE_TEMPERATURE
     rate: float = 0.5  # random gate
     compare: Literal["gt", "ge"] = "gt"  # UGT: paper ">" or the authors' code ">="
+    labels: str | None = None  # SKR: the label set from `ragate skr fit` (a path)
+    neighbours: int = 10  # SKR: k of the kNN vote
 
     @property
     def tau(self) -> float:
@@ -102,6 +105,26 @@ class DynamicSpec:
     max_documents: int = 6
 
 
+CragIncorrect = Literal["closed-book", "rewrite"]
+
+
+@dataclass(frozen=True)
+class CragSpec:
+    """CRAG-lite (ragate.methods.crag_lite): grade the top-k passages, then act (CRAG section 4.2).
+
+    A passage's grade is P(relevant) from a yes/no prompt. ``upper``/``lower`` are CRAG's two thresholds: some
+    passage >= ``upper`` is *correct* (read the passages graded >= ``lower``), every passage < ``lower`` is
+    *incorrect*, anything else *ambiguous* (read the passages graded >= ``lower``, or all when none is).
+    ``incorrect``: "closed-book" answers without the passages, keeping TARG's bound of one retrieval call
+    (section 5.1, the default); "rewrite" is CRAG's own action in one step: the model writes a search query and
+    the answer reads its top-k (a second retrieval call).
+    """
+
+    upper: float = 0.7
+    lower: float = 0.3
+    incorrect: CragIncorrect = "closed-book"
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -112,6 +135,7 @@ class MethodSpec:
     max_tokens: int = 64
     pseudo_max_tokens: int = 128  # MiniLM reads 256 word pieces at most; longer pseudo-contexts are unseen
     dynamic: DynamicSpec | None = None  # set: a dynamic-RAG method (gate and selector unused)
+    crag: CragSpec | None = None  # set: CRAG-lite (gate unused: it retrieves, then grades what it found)
 
     def with_(self, **changes: object) -> MethodSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -121,7 +145,7 @@ class MethodSpec:
         """Whether the method can ever read the index (and so needs one)."""
         if self.dynamic is not None:
             return self.dynamic.trigger != "none" or self.dynamic.initial
-        return self.gate.kind != "never"
+        return self.crag is not None or self.gate.kind != "never"
 
     def no_index(self) -> ValueError:
         """The error for this method run without the index it reads."""

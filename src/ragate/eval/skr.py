@@ -1,0 +1,117 @@
+"""``ragate skr fit``: SKR's labelled training questions from a sweep's pass-1 records (gates/skr.py).
+
+The labels are read from one method family's records (default: the family the ``skr`` method answers with, so
+that a label says what *its* closed-book and retrieval answers scored), the questions from the dataset file the
+sweep read (checked by sha256), and their embeddings from the index's encoder. The sweep's model is recorded,
+by file sha256, so that a label set is refused with another model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.errors import RagateError
+from ragate.eval.datasets import dataset_files
+from ragate.eval.provenance import model_identity
+from ragate.eval.records import read_records
+from ragate.eval.run import EvalConfig
+from ragate.eval.sweep import family_key
+from ragate.gates.skr import LabelSet, needs_retrieval
+from ragate.methods import get_method
+
+
+def _records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The sweep's pass-1 records, those still in a worker's part file included, each (id, family) once: the
+    last written (a sweep that gained gates appends fuller copies)."""
+    files = [sweep_dir / "sweep.jsonl", *sorted(sweep_dir.glob("sweep.part*.jsonl"))]
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in files:
+        for r in read_records(path):
+            seen[r["id"], r["family"]] = r
+    return list(seen.values())
+
+
+def fit_labels(
+    sweep_dir: str | Path,
+    *,
+    index: str | None = None,
+    family: str | None = None,
+    metric: str = "em",
+    method: str = "skr",
+) -> LabelSet:
+    """The label set of ``sweep_dir``'s questions for ``family`` (default: ``method``'s family)."""
+    from ragate.methods.runner import encoder_identity
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    sweep_dir = Path(sweep_dir)
+    config_path = sweep_dir / "config.json"
+    if not config_path.is_file():
+        raise RagateError(
+            f"{sweep_dir} holds no sweep (no config.json): run `ragate sweep ... --out {sweep_dir}`"
+        )
+    saved = json.loads(config_path.read_text())
+    if saved.get("kind") != "sweep":
+        raise RagateError(
+            f"{sweep_dir} is an eval run, not a sweep: SKR's labels come from `ragate sweep` records"
+        )
+    family = family or family_key(get_method(method))
+    records = _records(sweep_dir)
+    mine = [r for r in records if r["family"] == family]
+    if not mine:
+        present = sorted({r["family"] for r in records}) or ["none"]
+        raise RagateError(
+            f"{sweep_dir} has no records of the family {family!r} that {method} answers with; sweep a gate of "
+            f"that family (e.g. --methods targ-margin) or pass --family, one of: {'; '.join(present)}"
+        )
+    if any(metric not in r["closed"]["scores"] for r in mine):
+        raise RagateError(f"the sweep's records have no {metric!r} score: use --metric em, f1 or acc")
+    config = EvalConfig(
+        dataset=saved["dataset"], methods=tuple(saved["methods"]), limit=saved.get("limit"),
+        offset=saved.get("offset", 0),
+    )  # fmt: skip
+    files = dataset_files(config.dataset)
+    was = [f.get("sha256") for f in saved.get("dataset_files") or []]
+    if was and was != [f["sha256"] for f in files]:
+        raise RagateError(
+            f"{sweep_dir} read {config.dataset!r} with sha256 {was}, but that dataset's file now has "
+            f"{[f['sha256'] for f in files]}: the questions behind the labels are gone; sweep again"
+        )
+    questions = {ex.id: ex.question for ex in config.examples()}
+    missing = [r["id"] for r in mine if r["id"] not in questions]
+    if missing:
+        raise RagateError(f"{len(missing)} record ids are not in {config.dataset!r} (e.g. {missing[0]!r})")
+    index = index if index is not None else saved.get("index")
+    with open_index(index or demo_index()) as retriever:
+        encoder = encoder_identity(retriever)
+        if encoder is None:
+            raise RagateError(
+                "SKR embeds questions with the index's encoder: use a dense or hybrid index (--index)"
+            )
+        texts = [questions[r["id"]] for r in mine]
+        embeddings = np.asarray(retriever.embed_queries(texts), dtype=np.float32)
+    model = model_identity(saved.get("model"), saved.get("engine", "llama.cpp"), saved.get("base_url"))
+    meta = {
+        "encoder": encoder,
+        "index": str(Path(index).expanduser().resolve()) if index else "demo",
+        "model": {k: model.get(k) for k in ("engine", "model", "sha256", "base_url") if model.get(k)},
+        "dataset": config.dataset,
+        "dataset_files": files,
+        "offset": config.offset,
+        "limit": config.limit,
+        "family": family,
+        "metric": metric,
+        "label": f"retrieve iff open {metric} > closed {metric}",
+        "sweep": str(sweep_dir.resolve()),
+    }
+    return LabelSet(
+        tuple(r["id"] for r in mine),
+        tuple(texts),
+        np.array([needs_retrieval(r, metric) for r in mine], dtype=bool),
+        embeddings,
+        meta,
+    )
