@@ -79,6 +79,19 @@ def wiki_passages() -> list[object]:
 
 
 @pytest.fixture(scope="session")
+def wiki_dense(
+    minilm: object, wiki_passages: list[object], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[object]:
+    """A real dense index (MiniLM + FAISS) of the 40 wiki passages, built and opened once per session."""
+    from ragate.retrieval.index import build_index, open_index
+
+    root = Path(tmp_path_factory.mktemp("wiki-dense")) / "dense"
+    build_index(wiki_passages, root, "dense", encoder=minilm, progress=False)  # type: ignore[arg-type]
+    with open_index(root, encoder=minilm) as retriever:  # type: ignore[arg-type]
+        yield retriever
+
+
+@pytest.fixture(scope="session")
 def tiny_encoder_dir(minilm: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real sentence-transformers model with another dimension, built here from MiniLM's modules plus a
     Dense layer 384 -> 64 and saved as ``tiny-64/`` (for encoder-mismatch tests)."""

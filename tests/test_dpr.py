@@ -15,14 +15,9 @@ QUESTION = "Who discovered penicillin?"
 PSEUDO = "Penicillin was discovered by the Scottish physician Alexander Fleming in 1928 in London."
 
 
-@pytest.fixture(scope="module")
-def dense(minilm: Any, wiki_passages: list[Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from ragate.retrieval.index import build_index, open_index
-
-    root = Path(tmp_path_factory.mktemp("dpr")) / "dense"
-    build_index(wiki_passages, root, "dense", encoder=minilm, progress=False)
-    with open_index(root, encoder=minilm) as retriever:
-        yield retriever
+@pytest.fixture
+def dense(wiki_dense: Any) -> Any:
+    return wiki_dense
 
 
 @pytest.mark.parametrize("score", ["cos", "sum", "dynamic"])

@@ -29,14 +29,9 @@ def answer(text: str) -> Any:
     return make_generation([text], [-0.05])
 
 
-@pytest.fixture(scope="module")
-def dense(minilm: Any, wiki_passages: list[Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from ragate.retrieval.index import build_index, open_index
-
-    root = Path(tmp_path_factory.mktemp("targ-baselines")) / "dense"
-    build_index(wiki_passages, root, "dense", encoder=minilm, progress=False)
-    with open_index(root, encoder=minilm) as retriever:
-        yield retriever
+@pytest.fixture
+def dense(wiki_dense: Any) -> Any:
+    return wiki_dense
 
 
 # --- self-eval: TARG's "do you need to search for this?"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The runs behind docs/results.md's budget-matched table (issue J, TARG Tables 3-4) for one dataset:
+#   1. SKR's training split: a targ-margin sweep of questions OFFSET..OFFSET+TRAIN (the skr family's answers),
+#      then `ragate skr fit` (labels: retrieval answer better than closed-book);
+#   2. the test split's sweep (questions 0..LIMIT) gains self-eval, self-rag-lite and skr on its stored answers;
+#   3. CRAG-lite, which has no threshold, evaluated once on the same questions;
+#   4. `ragate report --budgets` of the sweep with the CRAG-lite run as single points.
+# Every step resumes: rerun after a kill and only the missing answers are computed.
+#   DATASET=nq-open-oracle LIMIT=300 OFFSET=300 TRAIN=300 bash scripts/targ_baselines.sh
+#   DATASET=musique LIMIT=250 OFFSET=250 TRAIN=250 bash scripts/targ_baselines.sh
+set -euo pipefail
+DATASET=${DATASET:-nq-open-oracle}
+MODEL=${MODEL:-qwen2.5-coder-1.5b}
+INDEX=${INDEX:-$HOME/.cache/ragate/indexes/pooled-dense}
+LIMIT=${LIMIT:-300}
+OFFSET=${OFFSET:-$LIMIT}
+TRAIN=${TRAIN:-$LIMIT}
+WORKERS=${WORKERS:-2}
+BUDGETS=${BUDGETS:-0.2,0.4,0.6}
+METRIC=${METRIC:-acc}
+RAGATE=${RAGATE:-.venv/bin/ragate}
+GATES=${GATES:-dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance}
+RUNS=${RUNS:-docs/results/runs}
+if [ ! -f "$INDEX/manifest.json" ]; then
+  echo "no index at $INDEX: ragate corpus build && ragate index build --corpus ~/.cache/ragate/corpora/pooled/passages.jsonl --kind dense --out $INDEX" >&2
+  exit 2
+fi
+if [ "$OFFSET" -lt "$LIMIT" ]; then
+  echo "OFFSET ($OFFSET) must be >= LIMIT ($LIMIT): SKR's training questions come after the test questions" >&2
+  exit 2
+fi
+resume() { [ -f "$1/config.json" ] && echo --resume || true; }
+
+train=$RUNS/sweep-$DATASET-$MODEL-train-$OFFSET-$TRAIN
+labels=$RUNS/skr-$DATASET-$MODEL-train-$OFFSET-$TRAIN.npz
+"$RAGATE" sweep --dataset "$DATASET" --methods targ-margin --index "$INDEX" --model "$MODEL" \
+  --offset "$OFFSET" --limit "$TRAIN" --out "$train" --workers "$WORKERS" $(resume "$train")
+"$RAGATE" skr fit --sweep "$train" --out "$labels"
+
+test=$RUNS/sweep-$DATASET-$MODEL-$LIMIT
+"$RAGATE" sweep --dataset "$DATASET" --methods "$GATES,self-eval,self-rag-lite,skr" --skr-labels "$labels" \
+  --index "$INDEX" --model "$MODEL" --limit "$LIMIT" --out "$test" --workers "$WORKERS" $(resume "$test")
+
+crag=$RUNS/$DATASET-$MODEL-$LIMIT-crag-lite
+"$RAGATE" eval --dataset "$DATASET" --methods crag-lite --index "$INDEX" --model "$MODEL" --limit "$LIMIT" \
+  --out "$crag" --workers "$WORKERS" $(resume "$crag")
+
+"$RAGATE" report "$test" --budgets "$BUDGETS" --with "$crag" --metric "$METRIC"
