@@ -191,9 +191,11 @@ def test_resume_knows_the_index_by_its_resolved_path_and_notices_a_rebuild(tmp_p
     def lm() -> ScriptedBackend:
         return ScriptedBackend([make_generation(["x"], [-0.1])] * 4)
 
-    def run(index: str | None, out: Path, *, resume: bool, limit: int) -> None:
+    def run(index: str | None, out: Path, *, resume: bool, limit: int, accept: bool = False) -> None:
         config = EvalConfig("demo", ("no-retrieval",), index=index, limit=limit)
-        run_eval(config, out, lm=lm(), progress=False, resume=resume, cache=False)
+        run_eval(
+            config, out, lm=lm(), progress=False, resume=resume, cache=False, accept_rebuilt_index=accept
+        )
 
     # the default index, then the same index spelled out: one index, so the run resumes
     run(None, tmp_path / "a", resume=False, limit=1)
@@ -207,9 +209,27 @@ def test_resume_knows_the_index_by_its_resolved_path_and_notices_a_rebuild(tmp_p
     index = build_index(passages, tmp_path / "ix", "bm25", progress=False)
     run(str(index), tmp_path / "b", resume=False, limit=1)
     run(str(index), tmp_path / "b", resume=True, limit=1)  # unchanged: fine
-    build_index(passages[:3], index, "bm25", progress=False, overwrite=True)
-    with pytest.raises(RagateError, match=r"the index at .*ix was rebuilt since"):
+    # the same passages and settings, other bits (as a rebuild on another CPU leaves dense vectors): refused,
+    # with the way out named; accepted on request and recorded
+    config_path = tmp_path / "b" / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved["index_identity"]["files_sha256"] = "0" * 64
+    config_path.write_text(json.dumps(saved))
+    with pytest.raises(
+        RagateError, match=r"rebuilt since.*only the vectors' bits differ.*--accept-rebuilt-index"
+    ):
         run(str(index), tmp_path / "b", resume=True, limit=1)
+    run(str(index), tmp_path / "b", resume=True, limit=1, accept=True)
+    after = json.loads(config_path.read_text())
+    (rebuild,) = after["index_rebuilds"]
+    assert (
+        rebuild["was"] == "0" * 64 and rebuild["now"] == after["index_identity"]["files_sha256"] != "0" * 64
+    )
+    build_index(passages[:3], index, "bm25", progress=False, overwrite=True)
+    for accept in (False, True):  # other passages: another index, whatever is accepted
+        with pytest.raises(RagateError, match=r"the index at .*ix was rebuilt since") as err:
+            run(str(index), tmp_path / "b", resume=True, limit=1, accept=accept)
+        assert "--accept-rebuilt-index" not in str(err.value)
 
 
 def test_retry_after_is_the_expected_wait_for_the_oldest_request_not_the_mean() -> None:

@@ -3,6 +3,7 @@ kNN vote, its label file, and the rule that it never votes with its own test que
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -252,8 +253,6 @@ def test_skr_end_to_end_from_a_training_sweep_on_smollm2(
     smollm2_path: Path, minilm: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The user's path on the demo index: sweep a training split, fit, ask; and eval refuses the same split."""
-    import json
-
     from ragate.cli.main import main
 
     sweep, labels = tmp_path / "train", tmp_path / "labels.npz"
@@ -313,6 +312,7 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
         assert (new["closed"], new["open"]) == (old["closed"], old["open"])
         assert new["gates"]["targ-margin"] == old["gates"]["targ-margin"]
         assert new["methods"] == ["targ-margin", "self-eval"]
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["methods"] == ["targ-margin", "self-eval"]
     with pytest.raises(RagateError, match="cannot resume"):
         sweep_pass(EvalConfig("demo", ("self-eval",), limit=4), tmp_path / "s", examples=examples, lm=lm,
                    retriever=index, progress=False, resume=True, cache=False)  # fmt: skip

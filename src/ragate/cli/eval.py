@@ -134,6 +134,11 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/DATASET-MODEL)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument(
+        "--accept-rebuilt-index",
+        action="store_true",
+        help="resume although the index was rebuilt, when its passages, encoder and settings are the same (recorded)",
+    )
     p.add_argument("--threshold", action="append", default=[], help="METHOD=TAU, repeatable")
     p.add_argument("--calibration", action="append", default=[], type=Path, help="a `ragate calibrate` file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -240,6 +245,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         workers=args.workers,
         call_cache=args.call_cache,
         cache=args.cache,
+        accept_rebuilt_index=args.accept_rebuilt_index,
     )
     paid, charged = results["calls"]["paid"], results["calls"]["charged"]
     if charged["calls"]:
@@ -276,6 +282,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             workers=args.workers,
             call_cache=args.call_cache,
             cache=args.cache,
+            accept_rebuilt_index=args.accept_rebuilt_index,
         )
     fronts = write_sweep(out, records, args.metric)
     print(sweep_markdown(fronts, args.metric))

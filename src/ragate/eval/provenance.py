@@ -77,10 +77,11 @@ def index_identity(index: str | None) -> dict[str, Any]:
     manifest = index_info(where, verify=False)
     files = json.dumps(manifest.get("files", {}), sort_keys=True).encode()
     keep = ("kind", "passages", "encoder", "params", "corpus", "ragate_version", "created_at")
+    texts = (manifest.get("files") or {}).get("passages.jsonl") or {}
     return (
         {"path": str(Path(where).resolve())}
         | {k: manifest.get(k) for k in keep}
-        | {"files_sha256": hashlib.sha256(files).hexdigest()}
+        | {"files_sha256": hashlib.sha256(files).hexdigest(), "passages_sha256": texts.get("sha256")}
     )
 
 

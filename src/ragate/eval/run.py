@@ -100,14 +100,19 @@ def check_config(
     dataset_files: list[dict[str, Any]] | None = None,
     index_identity: dict[str, Any] | None = None,
     add_methods: bool = False,
-) -> None:
+    accept_rebuilt_index: bool = False,
+) -> list[dict[str, Any]]:
     """Refuse to mix runs: an existing run directory needs ``resume``, and then the same configuration and, where
     both name it, the same dataset file (by sha256: another file of the same name is another dataset) and the
     same index (by path, however spelled, and by its files' digest: a rebuilt index is another index). With
-    ``add_methods`` (sweeps) the methods may grow: the stored answers stay, the new gates are scored on them."""
+    ``add_methods`` (sweeps) the methods may grow: the stored answers stay, the new gates are scored on them.
+
+    A rebuilt index whose passages, encoder and settings are the same but whose vectors differ at the bit level
+    (a rebuild on another CPU) is refused too, unless ``accept_rebuilt_index``; returns the run's list of such
+    accepted rebuilds (to record in ``config.json``)."""
     saved_path = out_dir / "config.json"
     if not saved_path.exists():
-        return
+        return []
     if not resume:
         raise RagateError(
             f"{out_dir} already holds a run: pass --resume to continue it, or choose another --out directory"
@@ -128,14 +133,30 @@ def check_config(
                 f"cannot resume {out_dir}: it was run with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}; "
                 "rerun with the same settings or use another --out directory"
             )
-    was = (saved.get("index_identity") or {}).get("files_sha256")
-    is_now = (index_identity or {}).get("files_sha256")
+    rebuilds: list[dict[str, Any]] = list(saved.get("index_rebuilds") or [])
+    before, after = saved.get("index_identity") or {}, index_identity or {}
+    was, is_now = before.get("files_sha256"), after.get("files_sha256")
     if was and is_now and was != is_now:
-        raise RagateError(
-            f"cannot resume {out_dir}: the index at {_index_path(config.index)} was rebuilt since (its files' "
-            f"digest was {was[:12]}, now {is_now[:12]}), so its answers would mix two indexes; use another --out "
-            "directory"
+        same_content = all(
+            before.get(k) == after.get(k) for k in ("kind", "passages", "encoder", "params")
+        ) and (
+            None in (before.get("passages_sha256"), after.get("passages_sha256"))
+            or before["passages_sha256"] == after["passages_sha256"]
         )
+        if not (same_content and accept_rebuilt_index):
+            hint = (
+                " Its passages, encoder and settings are the same, so only the vectors' bits differ (e.g. a rebuild "
+                "on another CPU); if its searches return what they did (compare a few with `ragate search`), "
+                "resume with --accept-rebuilt-index, which config.json records"
+                if same_content
+                else ""
+            )
+            raise RagateError(
+                f"cannot resume {out_dir}: the index at {_index_path(config.index)} was rebuilt since (its files' "
+                f"digest was {was[:12]}, now {is_now[:12]}), so its answers would mix two indexes; use another "
+                f"--out directory.{hint}"
+            )
+        rebuilds.append({"was": was, "now": is_now, "created_at": after.get("created_at")})
     saved_files = [f.get("sha256") for f in saved.get("dataset_files") or []]
     now_files = [f.get("sha256") for f in dataset_files or []]
     if saved_files and now_files and saved_files != now_files:
@@ -144,6 +165,7 @@ def check_config(
             f"cannot resume {out_dir}: it read {where} with sha256 {saved_files}, but the dataset file now has "
             f"sha256 {now_files}: another file under the same name; use another --out directory"
         )
+    return rebuilds
 
 
 _ADDED = {"offset": 0}  # keys added after runs were saved without them: their value then
@@ -297,6 +319,7 @@ def run_eval(
     workers: int = 1,
     call_cache: Path | None = None,
     cache: bool = True,
+    accept_rebuilt_index: bool = False,
 ) -> dict[str, Any]:
     """Run (or finish) ``config`` into ``out_dir``; returns the results dict also written to ``results.json``.
 
@@ -306,15 +329,20 @@ def run_eval(
     its own core with a one-thread engine (:mod:`ragate.eval.workers`). Single-shot methods' LM calls go through
     a :class:`~ragate.eval.calls.CallCache`: each distinct call is computed once, in the store at ``call_cache``
     (default :func:`default_call_cache`), and charged to every method that makes it; ``cache=False`` computes
-    every call (same predictions, every call paid).
+    every call (same predictions, every call paid). ``accept_rebuilt_index``: see :func:`check_config`.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
         identity = run_identity(config)
         files = identity["dataset_files"]
-        check_config(
-            config, out_dir, resume=resume, dataset_files=files, index_identity=identity["index_identity"]
+        rebuilds = check_config(
+            config,
+            out_dir,
+            resume=resume,
+            dataset_files=files,
+            index_identity=identity["index_identity"],
+            accept_rebuilt_index=accept_rebuilt_index,
         )
         examples = list(examples) if examples is not None else config.examples()
         skr_identity = check_no_leak(config, examples)
@@ -330,7 +358,10 @@ def run_eval(
             )
         _save_config(
             out_dir,
-            config.to_json() | {**identity} | ({"skr_label_set": skr_identity} if skr_identity else {}),
+            config.to_json()
+            | {**identity}
+            | ({"skr_label_set": skr_identity} if skr_identity else {})
+            | ({"index_rebuilds": rebuilds} if rebuilds else {}),
         )
         path = out_dir / "questions.jsonl"
         fold_parts(path)  # a multi-worker run killed before it could fold
@@ -403,10 +434,14 @@ def _dataset_files(dataset: str) -> list[dict[str, Any]]:
 
 
 def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
+    """Write ``config.json``, or rewrite it when a resume (checked by :func:`check_config`) changed what it says:
+    a sweep's added gates, an accepted index rebuild, a label set."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not (out_dir / "config.json").exists():
-        with atomic_writer(out_dir / "config.json") as f:
-            f.write(json.dumps(data, indent=2).encode())
+    path = out_dir / "config.json"
+    if path.exists() and json.loads(path.read_text()) == json.loads(json.dumps(data)):
+        return
+    with atomic_writer(path) as f:
+        f.write(json.dumps(data, indent=2).encode())
 
 
 def open_call_cache(

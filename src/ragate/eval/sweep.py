@@ -77,23 +77,26 @@ def sweep_pass(
     workers: int = 1,
     call_cache: Path | None = None,
     cache: bool = True,
+    accept_rebuilt_index: bool = False,
 ) -> list[dict[str, Any]]:
     """Pass 1 into ``out_dir/sweep.jsonl``: per (question, family) the two answers and every gate's score.
 
     ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
-    store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls."""
+    store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls;
+    ``accept_rebuilt_index`` as in :func:`ragate.eval.run.check_config`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
         identity = run_identity(config)
         files = identity["dataset_files"]
-        check_config(
+        rebuilds = check_config(
             config,
             out_dir,
             resume=resume,
             dataset_files=files,
             index_identity=identity["index_identity"],
             add_methods=True,
+            accept_rebuilt_index=accept_rebuilt_index,
         )
         examples = list(examples) if examples is not None else config.examples()
         skr_identity = check_no_leak(config, examples)
@@ -114,7 +117,12 @@ def sweep_pass(
             raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
         families = _families(specs)
         saved = config.to_json() | {"kind": "sweep", **identity}
-        _save_config(out_dir, saved | ({"skr_label_set": skr_identity} if skr_identity else {}))
+        _save_config(
+            out_dir,
+            saved
+            | ({"skr_label_set": skr_identity} if skr_identity else {})
+            | ({"index_rebuilds": rebuilds} if rebuilds else {}),
+        )
         path = out_dir / "sweep.jsonl"
         fold_parts(path)
         done = {(r["id"], r["family"]): r for r in compact(path)}
