@@ -21,6 +21,8 @@ METRIC=${METRIC:-acc}
 RAGATE=${RAGATE:-.venv/bin/ragate}
 GATES=${GATES:-dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance}
 RUNS=${RUNS:-docs/results/runs}
+# ACCEPT_REBUILT=1: resume a sweep whose index was rebuilt from the same passages (docs/evaluation.md)
+ACCEPT=(); [ "${ACCEPT_REBUILT:-0}" = 1 ] && ACCEPT=(--accept-rebuilt-index)
 if [ ! -f "$INDEX/manifest.json" ]; then
   echo "no index at $INDEX: ragate corpus build && ragate index build --corpus ~/.cache/ragate/corpora/pooled/passages.jsonl --kind dense --out $INDEX" >&2
   exit 2
@@ -39,7 +41,8 @@ labels=$RUNS/skr-$DATASET-$MODEL-train-$OFFSET-$TRAIN.npz
 
 test=$RUNS/sweep-$DATASET-$MODEL-$LIMIT
 "$RAGATE" sweep --dataset "$DATASET" --methods "$GATES,self-eval,self-rag-lite,skr" --skr-labels "$labels" \
-  --index "$INDEX" --model "$MODEL" --limit "$LIMIT" --out "$test" --workers "$WORKERS" $(resume "$test")
+  --index "$INDEX" --model "$MODEL" --limit "$LIMIT" --out "$test" --workers "$WORKERS" $(resume "$test") \
+  "${ACCEPT[@]}"
 
 crag=$RUNS/$DATASET-$MODEL-$LIMIT-crag-lite
 "$RAGATE" eval --dataset "$DATASET" --methods crag-lite --index "$INDEX" --model "$MODEL" --limit "$LIMIT" \
