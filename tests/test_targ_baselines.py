@@ -326,6 +326,9 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
             r["retrieval_rate"] <= r["budget"]
             and r["ci_vs_always"][0] <= r["delta_vs_always"] <= r["ci_vs_always"][1]
         )
+    blind = matched_table(grown, (), (0.5,), select="quantile")  # tau = F^-1(1 - rho): 2 of 4 questions
+    assert [r["retrieval_rate"] for r in blind] == [0.5, 0.25]  # self-eval: three questions tie at 0.2
+    assert all("ci_vs_random" in r for r in blind)
     markdown = matched_markdown(rows, references(grown))
     assert "Always-RAG EM" in markdown and markdown.count("\n| 0.5 |") == 2
     with pytest.raises(RagateError, match="in \\(0, 1\\]"):

@@ -105,6 +105,12 @@ def register(subparsers: Any) -> None:
         default=[],
         help="an eval run on the same questions whose methods join the budget table as single points (repeatable)",
     )
+    rep.add_argument(
+        "--select",
+        choices=("best", "quantile"),
+        default="best",
+        help="a gate's point within a budget: its best one (TARG's tables, optimistic) or tau = F^-1(1 - budget)",
+    )
     rep.set_defaults(run=_run_report)
 
 
@@ -363,7 +369,12 @@ def _run_report(args: argparse.Namespace) -> int:
     if args.with_runs and not budgets:
         raise RagateError("--with adds single points to the budget-matched table: pass --budgets too")
     written = write_report(
-        args.run_dir, args.out, metric=args.metric, budgets=budgets, with_runs=args.with_runs
+        args.run_dir,
+        args.out,
+        metric=args.metric,
+        budgets=budgets,
+        with_runs=args.with_runs,
+        select=args.select,
     )
     for path in written:
         print(f"wrote {path}")

@@ -2,11 +2,16 @@
 retrieval rate stays within a budget rho.
 
 A swept gate (``ragate sweep``) can take any of its thresholds, so its point at rho is the best of its exact
-frontier points with rate <= rho (ties: the lower rate). A method with one operating point (an eval run: CRAG-lite,
+frontier points with rate <= rho (ties: the lower rate), as in TARG's tables. That choice looks at the answers'
+correctness on the very questions it is scored on, so it is optimistic, also for the random gate (whose row
+shows the size of that bias); ``select="quantile"`` takes instead tau = F^-1(1 - rho) of the gate's scores
+(TARG section 3.3's calibration, blind to correctness). A method with one operating point (an eval run: CRAG-lite,
 FLARE, a gate at a fixed threshold) enters at rho when its own rate is within rho, and is marked over budget
-otherwise. Each point carries its paired bootstrap 95% interval against Always-RAG *with the same reader* (the
-retrieval answer of the method's own family, on the same questions) and Δlatency against Never (seconds per
-question).
+otherwise. Each point carries its paired bootstrap 95% intervals against Always-RAG *with the same reader* (the
+retrieval answer of the method's own family, on the same questions) and against a random gate at the same rate
+with that reader (whose expected score on a question is rate x its retrieval score + (1 - rate) x its
+closed-book score: the control that says whether the gate's *choice* of questions is worth anything), and
+Δlatency against Never (seconds per question).
 
 Latency of a swept point, per question: the gate's charged seconds plus the answer's (the retrieval answer where it
 retrieves, else the closed-book one). Where the gate's draft is itself the start of the closed-book answer (TARG,
@@ -18,15 +23,17 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ragate.errors import RagateError
+from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.metrics import paired_bootstrap_diff
 from ragate.eval.sweep import method_records, swept_methods
 
 DEFAULT_BUDGETS = (0.2, 0.4, 0.6)
+Select = Literal["best", "quantile"]
 
 
 def parse_budgets(text: str) -> tuple[float, ...]:
@@ -44,18 +51,39 @@ def _verdict(lo: float, hi: float) -> str:
     return "higher" if lo > 0 else "lower" if hi < 0 else "not established"
 
 
-def _compare(chosen: Sequence[float], always: Sequence[float]) -> dict[str, Any]:
+def _compare(
+    chosen: Sequence[float], always: Sequence[float], never: Sequence[float], rate: float
+) -> dict[str, Any]:
+    """Paired differences from Always-RAG and from a random gate at the same rate with the same reader, whose
+    expected score on question i is rate * always_i + (1 - rate) * never_i."""
     lo, hi = paired_bootstrap_diff(chosen, always)
-    delta = statistics.fmean(chosen) - statistics.fmean(always)
-    return {"delta_vs_always": delta, "ci_vs_always": (lo, hi), "verdict": _verdict(lo, hi)}
+    random = [rate * a + (1 - rate) * n for a, n in zip(always, never, strict=True)]
+    rlo, rhi = paired_bootstrap_diff(chosen, random)
+    return {
+        "delta_vs_always": statistics.fmean(chosen) - statistics.fmean(always),
+        "ci_vs_always": (lo, hi),
+        "verdict": _verdict(lo, hi),
+        "delta_vs_random": statistics.fmean(chosen) - statistics.fmean(random),
+        "ci_vs_random": (rlo, rhi),
+        "verdict_vs_random": _verdict(rlo, rhi),
+    }
 
 
 def swept_point(
-    rows: Sequence[Mapping[str, Any]], method: str, budget: float, metric: str = "em"
+    rows: Sequence[Mapping[str, Any]],
+    method: str,
+    budget: float,
+    metric: str = "em",
+    select: Select = "best",
 ) -> dict[str, Any]:
-    """``method``'s best exact operating point with retrieval rate <= ``budget`` on the sweep ``rows``."""
+    """``method``'s operating point within ``budget`` on the sweep ``rows``: its best exact point with rate <=
+    ``budget`` (``select="best"``, TARG's tables), or tau = F^-1(1 - budget) of its scores (``"quantile"``, chosen
+    without looking at any answer's correctness, so its comparisons carry no selection bias)."""
     scores = np.array([r["gates"][method]["score"] for r in rows], dtype=float)
-    taus = [float(np.nextafter(scores.min(), -np.inf)), *sorted(set(scores.tolist()))]
+    if select == "quantile":
+        taus = [threshold_for_budget(scores.tolist(), budget)]
+    else:
+        taus = [float(np.nextafter(scores.min(), -np.inf)), *sorted(set(scores.tolist()))]
     best: tuple[float, float, float] | None = None  # (metric, -rate, tau)
     for tau in taus:
         retrieve = scores > tau
@@ -67,27 +95,30 @@ def swept_point(
         )
         if best is None or (value, -rate) > best[:2]:
             best = (value, -rate, tau)
-    assert best is not None  # the highest threshold retrieves for no question: rate 0 is always within budget
+    assert (
+        best is not None
+    )  # the highest score retrieves for none (rate 0), and the quantile stays within rho
     tau = best[2]
     retrieve = scores > tau
     chosen = [
         (r["open"] if x else r["closed"])["scores"][metric] for r, x in zip(rows, retrieve, strict=True)
     ]
     always = [r["open"]["scores"][metric] for r in rows]
+    never = [r["closed"]["scores"][metric] for r in rows]
     latency = [
         r["gates"][method]["seconds"] + (r["open"] if x else r["closed"])["seconds"] - r["closed"]["seconds"]
         for r, x in zip(rows, retrieve, strict=True)
     ]
     return {
         "method": method,
-        "kind": "swept",
+        "kind": f"swept ({select})",
         "budget": budget,
         "n": len(rows),
         "tau": tau,
         metric: statistics.fmean(chosen),
         "retrieval_rate": float(retrieve.mean()),
         "delta_latency": statistics.fmean(latency),
-    } | _compare(chosen, always)
+    } | _compare(chosen, always, never, float(retrieve.mean()))
 
 
 def single_point(
@@ -116,7 +147,12 @@ def single_point(
     shared = [r for r in mine if r["id"] in reference]
     if shared:
         refs = [reference[r["id"]] for r in shared]
-        point |= _compare([r["scores"][metric] for r in shared], [x["open"]["scores"][metric] for x in refs])
+        point |= _compare(
+            [r["scores"][metric] for r in shared],
+            [x["open"]["scores"][metric] for x in refs],
+            [x["closed"]["scores"][metric] for x in refs],
+            rate,
+        )
         point["n_paired"] = len(shared)
         point["delta_latency"] = statistics.fmean(
             r["seconds"] - x["closed"]["seconds"] for r, x in zip(shared, refs, strict=True)
@@ -129,8 +165,10 @@ def matched_table(
     eval_records: Sequence[dict[str, Any]] = (),
     budgets: Sequence[float] = DEFAULT_BUDGETS,
     metric: str = "em",
+    select: Select = "best",
 ) -> list[dict[str, Any]]:
-    """Every method's point at every budget: the sweep's gates, then the eval run's methods (by name)."""
+    """Every method's point at every budget: the sweep's gates (``select`` as in :func:`swept_point`), then the
+    eval run's methods (by name)."""
     from ragate.eval.sweep import family_key
     from ragate.methods import get_method
 
@@ -138,7 +176,7 @@ def matched_table(
     swept = swept_methods(sweep_records)
     for budget in budgets:
         for m in swept:
-            rows.append(swept_point(method_records(sweep_records, m), m, budget, metric))
+            rows.append(swept_point(method_records(sweep_records, m), m, budget, metric, select))
         for m in dict.fromkeys(r["method"] for r in eval_records):
             if m in swept:
                 continue
@@ -185,8 +223,11 @@ def matched_markdown(
         )
     lines += [
         "",
-        f"| budget ρ | method | {name} | rate | τ | Δlatency vs Never (s) | Δ{name} vs Always-RAG [95%] | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        (
+            f"| budget ρ | method | {name} | rate | τ | Δlatency vs Never (s) | Δ{name} vs Always-RAG [95%] "
+            f"| verdict | Δ{name} vs random at the same rate [95%] | verdict |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         over = r.get("within_budget") is False
@@ -195,8 +236,11 @@ def matched_markdown(
             lo, hi = r["ci_vs_always"]
             diff = f"{100 * r['delta_vs_always']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
             verdict = r["verdict"]
+            lo, hi = r["ci_vs_random"]
+            diff += f" | {verdict} | {100 * r['delta_vs_random']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+            verdict = r["verdict_vs_random"]
         else:
-            diff, verdict = "–", "no Always-RAG on these questions"
+            diff, verdict = "– | no Always-RAG on these questions | –", "–"
         latency = "–" if r.get("delta_latency") is None else f"{r['delta_latency']:+.2f}"
         value = f"{100 * r[metric]:.1f}" + (" (over budget)" if over else "")
         lines.append(
