@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.datasets import Example
+from ragate.eval.provenance import provenance
 from ragate.eval.records import RecordWriter, read_records, write_records
 from ragate.eval.run import (
     LOCK_FILE,
@@ -116,7 +117,8 @@ def sweep_pass(
         if workers > 1 and (lm is not None or retriever is not None):
             raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
         families = _families(specs)
-        saved = config.to_json() | {"kind": "sweep", **identity}
+        # what the last part ran with: commit, packages, the model file's sha256 (a sweep has no results.json)
+        saved = config.to_json() | {"kind": "sweep", **identity, "provenance": provenance(config)}
         _save_config(
             out_dir,
             saved
