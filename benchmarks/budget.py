@@ -41,8 +41,11 @@ import numpy as np
 
 from ragate.eval.calibrate import conservative_threshold, threshold_for_budget
 from ragate.eval.sweep import compact, method_records, swept_methods
+from ragate.service.budget import DEFAULT_GAIN
 
 UNCALIBRATED = ("random",)  # a coin's rate is its parameter, not a threshold on a score
+
+HOWS = ("fixed", "quantile", "controller")
 
 
 def transfer_rows(
@@ -141,10 +144,16 @@ def transfer(args: argparse.Namespace) -> int:
 
 
 def replay(
-    phases: list[list[dict[str, Any]]], gate: str, budget: float, window: int, metric: str
+    phases: list[list[dict[str, Any]]],
+    gate: str,
+    budget: float,
+    window: int,
+    metric: str,
+    gain: float = DEFAULT_GAIN,
 ) -> dict[str, Any]:
-    """Decisions of a fixed tau (the quantile of the first ``window`` scores) and of the controller over the
-    concatenated ``phases``; per request, for each: retrieved, correct; and the windowed rates."""
+    """Decisions of a fixed tau (the quantile of the first ``window`` scores), of the plain windowed quantile
+    (the controller with gain 0) and of the controller with ``gain`` over the concatenated ``phases``; per
+    request, for each: retrieved, correct; and the windowed rates."""
     from ragate.methods import get_method
     from ragate.service.budget import BudgetController
 
@@ -153,20 +162,22 @@ def replay(
         raise SystemExit(f"{len(stream)} requests in all: the stream must be longer than --window {window}")
     scores = [r["gates"][gate]["score"] for _, r in stream]
     fixed_tau = threshold_for_budget(scores[:window], budget)
-    controller = BudgetController(budget, window, get_method(gate), None)
-    out: dict[str, Any] = {
-        "fixed": [],
-        "controller": [],
+    controllers = {
+        "quantile": BudgetController(budget, window, get_method(gate), None, gain=0.0),
+        "controller": BudgetController(budget, window, get_method(gate), None, gain=gain),
+    }
+    out: dict[str, Any] = {how: [] for how in HOWS} | {
         "phase": [p for p, _ in stream],
         "fixed_tau": fixed_tau,
     }
     for (_, r), s in zip(stream, scores, strict=True):
-        decisions = {"fixed": s > fixed_tau, "controller": s > controller.tau}
-        controller.observe(s, decisions["controller"])
+        decisions = {"fixed": s > fixed_tau} | {how: s > c.tau for how, c in controllers.items()}
+        for how, c in controllers.items():
+            c.observe(s, decisions[how])
         for how, retrieve in decisions.items():
             answer = r["open"] if retrieve else r["closed"]
             out[how].append((retrieve, answer["scores"][metric]))
-    for how in ("fixed", "controller"):
+    for how in HOWS:
         retrieved = np.array([d[0] for d in out[how]], dtype=np.float64)
         rates = np.convolve(
             retrieved, np.ones(window) / window, mode="valid"
@@ -188,7 +199,7 @@ def drift(args: argparse.Namespace) -> int:
         rows = method_records(compact(path), args.gate)
         phases.append([rows[i] for i in rng.permutation(len(rows))])
         names.append(Path(folder).name)
-    got = replay(phases, args.gate, args.budget, args.window, args.metric)
+    got = replay(phases, args.gate, args.budget, args.window, args.metric, args.gain)
     phase = np.array(got["phase"])
     print(
         f"\n{args.gate}, budget {args.budget:g}, window {args.window}: "
@@ -201,7 +212,12 @@ def drift(args: argparse.Namespace) -> int:
         + " |"
     )
     print("|---|---|---|" + "---|" * len(names))
-    for how in ("fixed", "controller"):
+    labels = {
+        "fixed": "fixed τ",
+        "quantile": "windowed quantile (gain 0)",
+        "controller": f"controller, gain {args.gain:g}",
+    }
+    for how in HOWS:
         rates = got[f"{how}_rates"][args.window :]  # windows that begin after the first W requests
         deviation = np.abs(rates - args.budget) if rates.size else np.zeros(1)
         cells = []
@@ -209,7 +225,7 @@ def drift(args: argparse.Namespace) -> int:
             mine = [d for d, q in zip(got[how], phase, strict=True) if q == p]
             cells.append(f"{np.mean([d[0] for d in mine]):.2f} / {100 * np.mean([d[1] for d in mine]):.1f}")
         print(
-            f"| {how} τ | {deviation.max():.3f} | {100 * np.mean(deviation > 0.05):.1f}% | "
+            f"| {labels[how]} | {deviation.max():.3f} | {100 * np.mean(deviation > 0.05):.1f}% | "
             + " | ".join(cells)
             + " |"
         )
@@ -222,7 +238,8 @@ def drift(args: argparse.Namespace) -> int:
         fig, ax = plt.subplots(figsize=(8, 3.5))
         x = np.arange(args.window, args.window + len(got["fixed_rates"]))
         ax.plot(x, got["fixed_rates"], label=f"fixed τ = {got['fixed_tau']:.3g}")
-        ax.plot(x, got["controller_rates"], label=f"controller (window {args.window})")
+        ax.plot(x, got["quantile_rates"], label=f"windowed quantile (window {args.window}, gain 0)")
+        ax.plot(x, got["controller_rates"], label=f"controller (window {args.window}, gain {args.gain:g})")
         ax.axhspan(args.budget - 0.05, args.budget + 0.05, color="grey", alpha=0.2, label="ρ ± 0.05")
         for start in np.flatnonzero(np.diff(phase)) + 1:
             ax.axvline(start, color="black", linestyle=":", linewidth=1)
@@ -256,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--gate", required=True)
     d.add_argument("--budget", type=float, default=0.3)
     d.add_argument("--window", type=int, default=50)
+    d.add_argument(
+        "--gain", type=float, default=DEFAULT_GAIN, help="the controller's feedback gain (0: quantile)"
+    )
     d.add_argument("--metric", choices=("em", "f1", "acc"), default="acc")
     d.add_argument("--plot", type=Path, default=None, help="write the windowed rates as a PNG")
     d.add_argument("--seed", type=int, default=0)

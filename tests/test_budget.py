@@ -45,3 +45,35 @@ def test_the_controller_follows_a_shift_that_a_fixed_tau_misses() -> None:
     assert np.mean([d[1] for d in got["controller"][second]]) == controlled
     late = slice(700, None)
     assert np.abs(got["controller_rates"][late] - 0.3).max() < np.abs(got["fixed_rates"][late] - 0.3).max()
+
+
+def test_rate_feedback_holds_every_window_where_the_plain_quantile_strays() -> None:
+    """Right after a shift the plain windowed quantile's tau lags, and its windowed rate leaves rho +- 0.05; the
+    default gain corrects the quantile level by the rate error and keeps every window inside the band."""
+    rng = np.random.default_rng(1)
+    phases = [_records(rng.random(400)), _records(rng.random(400) + 0.6), _records(rng.random(400) - 0.4)]
+    got = _budget().replay(phases, "targ-margin", 0.3, 100, "acc")
+    after = slice(100, None)  # windows that begin after the first W requests
+    plain = np.abs(got["quantile_rates"][after] - 0.3)
+    held = np.abs(got["controller_rates"][after] - 0.3)
+    assert plain.max() > 0.1 and held.max() <= 0.05
+    # still a gate: it retrieves for the higher scores of its phase, not at random
+    scores = np.concatenate([[r["gates"]["targ-margin"]["score"] for r in p] for p in phases])
+    retrieved = np.array([d[0] for d in got["controller"]])
+    assert scores[retrieved].mean() > scores[~retrieved].mean() + 0.3
+
+
+def test_control_level_and_bad_gains() -> None:
+    import pytest
+
+    from ragate.errors import RagateError
+    from ragate.methods import get_method
+    from ragate.service.budget import BudgetController, control_level
+
+    assert control_level(0.3, 0.3, 16) == pytest.approx(0.3)
+    assert control_level(0.3, 0.35, 16) == 0.001  # 0.3 - 16 x 0.05 < 0: clipped
+    assert control_level(0.3, 0.29, 16) == pytest.approx(0.46)
+    assert control_level(0.3, 0.0, 0) == 0.3  # gain 0: the plain quantile
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(RagateError, match="--budget-gain"):
+            BudgetController(0.3, 50, get_method("targ-margin"), None, gain=bad)

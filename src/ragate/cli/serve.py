@@ -48,6 +48,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             max_concurrency=args.max_concurrency,
             budget=args.budget,
             budget_window=args.window,
+            budget_gain=args.budget_gain,
             budget_state=str(args.budget_state) if args.budget_state else None,
             request_timeout=args.timeout,
             read_timeout=args.read_timeout,
@@ -188,6 +189,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=int,
         default=d.budget_window,
         help=f"requests the budget's rate and threshold are taken over (default {d.budget_window}, at least 10)",
+    )
+    p.add_argument(
+        "--budget-gain",
+        type=float,
+        default=d.budget_gain,
+        help=f"feedback of the windowed rate error on the threshold's quantile level (default {d.budget_gain:g}; "
+        "0: the plain windowed quantile)",
     )
     p.add_argument(
         "--budget-state",

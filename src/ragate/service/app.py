@@ -370,7 +370,12 @@ def _budget(settings: ServiceSettings, lm: Backend) -> BudgetController | None:
 
     state = settings.budget_state or ragate_home() / "service" / f"budget-{settings.method}.json"
     return BudgetController(
-        settings.budget, settings.budget_window, get_method(settings.method), Path(state), model=str(lm.model)
+        settings.budget,
+        settings.budget_window,
+        get_method(settings.method),
+        Path(state),
+        model=str(lm.model),
+        gain=settings.budget_gain,
     )
 
 

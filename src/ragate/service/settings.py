@@ -54,6 +54,7 @@ class ServiceSettings:
     health_timeout: float = 2.0
     budget: float | None = None  # a live retrieval budget for the served method (ragate.service.budget)
     budget_window: int = 200
+    budget_gain: float = 16.0  # feedback of the windowed rate error on the quantile level (0: plain quantile)
     budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)
     fallback: str | None = None  # the gate served where the backend cannot serve the method's own
     openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
