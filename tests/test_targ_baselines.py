@@ -339,3 +339,10 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
     assert "## Budget-matched comparison" in (tmp_path / "r" / "report.md").read_text()
     with pytest.raises(RagateError, match="no questions.jsonl there"):
         write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path])
+
+
+def test_calibrate_names_the_way_to_a_budget_for_skr() -> None:
+    from ragate.eval.calibrate import calibrate
+
+    with pytest.raises(RagateError, match="sweep it instead"):
+        calibrate(method="skr", dev="demo", budget=0.3)

@@ -156,6 +156,12 @@ def calibrate(
         raise RagateError(
             f"method {method!r} has no gate threshold to calibrate (its gate is {spec.gate.kind!r})"
         )
+    if spec.gate.kind == "skr":
+        raise RagateError(
+            "calibrate does not take SKR's label set: its score is the share of its k = 10 neighbours voting "
+            "'retrieve' (11 values), so sweep it instead (`ragate sweep --methods skr --skr-labels FILE ...`) and "
+            "read the threshold for a budget from sweep.json, or pass --threshold skr=TAU"
+        )
     config = EvalConfig(dev, (method,), model, engine, index, limit, seed, base_url=base_url)
     examples = load_dataset(dev, limit=limit)
     if not examples:
