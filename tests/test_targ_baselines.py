@@ -346,3 +346,32 @@ def test_calibrate_names_the_way_to_a_budget_for_skr() -> None:
 
     with pytest.raises(RagateError, match="sweep it instead"):
         calibrate(method="skr", dev="demo", budget=0.3)
+
+
+def test_a_method_with_one_operating_point_enters_the_budget_table_at_its_own_rate() -> None:
+    from ragate.eval.matched import single_point
+
+    reference = {
+        f"q{i}": {
+            "closed": {"scores": {"em": 0.0}, "seconds": 1.0},
+            "open": {"scores": {"em": 1.0}, "seconds": 3.0},
+        }
+        for i in range(4)
+    }
+    records = [
+        {
+            "id": f"q{i}",
+            "method": "crag-lite",
+            "retrieved": True,
+            "scores": {"em": float(i < 3)},
+            "seconds": 5.0,
+        }
+        for i in range(4)
+    ]
+    low = single_point(records, "crag-lite", 0.5, reference)
+    assert low["within_budget"] is False and low["retrieval_rate"] == 1.0 and low["em"] == 0.75
+    assert low["delta_vs_always"] == pytest.approx(-0.25) and low["delta_latency"] == pytest.approx(4.0)
+    assert low["delta_vs_random"] == pytest.approx(-0.25)  # at rate 1 the random gate is Always-RAG
+    assert single_point(records, "crag-lite", 1.0, reference)["within_budget"] is True
+    with pytest.raises(RagateError, match="no answered questions"):
+        single_point(records, "flare", 1.0, reference)
