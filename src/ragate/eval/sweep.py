@@ -127,7 +127,7 @@ def sweep_pass(
         )
         path = out_dir / "sweep.jsonl"
         fold_parts(path)
-        done = {(r["id"], r["family"]): r for r in compact(path)}
+        done = {(r["id"], r["family"]): r for r in compact(path, rewrite=True)}
         jobs = [
             (i, ex, fam, done.get((ex.id, fam)))
             for i, ex in enumerate(examples)
@@ -150,17 +150,18 @@ def sweep_pass(
                 fold_parts(path)
         elif jobs:
             _sweep_jobs(config, jobs, path, store, lm=lm, retriever=retriever, progress=progress)
-        return compact(path)
+        return compact(path, rewrite=True)
 
 
-def compact(path: Path) -> list[dict[str, Any]]:
+def compact(path: Path, *, rewrite: bool = False) -> list[dict[str, Any]]:
     """The records of ``path``, one per (question, family): the last written, which holds every gate scored so
-    far (a sweep that gained gates appends a fuller copy of a record); the file is rewritten when it had copies."""
+    far (a sweep that gained gates appends a fuller copy of a record). With ``rewrite`` (only the sweep itself,
+    under the run's lock) the file is rewritten without the copies; readers leave it as it is."""
     records = read_records(path)
     last: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
         last[r["id"], r["family"]] = r
-    if len(last) < len(records):
+    if rewrite and len(last) < len(records):
         write_records(path, last.values())
     return list(last.values())
 
