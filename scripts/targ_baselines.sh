@@ -36,8 +36,10 @@ resume() { [ -f "$1/config.json" ] && echo --resume || true; }
 train=$RUNS/sweep-$DATASET-$MODEL-train-$OFFSET-$TRAIN
 labels=$RUNS/skr-$DATASET-$MODEL-train-$OFFSET-$TRAIN.npz
 "$RAGATE" sweep --dataset "$DATASET" --methods targ-margin --index "$INDEX" --model "$MODEL" \
-  --offset "$OFFSET" --limit "$TRAIN" --out "$train" --workers "$WORKERS" $(resume "$train")
-"$RAGATE" skr fit --sweep "$train" --out "$labels"
+  --offset "$OFFSET" --limit "$TRAIN" --out "$train" --workers "$WORKERS" $(resume "$train") "${ACCEPT[@]}"
+if [ ! -f "$labels" ] || [ "$train/sweep.jsonl" -nt "$labels" ]; then
+  "$RAGATE" skr fit --sweep "$train" --out "$labels"
+fi
 
 test=$RUNS/sweep-$DATASET-$MODEL-$LIMIT
 "$RAGATE" sweep --dataset "$DATASET" --methods "$GATES,self-eval,self-rag-lite,skr" --skr-labels "$labels" \
@@ -46,6 +48,6 @@ test=$RUNS/sweep-$DATASET-$MODEL-$LIMIT
 
 crag=$RUNS/$DATASET-$MODEL-$LIMIT-crag-lite
 "$RAGATE" eval --dataset "$DATASET" --methods crag-lite --index "$INDEX" --model "$MODEL" --limit "$LIMIT" \
-  --out "$crag" --workers "$WORKERS" $(resume "$crag")
+  --out "$crag" --workers "$WORKERS" $(resume "$crag") "${ACCEPT[@]}"
 
 "$RAGATE" report "$test" --budgets "$BUDGETS" --with "$crag" --metric "$METRIC"

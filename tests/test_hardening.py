@@ -225,6 +225,14 @@ def test_resume_knows_the_index_by_its_resolved_path_and_notices_a_rebuild(tmp_p
     assert (
         rebuild["was"] == "0" * 64 and rebuild["now"] == after["index_identity"]["files_sha256"] != "0" * 64
     )
+    assert rebuild["passages_verified"] is True
+    # a run saved before the passages' digest was recorded: compared by count, encoder and settings, said so
+    after["index_identity"] |= {"files_sha256": "1" * 64, "passages_sha256": None}
+    config_path.write_text(json.dumps(after))
+    with pytest.raises(RagateError, match=r"did not record its passages' sha256.*texts are unverified"):
+        run(str(index), tmp_path / "b", resume=True, limit=1)
+    run(str(index), tmp_path / "b", resume=True, limit=1, accept=True)
+    assert json.loads(config_path.read_text())["index_rebuilds"][-1]["passages_verified"] is False
     build_index(passages[:3], index, "bm25", progress=False, overwrite=True)
     for accept in (False, True):  # other passages: another index, whatever is accepted
         with pytest.raises(RagateError, match=r"the index at .*ix was rebuilt since") as err:

@@ -375,3 +375,14 @@ def test_a_method_with_one_operating_point_enters_the_budget_table_at_its_own_ra
     assert single_point(records, "crag-lite", 1.0, reference)["within_budget"] is True
     with pytest.raises(RagateError, match="no answered questions"):
         single_point(records, "flare", 1.0, reference)
+
+
+def test_a_reader_leaves_a_live_sweep_file_as_it_is(tmp_path: Path) -> None:
+    from ragate.eval.sweep import compact
+
+    path = tmp_path / "sweep.jsonl"
+    line = json.dumps({"id": "q0", "family": "f", "gates": {}})
+    path.write_text(line + "\n" + line[:10])  # a writer is in the middle of its next line
+    before = path.read_bytes()
+    assert len(compact(path)) == 1 and path.read_bytes() == before
+    assert len(compact(path, rewrite=True)) == 1 and path.read_text() == line + "\n"

@@ -14,10 +14,11 @@ from ragate.errors import RunFormatError
 from ragate.fileio import atomic_writer
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path, *, repair: bool = True) -> list[dict[str, Any]]:
     """Every complete record of ``path`` (none if it does not exist). A last line cut short by a kill (anywhere,
     also inside a multi-byte character) is dropped and the file rewritten without it (atomically), so appending
-    can go on; a bad line anywhere else is a :class:`RunFormatError` naming the line, since that is not what a
+    can go on (``repair=False``: left as it is, for readers of a run another process may be appending to); a bad
+    line anywhere else is a :class:`RunFormatError` naming the line, since that is not what a
     kill leaves behind."""
     if not path.exists():
         return []
@@ -39,7 +40,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
                 f"{path}, line {number}: not a JSON record ({why}); move the file aside, or delete that line "
                 "and rerun with --resume to answer it again"
             ) from None
-    if cut or (raw and not raw.endswith(b"\n")):
+    if repair and (cut or (raw and not raw.endswith(b"\n"))):  # readers of a live run pass repair=False
         write_records(path, records)
     return records
 

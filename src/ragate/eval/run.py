@@ -77,6 +77,8 @@ class EvalConfig:
         """The questions this run reads: ``limit`` of them after the first ``offset``."""
         if self.offset < 0:
             raise RagateError(f"--offset must be >= 0, not {self.offset}")
+        if self.limit is not None and self.limit < 0:
+            raise RagateError(f"--limit must be >= 0, not {self.limit}")
         examples = load_dataset(self.dataset)[self.offset :]
         return examples if self.limit is None else examples[: self.limit]
 
@@ -137,17 +139,21 @@ def check_config(
     before, after = saved.get("index_identity") or {}, index_identity or {}
     was, is_now = before.get("files_sha256"), after.get("files_sha256")
     if was and is_now and was != is_now:
+        digests = before.get("passages_sha256"), after.get("passages_sha256")
+        verified = None not in digests
         same_content = all(
             before.get(k) == after.get(k) for k in ("kind", "passages", "encoder", "params")
-        ) and (
-            None in (before.get("passages_sha256"), after.get("passages_sha256"))
-            or before["passages_sha256"] == after["passages_sha256"]
-        )
+        ) and (not verified or digests[0] == digests[1])
         if not (same_content and accept_rebuilt_index):
+            said = (
+                "Its passages (by sha256), encoder and settings are the same, so only the vectors' bits differ"
+                if verified
+                else "This run did not record its passages' sha256, so only their count, the encoder and the "
+                "settings could be compared, and they are the same; the texts are unverified"
+            )
             hint = (
-                " Its passages, encoder and settings are the same, so only the vectors' bits differ (e.g. a rebuild "
-                "on another CPU); if its searches return what they did (compare a few with `ragate search`), "
-                "resume with --accept-rebuilt-index, which config.json records"
+                f" {said} (e.g. a rebuild on another CPU); if its searches return what they did (compare a few with "
+                "`ragate search`), resume with --accept-rebuilt-index, which config.json records"
                 if same_content
                 else ""
             )
@@ -156,7 +162,9 @@ def check_config(
                 f"digest was {was[:12]}, now {is_now[:12]}), so its answers would mix two indexes; use another "
                 f"--out directory.{hint}"
             )
-        rebuilds.append({"was": was, "now": is_now, "created_at": after.get("created_at")})
+        rebuilds.append(
+            {"was": was, "now": is_now, "created_at": after.get("created_at"), "passages_verified": verified}
+        )
     saved_files = [f.get("sha256") for f in saved.get("dataset_files") or []]
     now_files = [f.get("sha256") for f in dataset_files or []]
     if saved_files and now_files and saved_files != now_files:

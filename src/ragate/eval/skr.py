@@ -30,7 +30,7 @@ def _records(sweep_dir: Path) -> list[dict[str, Any]]:
     files = [sweep_dir / "sweep.jsonl", *sorted(sweep_dir.glob("sweep.part*.jsonl"))]
     seen: dict[tuple[str, str], dict[str, Any]] = {}
     for path in files:
-        for r in read_records(path):
+        for r in read_records(path, repair=False):
             seen[r["id"], r["family"]] = r
     return list(seen.values())
 

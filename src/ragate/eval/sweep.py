@@ -157,7 +157,7 @@ def compact(path: Path, *, rewrite: bool = False) -> list[dict[str, Any]]:
     """The records of ``path``, one per (question, family): the last written, which holds every gate scored so
     far (a sweep that gained gates appends a fuller copy of a record). With ``rewrite`` (only the sweep itself,
     under the run's lock) the file is rewritten without the copies; readers leave it as it is."""
-    records = read_records(path)
+    records = read_records(path, repair=rewrite)
     last: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
         last[r["id"], r["family"]] = r
