@@ -245,7 +245,7 @@ def drift(args: argparse.Namespace) -> int:
             ax.axvline(start, color="black", linestyle=":", linewidth=1)
         ax.set_xlabel("request")
         ax.set_ylabel(f"retrieval rate, last {args.window}")
-        ax.set_title(f"{args.gate}: " + " → ".join(names))
+        ax.set_title(f"{args.gate}: " + " → ".join(names), fontsize=8)
         ax.legend(loc="best", fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
