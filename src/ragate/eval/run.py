@@ -179,6 +179,34 @@ def check_config(
 _ADDED = {"offset": 0}  # keys added after runs were saved without them: their value then
 
 
+def open_run(
+    config: EvalConfig,
+    out_dir: Path,
+    *,
+    resume: bool,
+    examples: Sequence[Example] | None,
+    accept_rebuilt_index: bool,
+    add_methods: bool = False,
+) -> tuple[dict[str, Any], list[Example]]:
+    """The checks every run directory (eval or sweep) passes before work: the files it reads, the resume
+    (:func:`check_config`), its questions and SKR's no-leak rule. Returns what ``config.json`` records beside the
+    configuration, and the questions."""
+    identity = run_identity(config)
+    rebuilds = check_config(
+        config,
+        out_dir,
+        resume=resume,
+        dataset_files=identity["dataset_files"],
+        index_identity=identity["index_identity"],
+        add_methods=add_methods,
+        accept_rebuilt_index=accept_rebuilt_index,
+    )
+    examples = list(examples) if examples is not None else config.examples()
+    skr_identity = check_no_leak(config, examples)
+    recorded = identity | ({"skr_label_set": skr_identity} if skr_identity else {})
+    return recorded | ({"index_rebuilds": rebuilds} if rebuilds else {}), examples
+
+
 def check_no_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[str, Any] | None:
     """SKR must never vote with its own test questions' labels: a run whose questions overlap the label set's
     training questions is refused, naming them and the fix. Returns what the run records of the label set."""
@@ -342,18 +370,9 @@ def run_eval(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
-        identity = run_identity(config)
-        files = identity["dataset_files"]
-        rebuilds = check_config(
-            config,
-            out_dir,
-            resume=resume,
-            dataset_files=files,
-            index_identity=identity["index_identity"],
-            accept_rebuilt_index=accept_rebuilt_index,
+        recorded, examples = open_run(
+            config, out_dir, resume=resume, examples=examples, accept_rebuilt_index=accept_rebuilt_index
         )
-        examples = list(examples) if examples is not None else config.examples()
-        skr_identity = check_no_leak(config, examples)
         if not examples:
             raise RagateError(f"dataset {config.dataset!r} has no questions to evaluate")
         for m in config.methods:
@@ -364,13 +383,7 @@ def run_eval(
             raise RagateError(
                 "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
             )
-        _save_config(
-            out_dir,
-            config.to_json()
-            | {**identity}
-            | ({"skr_label_set": skr_identity} if skr_identity else {})
-            | ({"index_rebuilds": rebuilds} if rebuilds else {}),
-        )
+        _save_config(out_dir, config.to_json() | recorded)
         path = out_dir / "questions.jsonl"
         fold_parts(path)  # a multi-worker run killed before it could fold
         # failures are retried: a resumed run answers them again
@@ -411,7 +424,7 @@ def run_eval(
         results = {
             "config": config.to_json(),
             "questions": len(examples),
-            "dataset_files": files,
+            "dataset_files": recorded["dataset_files"],
             "provenance": provenance(config),
             "started": started,
             "finished": time.time(),

@@ -39,11 +39,9 @@ from ragate.eval.run import (
     _open_retriever,
     _save_config,
     answer_fields,
-    check_config,
-    check_no_leak,
     default_call_cache,
     open_call_cache,
-    run_identity,
+    open_run,
 )
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
@@ -88,19 +86,14 @@ def sweep_pass(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
-        identity = run_identity(config)
-        files = identity["dataset_files"]
-        rebuilds = check_config(
+        recorded, examples = open_run(
             config,
             out_dir,
             resume=resume,
-            dataset_files=files,
-            index_identity=identity["index_identity"],
-            add_methods=True,
+            examples=examples,
             accept_rebuilt_index=accept_rebuilt_index,
+            add_methods=True,
         )
-        examples = list(examples) if examples is not None else config.examples()
-        skr_identity = check_no_leak(config, examples)
         specs = {m: config.spec(m) for m in config.methods}
         if graded := [m for m, spec in specs.items() if spec.crag is not None]:
             raise RagateError(
@@ -118,12 +111,8 @@ def sweep_pass(
             raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
         families = _families(specs)
         # what the last part ran with: commit, packages, the model file's sha256 (a sweep has no results.json)
-        saved = config.to_json() | {"kind": "sweep", **identity, "provenance": provenance(config)}
         _save_config(
-            out_dir,
-            saved
-            | ({"skr_label_set": skr_identity} if skr_identity else {})
-            | ({"index_rebuilds": rebuilds} if rebuilds else {}),
+            out_dir, config.to_json() | {"kind": "sweep", "provenance": provenance(config)} | recorded
         )
         path = out_dir / "sweep.jsonl"
         fold_parts(path)

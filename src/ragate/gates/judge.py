@@ -41,13 +41,18 @@ def first_word(reply: Generation) -> str:
     return words[0] if words else ""
 
 
+def word_score(word: str) -> float:
+    """A reply's P(yes) read from its first word, for a backend without logprobs: 1 "yes", 0 "no", else 0.5."""
+    return {"yes": 1.0, "no": 0.0}.get(word, 0.5)
+
+
 def yes_no_gate(reply: Generation, tau: float, *, yes: str, no: str) -> GateDecision:
     """A yes/no reply as a thresholded gate: retrieve iff P(yes) > ``tau``; without logprobs, iff the reply
     says "yes" (a reply that is neither retrieves, conservatively). ``yes``/``no`` say what each answer means."""
     word = first_word(reply)
     probability = p_yes(reply)
     if probability is None:
-        score = {"yes": 1.0, "no": 0.0}.get(word, 0.5)
+        score = word_score(word)
         retrieve, how = word != "no", "from the reply text, no logprobs"
     else:
         score, how = probability, f"P(yes) = {probability:.3f}"
@@ -62,11 +67,9 @@ def yes_no_gate(reply: Generation, tau: float, *, yes: str, no: str) -> GateDeci
 def llm_judge(reply: Generation) -> GateDecision:
     """Decide from the judge's reply text; the score is :func:`p_yes` (threshold 0.5), or, without logprobs, the
     reply's own word: 1 for "yes", 0 for "no", 0.5 otherwise (a text-only score: too coarse to sweep)."""
-    words = normalize_answer(reply.text).split()
-    first = words[0] if words else ""
+    first = first_word(reply)
     probability = p_yes(reply)
-    text_score = {"yes": 1.0, "no": 0.0}.get(first, 0.5)
-    score = text_score if probability is None else probability
+    score = word_score(first) if probability is None else probability
     how = "from the reply text, no logprobs" if probability is None else f"P(yes) = {score:.3f}"
     if first == "yes":
         return GateDecision(True, score, 0.5, f"the model says it needs information ({how})")

@@ -26,12 +26,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 from ragate.gates.base import GateDecision
-from ragate.gates.judge import p_yes
+from ragate.gates.judge import first_word, p_yes, word_score
 from ragate.methods.runner import QuestionRun
 from ragate.methods.spec import CragSpec
 from ragate.methods.trace import Trace
 from ragate.retrieval.types import Hit
-from ragate.text import normalize_answer
 from ragate.types import Generation, GenerationRequest
 
 Action = Literal["correct", "ambiguous", "incorrect"]
@@ -51,10 +50,7 @@ REWRITE_TOKENS = 32
 def grade(reply: Generation) -> float:
     """P(relevant) of one passage: P(yes) among yes/no, or 1/0.5/0 from the reply's first word."""
     probability = p_yes(reply)
-    if probability is not None:
-        return probability
-    words = normalize_answer(reply.text).split()
-    return {"yes": 1.0, "no": 0.0}.get(words[0] if words else "", 0.5)
+    return word_score(first_word(reply)) if probability is None else probability
 
 
 def action(grades: Sequence[float], upper: float, lower: float) -> Action:
