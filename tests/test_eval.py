@@ -71,9 +71,12 @@ def test_summary_counts_scores_and_refuses_to_mix_runs(tmp_path: Path) -> None:
 
 
 def _eval_cmd(out: Path) -> list[str]:
+    # each run directory has its own call store: with the shared one (RAGATE_HOME), a run after the first is
+    # answered from stored calls, writes all its lines between two polls and cannot be killed mid-run
     return [
         sys.executable, "-m", "ragate.cli.main", "eval", "--dataset", str(DEMO_QUESTIONS), "--methods",
         "no-retrieval,random", "--limit", "6", "--out", str(out), "--quiet",
+        "--call-cache", str(out.with_suffix(".calls.sqlite")),
     ]  # fmt: skip
 
 
