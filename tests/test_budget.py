@@ -77,3 +77,18 @@ def test_control_level_and_bad_gains() -> None:
     for bad in (-1.0, float("nan")):
         with pytest.raises(RagateError, match="--budget-gain"):
             BudgetController(0.3, 50, get_method("targ-margin"), None, gain=bad)
+
+
+def test_the_transfer_share_over_budget_matches_the_exact_batch_tail() -> None:
+    """Random dev/test splits of one pool of distinct scores are an exchangeable draw, so the batch bound's share
+    of splits over budget is the beta-binomial tail of its k (at most 1 - confidence), up to Monte-Carlo noise;
+    the plain quantile is over budget about half the time."""
+    rng = np.random.default_rng(2)
+    rows = _records(rng.random(200))
+    (row,) = _budget().transfer_rows(
+        rows, "targ-margin", [0.3], splits=3000, dev_share=0.5, confidence=0.95, metric="acc", seed=3
+    )
+    exact = row["batch"]["exact_over"]
+    assert 0.02 < exact <= 0.05
+    assert abs(row["batch"]["over"] - exact) < 3 * (exact * (1 - exact) / 3000) ** 0.5
+    assert row["plain"]["over"] > 0.3

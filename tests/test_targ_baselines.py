@@ -339,6 +339,20 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
     assert "## Budget-matched comparison" in (tmp_path / "r" / "report.md").read_text()
     with pytest.raises(RagateError, match="no questions.jsonl there"):
         write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path])
+    # an eval run with another model, or a method passed twice, is refused by name
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    record = {"id": grown[0]["id"], "method": "crag-lite", "retrieved": True, "scores": {"em": 1.0}, "seconds": 1}
+    provenance = config["provenance"] | {"model": config["provenance"]["model"] | {"sha256": "0" * 64}}
+    for name, other in (("e1", {}), ("e2", {"provenance": provenance})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config | other | {"kind": "eval"}))
+        (tmp_path / name / "questions.jsonl").write_text(json.dumps(record) + "\n")
+    write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path / "e1"])
+    assert "| 0.5 | crag-lite | 100.0 (over budget) |" in (tmp_path / "r" / "report.md").read_text()
+    with pytest.raises(RagateError, match="another model than the sweep"):
+        write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path / "e2"])
+    with pytest.raises(RagateError, match="has crag-lite again"):
+        write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path / "e1"] * 2)
 
 
 def test_calibrate_names_the_way_to_a_budget_for_skr() -> None:
@@ -386,3 +400,28 @@ def test_a_reader_leaves_a_live_sweep_file_as_it_is(tmp_path: Path) -> None:
     before = path.read_bytes()
     assert len(compact(path)) == 1 and path.read_bytes() == before
     assert len(compact(path, rewrite=True)) == 1 and path.read_text() == line + "\n"
+
+
+def test_serve_answers_skr_with_the_label_set_it_was_started_with(
+    minilm: Any, dense: Any, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from ragate.service.app import create_app
+    from ragate.service.settings import ServiceSettings
+
+    path = skr.save_labels(
+        _labels(minilm, dense, TRAIN, [True, True, True, False, False, False]), tmp_path / "l.npz"
+    )
+    with pytest.raises(ValueError, match="needs --skr-labels FILE"):
+        ServiceSettings(method="skr")
+    with pytest.raises(ValueError, match="goes with --method skr"):
+        ServiceSettings(method="dtr", skr_labels=str(path))
+    lm = ScriptedBackend([answer("Alexander Fleming")])
+    with TestClient(create_app(ServiceSettings(method="skr", skr_labels=str(path)), lm, dense)) as http:
+        got = http.post("/v1/answer", json={"question": "Who was the discoverer of penicillin?"})
+        assert got.status_code == 200, got.text  # the label set's 6 questions (k = 10 > 6) vote 3 to 3
+        assert "3 of the 6 nearest training questions" in got.json()["gate"]["reason"]
+    with TestClient(create_app(ServiceSettings(method="no-retrieval"), ScriptedBackend([]), dense)) as http:
+        got = http.post("/v1/answer", json={"question": "Who?", "method": "skr"})
+        assert got.status_code == 400 and "--skr-labels FILE" in got.text

@@ -32,6 +32,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             method=args.method or ServiceSettings.method,
             fallback=fallback,
             openai_logprobs=args.openai_logprobs,
+            skr_labels=str(args.skr_labels) if args.skr_labels else None,
             index=args.index,
             milvus_uri=args.milvus,
             milvus_collection=args.milvus_collection,
@@ -154,6 +155,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         choices=("auto", "on", "off"),
         default=d.openai_logprobs,
         help="what the LM server returns: auto asks it once at start (default), on trusts top-20, off is text only",
+    )
+    p.add_argument(
+        "--skr-labels",
+        default=None,
+        metavar="FILE",
+        help="with --method skr: the label set of training questions it votes with (`ragate skr fit`)",
     )
     p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
     p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")

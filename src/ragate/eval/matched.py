@@ -30,6 +30,7 @@ import numpy as np
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.metrics import paired_bootstrap_diff
+from ragate.eval.summary import interval_points, points
 from ragate.eval.sweep import method_records, swept_methods
 
 DEFAULT_BUDGETS = (0.2, 0.4, 0.6)
@@ -234,10 +235,9 @@ def matched_markdown(
         tau = "–" if r["tau"] is None else f"{r['tau']:.4g}"
         if "ci_vs_always" in r:
             lo, hi = r["ci_vs_always"]
-            diff = f"{100 * r['delta_vs_always']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+            diff = f"{points(r['delta_vs_always'])} {interval_points(lo, hi)}"
             verdict = r["verdict"]
-            lo, hi = r["ci_vs_random"]
-            diff += f" | {verdict} | {100 * r['delta_vs_random']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+            diff += f" | {verdict} | {points(r['delta_vs_random'])} {interval_points(*r['ci_vs_random'])}"
             verdict = r["verdict_vs_random"]
         else:
             diff, verdict = "– | no Always-RAG on these questions | –", "–"

@@ -15,7 +15,7 @@ import html
 import io
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,9 +310,43 @@ def markdown_to_html(markdown: str, images: dict[str, bytes], title: str) -> str
     )
 
 
-def _dataset_files(run_dir: Path) -> Any:
+def _config(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "config.json"
-    return json.loads(path.read_text()).get("dataset_files") if path.exists() else None
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _dataset_files(run_dir: Path) -> Any:
+    return _config(run_dir).get("dataset_files")
+
+
+def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What must match for two runs' points to share a table: the dataset file, the questions' offset, the model
+    (file sha256 where recorded, else name and engine) and the index (encoder and passage count)."""
+    model = (config.get("provenance") or {}).get("model") or {}
+    index = config.get("index_identity") or {}
+    return {
+        "dataset file": [f.get("sha256") for f in config.get("dataset_files") or []] or None,
+        "offset": config.get("offset", 0) or 0,
+        "model": model.get("sha256") or (config.get("model"), config.get("engine")),
+        "index": (
+            ((index.get("encoder") or {}).get("name"), index.get("passages")) if index else config.get("index")
+        ),
+    }
+
+
+def check_same_setup(sweep: Path, other: Path) -> None:
+    """Refuse ``--with other`` when its run read another dataset file, offset, model or index than ``sweep``
+    (facts one of them does not record are not compared)."""
+    a, b = _config(sweep), _config(other)
+    if not a or not b:
+        return
+    mine, theirs = _identity(a), _identity(b)
+    for what in mine:
+        if mine[what] is not None and theirs[what] is not None and mine[what] != theirs[what]:
+            raise RagateError(
+                f"--with {other} ran with another {what} than the sweep {sweep} ({theirs[what]!r} vs "
+                f"{mine[what]!r}): its points would not be comparable; run it with the sweep's settings"
+            )
 
 
 def _matched_section(
@@ -343,7 +377,15 @@ def _matched_section(
                 f"--with {other} read another dataset file than the sweep {run_dir} (sha256 differs): its points "
                 "would be on other questions"
             )
-        extra += [r for r in latest(read_records(other / "questions.jsonl")) if "error" not in r]
+        check_same_setup(run_dir, other)
+        more = [r for r in latest(read_records(other / "questions.jsonl")) if "error" not in r]
+        twice = sorted({r["method"] for r in more} & {r["method"] for r in extra})
+        if twice:
+            raise RagateError(
+                f"--with {other} has {', '.join(twice)} again (an earlier --with run has it too): pass each "
+                "method's run once"
+            )
+        extra += more
     if select not in ("best", "quantile"):
         raise RagateError(f"--select {select!r}: best (TARG's best point within the budget) or quantile")
     rows = matched_table(sweep_records, extra, budgets, metric, select)  # type: ignore[arg-type]

@@ -197,6 +197,18 @@ def paired_differences(
     return rows
 
 
+def points(value: float) -> str:
+    """A signed share in points, one decimal; a nonzero one that would round to 0.0 keeps two, so an interval's
+    bound never reads "+0.0" while its verdict says the interval excludes 0."""
+    pts = 100 * value
+    return f"{pts:+.2f}" if pts != 0 and round(pts, 1) == 0 else f"{pts:+.1f}"
+
+
+def interval_points(lo: float, hi: float) -> str:
+    """A paired interval in points: "[lo, hi]" with :func:`points`."""
+    return f"[{points(lo)}, {points(hi)}]"
+
+
 def differences_table(rows: Sequence[dict[str, Any]], metric: str = "acc") -> str:
     """The Markdown table of :func:`paired_differences`, in points."""
     if not rows:
@@ -208,7 +220,7 @@ def differences_table(rows: Sequence[dict[str, Any]], metric: str = "acc") -> st
     for r in rows:
         lo, hi = r["ci"]
         lines.append(
-            f"| {r['method']} | {r['against']} | {r['n']} | {100 * r['delta']:+.1f} | "
-            f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {r['verdict']} |"
+            f"| {r['method']} | {r['against']} | {r['n']} | {points(r['delta'])} | "
+            f"{interval_points(lo, hi)} | {r['verdict']} |"
         )
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +111,11 @@ class SerialRetriever(Retriever):
     @property
     def has_embeddings(self) -> bool:
         return self.inner.has_embeddings
+
+    @property
+    def encoder(self) -> Any:
+        """The inner retriever's query encoder (dense, or hybrid's dense half), for identity checks (SKR)."""
+        return getattr(self.inner, "encoder", None) or getattr(getattr(self.inner, "dense", None), "encoder", None)
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         with self._lock:

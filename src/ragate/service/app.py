@@ -154,6 +154,9 @@ class Runtime:
             spec = self.served if method in (None, s.method) else get_method(method)
         except RagateError as err:
             raise ApiError(400, str(err)) from None
+        if spec.gate.kind == "skr" and spec.gate.labels is None:
+            raise ApiError(400, "this server has no SKR label set: it answers skr when started with --method skr "
+                           "--skr-labels FILE")
         if options.max_tokens is not None:
             if options.max_tokens > s.max_tokens:
                 raise ApiError(
@@ -391,9 +394,10 @@ def create_app(
             raise ValueError("give both lm and retriever, or neither")
         lm, retriever, index_name = load_pipeline(settings)
     try:
-        served = require(
-            get_method(settings.method), lm.capabilities, engine=lm.engine, fallback=settings.fallback
-        )
+        method = get_method(settings.method)
+        if settings.skr_labels is not None:
+            method = method.with_(gate=replace(method.gate, labels=settings.skr_labels))
+        served = require(method, lm.capabilities, engine=lm.engine, fallback=settings.fallback)
     except RagateError:
         if owned:
             lm.close()

@@ -58,6 +58,7 @@ class ServiceSettings:
     budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)
     fallback: str | None = None  # the gate served where the backend cannot serve the method's own
     openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
+    skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate votes with
 
     def __post_init__(self) -> None:
         positive = {
@@ -85,6 +86,13 @@ class ServiceSettings:
             )
         if self.openai_logprobs not in ("auto", "on", "off"):
             raise ValueError(f"openai_logprobs must be auto, on or off, got {self.openai_logprobs!r}")
+        if self.skr_labels is not None and self.method != "skr":
+            raise ValueError(f"--skr-labels goes with --method skr, not {self.method!r}")
+        if self.method == "skr" and self.skr_labels is None:
+            raise ValueError(
+                "--method skr needs --skr-labels FILE: run `ragate sweep` on a training split, then "
+                "`ragate skr fit --sweep DIR --out FILE`"
+            )
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty: pass a non-empty key or none")
 
