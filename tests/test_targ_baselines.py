@@ -341,7 +341,13 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
         write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path])
     # an eval run with another model, or a method passed twice, is refused by name
     config = json.loads((tmp_path / "s" / "config.json").read_text())
-    record = {"id": grown[0]["id"], "method": "crag-lite", "retrieved": True, "scores": {"em": 1.0}, "seconds": 1}
+    record = {
+        "id": grown[0]["id"],
+        "method": "crag-lite",
+        "retrieved": True,
+        "scores": {"em": 1.0},
+        "seconds": 1,
+    }
     provenance = config["provenance"] | {"model": config["provenance"]["model"] | {"sha256": "0" * 64}}
     for name, other in (("e1", {}), ("e2", {"provenance": provenance})):
         (tmp_path / name).mkdir()

@@ -329,7 +329,9 @@ def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
         "offset": config.get("offset", 0) or 0,
         "model": model.get("sha256") or (config.get("model"), config.get("engine")),
         "index": (
-            ((index.get("encoder") or {}).get("name"), index.get("passages")) if index else config.get("index")
+            ((index.get("encoder") or {}).get("name"), index.get("passages"))
+            if index
+            else config.get("index")
         ),
     }
 

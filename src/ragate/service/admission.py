@@ -115,7 +115,9 @@ class SerialRetriever(Retriever):
     @property
     def encoder(self) -> Any:
         """The inner retriever's query encoder (dense, or hybrid's dense half), for identity checks (SKR)."""
-        return getattr(self.inner, "encoder", None) or getattr(getattr(self.inner, "dense", None), "encoder", None)
+        return getattr(self.inner, "encoder", None) or getattr(
+            getattr(self.inner, "dense", None), "encoder", None
+        )
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         with self._lock:

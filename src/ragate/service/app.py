@@ -155,8 +155,11 @@ class Runtime:
         except RagateError as err:
             raise ApiError(400, str(err)) from None
         if spec.gate.kind == "skr" and spec.gate.labels is None:
-            raise ApiError(400, "this server has no SKR label set: it answers skr when started with --method skr "
-                           "--skr-labels FILE")
+            raise ApiError(
+                400,
+                "this server has no SKR label set: it answers skr when started with --method skr "
+                "--skr-labels FILE",
+            )
         if options.max_tokens is not None:
             if options.max_tokens > s.max_tokens:
                 raise ApiError(
