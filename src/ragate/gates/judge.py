@@ -48,7 +48,11 @@ def word_score(word: str) -> float:
 
 def yes_no_gate(reply: Generation, tau: float, *, yes: str, no: str) -> GateDecision:
     """A yes/no reply as a thresholded gate: retrieve iff P(yes) > ``tau``; without logprobs, iff the reply
-    says "yes" (a reply that is neither retrieves, conservatively). ``yes``/``no`` say what each answer means."""
+    says "yes" (a reply that is neither retrieves, conservatively). ``yes``/``no`` say what each answer means.
+
+    With logprobs the rule is exactly score > tau, which is what a sweep replays at every threshold; so a reply
+    with neither word among its top-k (P(yes) = 0.5) does not retrieve at tau = 0.5, while the same unclear reply
+    from a text-only backend does (there is no score to threshold, only the word)."""
     word = first_word(reply)
     probability = p_yes(reply)
     if probability is None:
