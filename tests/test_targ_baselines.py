@@ -408,6 +408,17 @@ def test_a_reader_leaves_a_live_sweep_file_as_it_is(tmp_path: Path) -> None:
     assert len(compact(path, rewrite=True)) == 1 and path.read_text() == line + "\n"
 
 
+def test_a_report_names_the_records_still_in_worker_part_files(tmp_path: Path) -> None:
+    from ragate.eval.report import unfolded_records
+
+    assert unfolded_records(tmp_path) is None
+    line = json.dumps({"id": "q1", "family": "f", "gates": {}})
+    (tmp_path / "sweep.part1.jsonl").write_text(line + "\n" + line.replace("q1", "q2") + "\n")
+    said = unfolded_records(tmp_path)
+    assert said is not None and said.startswith("2 records in the part files of sweep.jsonl")
+    assert (tmp_path / "sweep.part1.jsonl").exists()  # read, never folded by a reader
+
+
 def test_serve_answers_skr_with_the_label_set_it_was_started_with(
     minilm: Any, dense: Any, tmp_path: Path
 ) -> None:

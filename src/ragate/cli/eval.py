@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
+    from ragate.eval.report import unfolded_records
     from ragate.eval.sweep import compact, method_records, point, sweep_markdown, sweep_pass, write_sweep
 
     if args.run_dir is not None:
@@ -292,6 +294,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
         )
     fronts = write_sweep(out, records, args.metric)
     print(sweep_markdown(fronts, args.metric))
+    if args.run_dir is not None and (pending := unfolded_records(out)):
+        print(f"ragate sweep: warning: not in this pass 2: {pending}", file=sys.stderr)
     for item in args.at:
         method, _, value = item.partition("=")
         rows = method_records(records, method)
@@ -363,7 +367,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     from ragate.errors import RagateError
     from ragate.eval.matched import parse_budgets
-    from ragate.eval.report import write_report
+    from ragate.eval.report import unfolded_records, write_report
 
     budgets = parse_budgets(args.budgets) if args.budgets else ()
     if args.with_runs and not budgets:
@@ -378,4 +382,6 @@ def _run_report(args: argparse.Namespace) -> int:
     )
     for path in written:
         print(f"wrote {path}")
+    if pending := unfolded_records(Path(args.run_dir)):
+        print(f"ragate report: warning: not in the report: {pending}", file=sys.stderr)
     return 0

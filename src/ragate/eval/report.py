@@ -412,6 +412,21 @@ def _matched_section(
     ]
 
 
+def unfolded_records(run_dir: Path) -> str | None:
+    """A sentence naming the records of ``run_dir`` still in worker part files (a multi-worker run that is running
+    or was killed; a report reads but never folds them), or None."""
+    from ragate.eval.workers import unfolded
+
+    counts = {name: unfolded(run_dir / name) for name in ("questions.jsonl", "sweep.jsonl")}
+    if not any(counts.values()):
+        return None
+    where = ", ".join(f"{n} records in the part files of {name}" for name, n in counts.items() if n)
+    return (
+        f"{where}, from a multi-worker run still running or killed; when it ends they are folded in, and a killed "
+        "run folds them at its next --resume"
+    )
+
+
 def write_report(
     run_dir: Path | str,
     out: Path | str | None = None,
@@ -438,6 +453,8 @@ def write_report(
     sweep_records = compact(sweep_path)
     ok = [r for r in eval_records if "error" not in r]
     md = [f"# ragate report: {run_dir.name}", ""]
+    if pending := unfolded_records(run_dir):
+        md += [f"**Not in this report:** {pending}.", ""]
     label = _LABEL[metric]
     images: dict[str, bytes] = {}
 

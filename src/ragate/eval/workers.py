@@ -37,6 +37,12 @@ def part_paths(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f"{path.stem}.part*{path.suffix}"))
 
 
+def unfolded(path: Path) -> int:
+    """How many records sit in ``path``'s part files, not yet folded into it: a multi-worker run that is still
+    running, or was killed (its next ``--resume`` folds them)."""
+    return sum(len(read_records(part)) for part in part_paths(path))
+
+
 def fold_parts(path: Path) -> int:
     """Move the records of ``path``'s part files into ``path`` (atomically; none doubled); returns how many."""
     parts = part_paths(path)
