@@ -244,6 +244,19 @@ def test_eval_refuses_test_questions_that_are_skr_training_questions(
     with pytest.raises(RagateError, match="--skr-labels"):
         check_no_leak(EvalConfig("demo", ("skr",)), examples[:3])
     assert check_no_leak(EvalConfig("demo", ("targ-margin",)), examples) is None
+    # a resume notices a label set refit at the same path (by content: the .npz's own bytes carry zip times)
+    from ragate.eval.run import open_run
+
+    refit = skr.save_labels(_labels(minilm, dense, train, [True, False, True]), tmp_path / "l.npz")
+    assert skr.load_labels(refit).content_sha256 == recorded["content_sha256"]
+    config = EvalConfig("demo", ("skr",), skr_labels=str(path), limit=3)
+    (tmp_path / "run").mkdir()
+    saved, _ = open_run(config, tmp_path / "run", resume=False, examples=None, accept_rebuilt_index=False)
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config.to_json() | saved))
+    open_run(config, tmp_path / "run", resume=True, examples=None, accept_rebuilt_index=False)
+    skr.save_labels(_labels(minilm, dense, train, [False, False, True]), tmp_path / "l.npz")
+    with pytest.raises(RagateError, match="was refit since this run began"):
+        open_run(config, tmp_path / "run", resume=True, examples=None, accept_rebuilt_index=False)
     assert [ex.id for ex in EvalConfig("demo", ("skr",), offset=3, limit=2).examples()] == [
         ex.id for ex in examples[3:5]
     ]
@@ -271,6 +284,11 @@ def test_skr_end_to_end_from_a_training_sweep_on_smollm2(
     assert main(["eval", "--dataset", "demo", "--methods", "skr", "--skr-labels", str(labels), "--limit", "8",
                  "--out", str(tmp_path / "leak"), "--quiet"]) == 2  # fmt: skip
     assert "3 of this run's 8 questions are training questions" in capsys.readouterr().err
+    config = json.loads((sweep / "config.json").read_text())
+    config["provenance"]["model"]["sha256"] = "0" * 64  # as if the model file had changed since the sweep
+    (sweep / "config.json").write_text(json.dumps(config))
+    assert main(["skr", "fit", "--sweep", str(sweep), "--out", str(tmp_path / "again.npz")]) == 2
+    assert "ran model file sha256 000000000000" in capsys.readouterr().err
 
 
 # --- a sweep gains gates without recomputing its answers; the budget-matched table

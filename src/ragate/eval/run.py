@@ -203,6 +203,15 @@ def open_run(
     )
     examples = list(examples) if examples is not None else config.examples()
     skr_identity = check_no_leak(config, examples)
+    saved_path = out_dir / "config.json"
+    if resume and skr_identity and saved_path.exists():
+        before = (json.loads(saved_path.read_text()).get("skr_label_set") or {}).get("content_sha256")
+        if before and before != skr_identity["content_sha256"]:
+            raise RagateError(
+                f"cannot resume {out_dir}: the SKR label set {config.skr_labels} was refit since this run began "
+                "(its labels or embeddings differ), so skr's stored decisions came from other labels; restore that "
+                "label set, or run skr into another --out directory"
+            )
     recorded = identity | ({"skr_label_set": skr_identity} if skr_identity else {})
     return recorded | ({"index_rebuilds": rebuilds} if rebuilds else {}), examples
 
@@ -230,6 +239,7 @@ def check_no_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[str, 
     return {
         "path": str(Path(config.skr_labels).expanduser().resolve()),
         "sha256": sha256_file(Path(config.skr_labels).expanduser()),
+        "content_sha256": labels.content_sha256,
         "questions": len(labels.ids),
         "retrieve_share": float(labels.retrieve.mean()),
     }

@@ -95,6 +95,12 @@ def fit_labels(
         texts = [questions[r["id"]] for r in mine]
         embeddings = np.asarray(retriever.embed_queries(texts), dtype=np.float32)
     model = model_identity(saved.get("model"), saved.get("engine", "llama.cpp"), saved.get("base_url"))
+    swept = ((saved.get("provenance") or {}).get("model") or {}).get("sha256")
+    if swept and model.get("sha256") and swept != model["sha256"]:
+        raise RagateError(
+            f"the sweep {sweep_dir} ran model file sha256 {swept[:12]}…, but {saved.get('model')!r} is now "
+            f"{model['sha256'][:12]}…: its labels say what the other file knew; reinstall that model or sweep again"
+        )
     meta = {
         "encoder": encoder,
         "index": str(Path(index).expanduser().resolve()) if index else "demo",

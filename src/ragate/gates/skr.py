@@ -18,6 +18,7 @@ that shares questions with the training split.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import re
@@ -68,6 +69,16 @@ class LabelSet:
             raise RagateError("an SKR label set needs one id, question, label and embedding per question")
         if n == 0:
             raise RagateError("an SKR label set needs at least one labelled question")
+
+    @functools.cached_property
+    def content_sha256(self) -> str:
+        """What the vote depends on (ids, texts, labels, embeddings), hashed: unlike the file's sha256 it is the
+        same for two fits of the same records (an ``.npz`` zip stamps its members' times)."""
+        digest = hashlib.sha256()
+        digest.update(json.dumps([self.ids, self.questions], ensure_ascii=False).encode())
+        digest.update(np.asarray(self.retrieve, dtype=bool).tobytes())
+        digest.update(np.ascontiguousarray(self.embeddings, dtype=np.float32).tobytes())
+        return digest.hexdigest()
 
     @functools.cached_property
     def keys(self) -> frozenset[str]:
