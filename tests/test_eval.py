@@ -196,3 +196,17 @@ def test_a_resumed_run_retries_the_answers_that_failed(tmp_path: Path) -> None:
     )
     assert again["summary"][0]["n"] == 3 and again["summary"][0]["errors"] == 0
     assert again["summary"][0]["em"] == first["summary"][0]["em"] == 1.0
+
+
+def test_a_resume_under_another_commit_keeps_the_earlier_provenance(tmp_path: Path) -> None:
+    from ragate.eval.run import _save_config
+
+    first = {"dataset": "demo", "provenance": {"git": {"commit": "a"}}}
+    _save_config(tmp_path, first)
+    _save_config(tmp_path, first)  # the same: nothing added
+    assert "provenance_history" not in json.loads((tmp_path / "config.json").read_text())
+    _save_config(tmp_path, first | {"provenance": {"git": {"commit": "b"}}})
+    _save_config(tmp_path, first | {"provenance": {"git": {"commit": "c"}}})
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["provenance"]["git"]["commit"] == "c"
+    assert [p["git"]["commit"] for p in saved["provenance_history"]] == ["a", "b"]

@@ -466,10 +466,16 @@ def _dataset_files(dataset: str) -> list[dict[str, Any]]:
 
 def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
     """Write ``config.json``, or rewrite it when a resume (checked by :func:`check_config`) changed what it says:
-    a sweep's added gates, an accepted index rebuild, a label set."""
+    a sweep's added gates, an accepted index rebuild, a label set. A resume under another commit, packages or
+    model file keeps the earlier provenance in ``provenance_history``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "config.json"
-    if path.exists() and json.loads(path.read_text()) == json.loads(json.dumps(data)):
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    history = list(saved.get("provenance_history") or [])
+    if saved.get("provenance") and saved["provenance"] != json.loads(json.dumps(data.get("provenance"))):
+        history.append(saved["provenance"])  # what earlier parts ran with (commit, packages, model file)
+    data = data | ({"provenance_history": history} if history else {})
+    if saved == json.loads(json.dumps(data)):
         return
     with atomic_writer(path) as f:
         f.write(json.dumps(data, indent=2).encode())
