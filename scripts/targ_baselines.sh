@@ -3,11 +3,16 @@
 #   1. SKR's training split: a targ-margin sweep of questions OFFSET..OFFSET+TRAIN (the skr family's answers),
 #      then `ragate skr fit` (labels: retrieval answer better than closed-book);
 #   2. the test split's sweep (questions 0..LIMIT) gains self-eval, self-rag-lite and skr on its stored answers;
-#   3. CRAG-lite, which has no threshold, evaluated once on the same questions;
-#   4. `ragate report --budgets` of the sweep with the CRAG-lite run as single points.
+#   3. CRAG-lite, which has no threshold, evaluated once on the same questions, and FLARE at each theta of
+#      FLARE_THETAS (TARG Table 3: 0.3 and 0.5) on the first FLARE_LIMIT of them (FLARE is the dearest: ~40 s
+#      a question with Qwen2.5-Coder-1.5B on one core);
+#   4. `ragate report --budgets` of the sweep with the CRAG-lite and FLARE runs as single points.
 # Every step resumes: rerun after a kill and only the missing answers are computed.
 #   DATASET=nq-open-oracle LIMIT=300 OFFSET=300 TRAIN=300 bash scripts/targ_baselines.sh
-#   DATASET=musique LIMIT=250 OFFSET=250 TRAIN=250 bash scripts/targ_baselines.sh
+#   DATASET=musique LIMIT=250 OFFSET=250 TRAIN=250 GATES=llm-judge,random,targ-entropy,targ-margin,targ-variance \
+#     bash scripts/targ_baselines.sh
+# (GATES: the swept gates besides self-eval, self-rag-lite and skr; TARG Table 3 needs the TARG family and the
+# question-retrieval family that FLARE is compared with, not DTR's dearer DPR-AIS family.)
 set -euo pipefail
 DATASET=${DATASET:-nq-open-oracle}
 MODEL=${MODEL:-qwen2.5-coder-1.5b}
@@ -21,6 +26,8 @@ METRIC=${METRIC:-acc}
 RAGATE=${RAGATE:-.venv/bin/ragate}
 GATES=${GATES:-dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance}
 RUNS=${RUNS:-docs/results/runs}
+FLARE_THETAS=${FLARE_THETAS:-0.3,0.5}
+FLARE_LIMIT=${FLARE_LIMIT:-$LIMIT}
 # ACCEPT_REBUILT=1: resume a sweep whose index was rebuilt from the same passages (docs/evaluation.md)
 ACCEPT=(); [ "${ACCEPT_REBUILT:-0}" = 1 ] && ACCEPT=(--accept-rebuilt-index)
 if [ ! -f "$INDEX/manifest.json" ]; then
@@ -50,4 +57,12 @@ crag=$RUNS/$DATASET-$MODEL-$LIMIT-crag-lite
 "$RAGATE" eval --dataset "$DATASET" --methods crag-lite --index "$INDEX" --model "$MODEL" --limit "$LIMIT" \
   --out "$crag" --workers "$WORKERS" $(resume "$crag") "${ACCEPT[@]}"
 
-"$RAGATE" report "$test" --budgets "$BUDGETS" --with "$crag" --metric "$METRIC"
+points=(--with "$crag")
+for theta in ${FLARE_THETAS//,/ }; do
+  flare=$RUNS/$DATASET-$MODEL-$FLARE_LIMIT-flare-$theta
+  "$RAGATE" eval --dataset "$DATASET" --methods flare --threshold "flare=$theta" --index "$INDEX" \
+    --model "$MODEL" --limit "$FLARE_LIMIT" --out "$flare" --workers "$WORKERS" $(resume "$flare") "${ACCEPT[@]}"
+  points+=(--with "$flare")
+done
+
+"$RAGATE" report "$test" --budgets "$BUDGETS" "${points[@]}" --metric "$METRIC"

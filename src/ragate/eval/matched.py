@@ -178,13 +178,21 @@ def matched_table(
     for budget in budgets:
         for m in swept:
             rows.append(swept_point(method_records(sweep_records, m), m, budget, metric, select))
-        for m in dict.fromkeys(r["method"] for r in eval_records):
-            if m in swept:
+        for label in dict.fromkeys(point_label(r) for r in eval_records):
+            if label in swept:
                 continue
+            mine = [r for r in eval_records if point_label(r) == label]
+            m = mine[0]["method"]
             family = family_key(get_method(m))
             reference = {r["id"]: r for r in sweep_records if r["family"] == family}
-            rows.append(single_point(eval_records, m, budget, reference, metric))
+            rows.append(single_point(mine, m, budget, reference, metric) | {"method": label})
     return rows
+
+
+def point_label(record: Mapping[str, Any]) -> str:
+    """The row name of an eval record's method: its ``label`` (e.g. "flare θ=0.3", for one method run at two
+    thresholds), else the method's name."""
+    return str(record.get("label") or record["method"])
 
 
 def references(sweep_records: Sequence[Mapping[str, Any]], metric: str = "em") -> list[dict[str, Any]]:

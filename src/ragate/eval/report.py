@@ -311,8 +311,12 @@ def markdown_to_html(markdown: str, images: dict[str, bytes], title: str) -> str
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "config.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    """A run's config.json, with the provenance of its results.json where config.json has none (an eval run)."""
+    path, results = run_dir / "config.json", run_dir / "results.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    if config and "provenance" not in config and results.exists():
+        config["provenance"] = json.loads(results.read_text()).get("provenance")
+    return config
 
 
 def _dataset_files(run_dir: Path) -> Any:
@@ -321,13 +325,14 @@ def _dataset_files(run_dir: Path) -> Any:
 
 def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """What must match for two runs' points to share a table: the dataset file, the questions' offset, the model
-    (file sha256 where recorded, else name and engine) and the index (encoder and passage count)."""
+    (name and engine, and the file's sha256 where both record it) and the index (encoder and passage count)."""
     model = (config.get("provenance") or {}).get("model") or {}
     index = config.get("index_identity") or {}
     return {
         "dataset file": [f.get("sha256") for f in config.get("dataset_files") or []] or None,
         "offset": config.get("offset", 0) or 0,
-        "model": model.get("sha256") or (config.get("model"), config.get("engine")),
+        "model": (config.get("model"), config.get("engine")),
+        "model file": model.get("sha256"),
         "index": (
             ((index.get("encoder") or {}).get("name"), index.get("passages"))
             if index
@@ -360,7 +365,7 @@ def _matched_section(
     select: str = "best",
 ) -> list[str]:
     """The budget-matched table (TARG Tables 3-4) of a sweep and, as single points, the methods of eval runs."""
-    from ragate.eval.matched import matched_markdown, matched_table, references
+    from ragate.eval.matched import matched_markdown, matched_table, point_label, references
 
     if not sweep_records:
         raise RagateError(
@@ -380,12 +385,17 @@ def _matched_section(
                 "would be on other questions"
             )
         check_same_setup(run_dir, other)
-        more = [r for r in latest(read_records(other / "questions.jsonl")) if "error" not in r]
-        twice = sorted({r["method"] for r in more} & {r["method"] for r in extra})
+        thresholds = _config(other).get("thresholds") or {}
+        more = [
+            r | ({"label": f"{r['method']} θ={thresholds[r['method']]:g}"} if r["method"] in thresholds else {})
+            for r in latest(read_records(other / "questions.jsonl"))
+            if "error" not in r
+        ]
+        twice = sorted({point_label(r) for r in more} & {point_label(r) for r in extra})
         if twice:
             raise RagateError(
                 f"--with {other} has {', '.join(twice)} again (an earlier --with run has it too): pass each "
-                "method's run once"
+                "method's run once (one run per threshold: `ragate eval --threshold METHOD=TAU`)"
             )
         extra += more
     if select not in ("best", "quantile"):
