@@ -383,7 +383,9 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
     (tmp_path / "e3" / "questions.jsonl").write_text(json.dumps(record | {"retrieved": False}) + "\n")
     write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path / "e1", tmp_path / "e3"])
     table = (tmp_path / "r" / "report.md").read_text()
-    assert "| 0.5 | crag-lite | 100.0 (over budget) | 1.00 |" in table and "| 0.5 | crag-lite θ=0.3 | " in table
+    assert (
+        "| 0.5 | crag-lite | 100.0 (over budget) | 1.00 |" in table and "| 0.5 | crag-lite θ=0.3 | " in table
+    )
 
 
 def test_calibrate_names_the_way_to_a_budget_for_skr() -> None:

@@ -387,7 +387,8 @@ def _matched_section(
         check_same_setup(run_dir, other)
         thresholds = _config(other).get("thresholds") or {}
         more = [
-            r | ({"label": f"{r['method']} θ={thresholds[r['method']]:g}"} if r["method"] in thresholds else {})
+            r
+            | ({"label": f"{r['method']} θ={thresholds[r['method']]:g}"} if r["method"] in thresholds else {})
             for r in latest(read_records(other / "questions.jsonl"))
             if "error" not in r
         ]
