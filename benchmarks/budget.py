@@ -70,20 +70,22 @@ def transfer_rows(
         raise SystemExit(f"--dev-share {dev_share} leaves no dev or no test questions out of {n}")
     rng = np.random.default_rng(seed)
     out = []
+    ranks = np.arange(n_dev, dtype=np.float64)  # the bounds' k depend on n, m, rho and the confidence only
     for rho in budgets:
         seen: dict[str, list[tuple[float, float]]] = {"plain": [], "conservative": [], "batch": []}
         too_few = None
-        batch_k = None
+        ks: dict[str, int] = {}
+        try:
+            ks["conservative"] = conservative_threshold(ranks, rho, confidence).k
+            ks["batch"] = conservative_threshold(ranks, rho, confidence, batch=n - n_dev).k
+        except ValueError as err:
+            too_few = str(err)
         for _ in range(splits):
             order = rng.permutation(n)
             dev, test = order[:n_dev], order[n_dev:]
             taus = {"plain": threshold_for_budget(scores[dev].tolist(), rho)}
-            try:
-                taus["conservative"] = conservative_threshold(scores[dev].tolist(), rho, confidence).tau
-                bound = conservative_threshold(scores[dev].tolist(), rho, confidence, batch=len(test))
-                taus["batch"], batch_k = bound.tau, bound.k
-            except ValueError as err:
-                too_few = str(err)
+            ordered = np.sort(scores[dev])
+            taus |= {how: float(ordered[k - 1]) for how, k in ks.items()}  # = conservative_threshold(...).tau
             for how, tau in taus.items():
                 retrieve = scores[test] > tau
                 accuracy = float(np.where(retrieve, opened[test], closed[test]).mean())
@@ -96,8 +98,8 @@ def transfer_rows(
                     "over": statistics.fmean(float(p[0] > rho) for p in pairs),
                     "accuracy": statistics.fmean(p[1] for p in pairs),
                 }
-        if batch_k is not None and "batch" in row:
-            row["batch"]["exact_over"] = batch_exceedance(n_dev, n - n_dev, batch_k, rho)
+        if "batch" in ks and "batch" in row:
+            row["batch"]["exact_over"] = batch_exceedance(n_dev, n - n_dev, ks["batch"], rho)
         out.append(row)
     return out
 
