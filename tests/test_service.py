@@ -546,3 +546,24 @@ def test_a_budget_state_of_another_model_is_refused(tmp_path: Path) -> None:
         BudgetController(0.3, 10, get_method("targ-margin"), state, model="model-b")
     with pytest.raises(RagateError, match="method 'targ-margin', not 'targ-entropy'"):
         BudgetController(0.3, 10, get_method("targ-entropy"), state, model="model-a")
+
+
+def test_a_budget_controls_the_gate_that_decides_not_the_one_a_fallback_replaced(tmp_path: Path) -> None:
+    """A text-only backend serves DTR through a fallback gate; the budget must control that gate, and a fallback
+    with no threshold (verbal confidence) is refused at start, saying a fallback stands in."""
+    from dataclasses import replace
+
+    from ragate.backends.scripted import SCRIPTED_CAPABILITIES, ScriptedBackend
+    from ragate.errors import RagateError
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+    from ragate.service.app import create_app
+    from ragate.service.settings import ServiceSettings
+
+    text_only = replace(SCRIPTED_CAPABILITIES, logprobs=False, top_k=0)
+    settings = ServiceSettings(
+        method="dtr", fallback="verbal-confidence", budget=0.3, budget_state=str(tmp_path / "s.json")
+    )
+    with open_index(demo_index()) as index:
+        with pytest.raises(RagateError, match="fallback gate stands in"):
+            create_app(settings, ScriptedBackend([], capabilities=text_only), index)

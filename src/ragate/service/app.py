@@ -369,7 +369,7 @@ def load_pipeline(settings: ServiceSettings) -> tuple[Backend, Retriever, str]:
     return lm, retriever, name
 
 
-def _budget(settings: ServiceSettings, lm: Backend) -> BudgetController | None:
+def _budget(settings: ServiceSettings, lm: Backend, served: MethodSpec) -> BudgetController | None:
     if settings.budget is None:
         return None
     from ragate.models import ragate_home
@@ -378,7 +378,7 @@ def _budget(settings: ServiceSettings, lm: Backend) -> BudgetController | None:
     return BudgetController(
         settings.budget,
         settings.budget_window,
-        get_method(settings.method),
+        served,
         Path(state),
         model=str(lm.model),
         gain=settings.budget_gain,
@@ -401,6 +401,7 @@ def create_app(
         if settings.skr_labels is not None:
             method = method.with_(gate=replace(method.gate, labels=settings.skr_labels))
         served = require(method, lm.capabilities, engine=lm.engine, fallback=settings.fallback)
+        budget = _budget(settings, lm, served)  # the gate that decides: a fallback's, where one stands in
     except RagateError:
         if owned:
             lm.close()
@@ -418,7 +419,7 @@ def create_app(
         passages=len(retriever),
         owned=owned,
         started=time.time(),
-        budget=_budget(settings, lm),
+        budget=budget,
         served=served,
     )
     if runtime.budget is not None:

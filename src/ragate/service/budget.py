@@ -59,9 +59,14 @@ def check_budget(budget: float, window: int, spec: MethodSpec, gain: float = DEF
             f"--window {window} is too short to estimate a rate: use at least {MIN_WINDOW} (default 200)"
         )
     if spec.gate.kind not in CONTROLLED:
+        stand_in = (
+            " (a fallback gate stands in for the method's own, which this backend cannot serve)"
+            if ":fallback=" in spec.name
+            else ""
+        )
         raise RagateError(
-            f"method {spec.name!r} decides with its {spec.gate.kind!r} gate, which has no threshold to control; "
-            f"serve a thresholded gate with --budget ({', '.join(CONTROLLED)})"
+            f"method {spec.name!r} decides with its {spec.gate.kind!r} gate{stand_in}, which has no threshold "
+            f"to control; serve a thresholded gate with --budget ({', '.join(CONTROLLED)})"
         )
 
 
