@@ -564,6 +564,5 @@ def test_a_budget_controls_the_gate_that_decides_not_the_one_a_fallback_replaced
     settings = ServiceSettings(
         method="dtr", fallback="verbal-confidence", budget=0.3, budget_state=str(tmp_path / "s.json")
     )
-    with open_index(demo_index()) as index:
-        with pytest.raises(RagateError, match="fallback gate stands in"):
-            create_app(settings, ScriptedBackend([], capabilities=text_only), index)
+    with open_index(demo_index()) as index, pytest.raises(RagateError, match="fallback gate stands in"):
+        create_app(settings, ScriptedBackend([], capabilities=text_only), index)
