@@ -469,3 +469,13 @@ def test_serve_answers_skr_with_the_label_set_it_was_started_with(
     with TestClient(create_app(ServiceSettings(method="no-retrieval"), ScriptedBackend([]), dense)) as http:
         got = http.post("/v1/answer", json={"question": "Who?", "method": "skr"})
         assert got.status_code == 400 and "--skr-labels FILE" in got.text
+
+
+def test_a_sweep_refuses_a_fallback_gate_and_names_the_stand_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragate.cli.main import main
+
+    args = ["sweep", "--dataset", "demo", "--methods", "targ-margin", "--fallback", "verbal-confidence"]
+    assert main([*args, "--out", str(tmp_path / "s"), "--quiet"]) == 2
+    assert "sweep the stand-in itself (--methods verbal-confidence)" in capsys.readouterr().err

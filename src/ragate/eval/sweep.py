@@ -83,6 +83,11 @@ def sweep_pass(
     ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
     store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls;
     ``accept_rebuilt_index`` as in :func:`ragate.eval.run.check_config`."""
+    if config.fallback is not None:
+        raise RagateError(
+            f"--fallback {config.fallback} stands in for a gate in `ragate eval` and `serve`; a sweep scores each gate "
+            f"it names, so sweep the stand-in itself (--methods {config.fallback})"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
