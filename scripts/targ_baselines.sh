@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The runs behind docs/results.md's budget-matched table (issue J, TARG Tables 3-4) for one dataset:
 #   1. SKR's training split: a targ-margin sweep of questions OFFSET..OFFSET+TRAIN (the skr family's answers),
-#      then `ragate skr fit` (labels: retrieval answer better than closed-book);
+#      then `ragate skr fit` (labels: retrieval answer better than closed-book by METRIC; with TARG's prompt
+#      Qwen answers in sentences, so EM would label almost nothing "retrieve": the default is acc);
 #   2. the test split's sweep (questions 0..LIMIT) gains self-eval, self-rag-lite and skr on its stored answers;
 #   3. CRAG-lite, which has no threshold, evaluated once on the same questions, and FLARE at each theta of
 #      FLARE_THETAS (TARG Table 3: 0.3 and 0.5) on the first FLARE_LIMIT of them (FLARE is the dearest: ~40 s
@@ -45,7 +46,7 @@ labels=$RUNS/skr-$DATASET-$MODEL-train-$OFFSET-$TRAIN.npz
 "$RAGATE" sweep --dataset "$DATASET" --methods targ-margin --index "$INDEX" --model "$MODEL" \
   --offset "$OFFSET" --limit "$TRAIN" --out "$train" --workers "$WORKERS" $(resume "$train") "${ACCEPT[@]}"
 if [ ! -f "$labels" ] || [ "$train/sweep.jsonl" -nt "$labels" ]; then
-  "$RAGATE" skr fit --sweep "$train" --out "$labels"
+  "$RAGATE" skr fit --sweep "$train" --out "$labels" --metric "$METRIC"
 fi
 
 test=$RUNS/sweep-$DATASET-$MODEL-$LIMIT
