@@ -479,3 +479,15 @@ def test_a_sweep_refuses_a_fallback_gate_and_names_the_stand_in(
     args = ["sweep", "--dataset", "demo", "--methods", "targ-margin", "--fallback", "verbal-confidence"]
     assert main([*args, "--out", str(tmp_path / "s"), "--quiet"]) == 2
     assert "sweep the stand-in itself (--methods verbal-confidence)" in capsys.readouterr().err
+
+
+def test_an_interval_that_touches_zero_only_through_float_noise_is_not_established() -> None:
+    """Against a random gate's fractional expectation, a bound that is exactly 0 comes out of float sums as
+    +-1e-17; the verdict must not turn on that noise."""
+    from ragate.eval.matched import _compare
+    from ragate.eval.metrics import paired_bootstrap_diff
+
+    chosen, reference = [0.1 + 0.2] * 10, [0.3] * 10  # equal in exact arithmetic, 5.6e-17 apart in floats
+    assert paired_bootstrap_diff(chosen, reference) == (0.0, 0.0)
+    compared = _compare(chosen, reference, reference, 0.5)  # the random gate's expectation is 0.3 too
+    assert compared["verdict_vs_random"] == compared["verdict"] == "not established"

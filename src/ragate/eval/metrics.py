@@ -374,4 +374,7 @@ def paired_bootstrap_diff(
     if len(a) != len(b):
         raise ValueError(f"paired values need equal lengths, got {len(a)} and {len(b)}")
     diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    return bootstrap_ci(diffs.tolist(), samples=samples, confidence=confidence, seed=seed)
+    lo, hi = bootstrap_ci(diffs.tolist(), samples=samples, confidence=confidence, seed=seed)
+    # a bound that is 0 in exact arithmetic comes out as +-1e-17 from float sums (e.g. against a random gate's
+    # fractional expectation): rounded away, so an interval touching 0 is "not established", not "higher"
+    return float(np.round(lo, 12)) + 0.0, float(np.round(hi, 12)) + 0.0
