@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The runs behind docs/results.md: every single-shot method of issue C on NQ-open (oracle file) and HotpotQA over
-# the pooled corpus, then the gate sweep on the same questions (it reuses the eval's LM calls from the shared call
-# store, RAGATE_HOME/calls.sqlite). Both cores: WORKERS processes, each pinned to its own core. Every run
+# The runs behind docs/results.md: the gate sweep and every single-shot method of issue C on NQ-open (oracle file)
+# and HotpotQA over the pooled corpus. Both cores: WORKERS processes, each pinned to its own core. Every run
 # resumes: rerun this script after a kill (or with a larger LIMIT) and only the missing answers are computed.
 #   INDEX=~/.cache/ragate/indexes/pooled-dense LIMIT=300 MODELS="qwen2.5-coder-1.5b" bash scripts/results.sh
+# With SWEEP=1 (default) the sweep runs first and the eval computes only the methods it has not answered: the
+# sweep's gates at their default thresholds and the methods that never or always retrieve with a swept family's
+# prompts (no-retrieval, standard-rag, dtr-no-ugt) are the same calls, and `ragate report --sweep` takes them
+# from it (ragate.eval.sweep.default_records). no-retrieval stays in the eval: it is Δlatency's baseline and costs
+# ~50 prompt tokens a question. SWEEP=0 evaluates all 17 methods directly.
 set -euo pipefail
 INDEX=${INDEX:-$HOME/.cache/ragate/indexes/pooled-dense}
 LIMIT=${LIMIT:-300}
@@ -12,25 +16,31 @@ DATASETS=${DATASETS:-"nq-open-oracle hotpotqa"}
 WORKERS=${WORKERS:-2}
 SWEEP=${SWEEP:-1}
 RAGATE=${RAGATE:-.venv/bin/ragate}
-METHODS=no-retrieval,standard-rag,llm-judge,hyde,q2d,cot,dtr,dtr-no-ugt,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num,targ-entropy,targ-margin,targ-variance,random
+ALL=no-retrieval,standard-rag,llm-judge,hyde,q2d,cot,dtr,dtr-no-ugt,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num,targ-entropy,targ-margin,targ-variance,random
+NOT_SWEPT=no-retrieval,hyde,q2d,cot,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num
 GATES=dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance
+# ACCEPT_REBUILT=1: resume runs whose index was rebuilt from the same passages (docs/evaluation.md)
+ACCEPT=(); [ "${ACCEPT_REBUILT:-0}" = 1 ] && ACCEPT=(--accept-rebuilt-index)
 if [ ! -f "$INDEX/manifest.json" ]; then
   echo "no index at $INDEX: ragate corpus build && ragate index build --corpus ~/.cache/ragate/corpora/pooled/passages.jsonl --kind dense --out $INDEX" >&2
   exit 2
 fi
+resume() { [ -f "$1/config.json" ] && echo --resume || true; }
 for model in $MODELS; do
   for dataset in $DATASETS; do
+    sweep=docs/results/runs/sweep-$dataset-$model-$LIMIT
     out=docs/results/runs/$dataset-$model-$LIMIT
-    resume=(); [ -f "$out/config.json" ] && resume=(--resume)
-    "$RAGATE" eval --dataset "$dataset" --methods "$METHODS" --index "$INDEX" --model "$model" \
-      --limit "$LIMIT" --out "$out" --workers "$WORKERS" "${resume[@]}"
-    "$RAGATE" report "$out" --metric acc
+    with_sweep=()
+    methods=$ALL
     if [ "$SWEEP" = 1 ]; then
-      out=docs/results/runs/sweep-$dataset-$model-$LIMIT
-      resume=(); [ -f "$out/config.json" ] && resume=(--resume)
       "$RAGATE" sweep --dataset "$dataset" --methods "$GATES" --index "$INDEX" --model "$model" \
-        --limit "$LIMIT" --out "$out" --workers "$WORKERS" "${resume[@]}"
-      "$RAGATE" report "$out" --metric acc
+        --limit "$LIMIT" --out "$sweep" --workers "$WORKERS" $(resume "$sweep") "${ACCEPT[@]}"
+      "$RAGATE" report "$sweep" --metric acc
+      methods=$NOT_SWEPT
+      with_sweep=(--sweep "$sweep")
     fi
+    "$RAGATE" eval --dataset "$dataset" --methods "${EVAL_METHODS:-$methods}" --index "$INDEX" --model "$model" \
+      --limit "$LIMIT" --out "$out" --workers "$WORKERS" $(resume "$out") "${ACCEPT[@]}"
+    "$RAGATE" report "$out" --metric acc "${with_sweep[@]}"
   done
 done

@@ -151,6 +151,51 @@ def test_sweep_lookup_equals_a_direct_run_at_that_threshold(
         assert per_q[r["id"]]["gate_score"] == r["gates"]["dtr"]["score"]
 
 
+def test_a_sweeps_default_records_equal_a_direct_eval_and_join_its_report(
+    llama_backend: Any, minilm: Any, tmp_path: Path
+) -> None:
+    """Issue G: an eval run's report takes what a sweep on the same questions already answered (gates at their
+    default thresholds, never/always with a swept family's prompts) instead of computing it again; those rows
+    are the answers a direct eval gives."""
+    from ragate.eval.report import write_report
+    from ragate.eval.sweep import default_records, sweep_pass
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    examples = load_dataset(DEMO_QUESTIONS, limit=4)
+    derivable = ("no-retrieval", "standard-rag", "dtr-no-ugt", "dtr", "llm-judge", "random")
+    with open_index(demo_index()) as index:
+        records = sweep_pass(EvalConfig("demo", ("dtr", "llm-judge", "random"), limit=4), tmp_path / "sweep",
+                             examples=examples, lm=llama_backend, retriever=index, progress=False)  # fmt: skip
+        run_eval(EvalConfig("demo", derivable, limit=4), tmp_path / "direct", lm=llama_backend, retriever=index,
+                 examples=examples, progress=False)  # fmt: skip
+        run_eval(EvalConfig("demo", ("hyde",), limit=4), tmp_path / "eval", lm=llama_backend, retriever=index,
+                 examples=examples, progress=False)  # fmt: skip
+    direct = {(r["id"], r["method"]): r for r in read_records(tmp_path / "direct" / "questions.jsonl")}
+    derived = default_records(records)
+    assert sorted({r["method"] for r in derived}) == sorted(derivable)
+    assert len(derived) == 4 * len(derivable)
+    for r in derived:
+        twin = direct[r["id"], r["method"]]
+        assert (r["prediction"], r["scores"], r["retrieved"]) == (
+            twin["prediction"],
+            twin["scores"],
+            twin["retrieved"],
+        ), r["method"]
+        if r["method"] in ("no-retrieval", "standard-rag", "dtr-no-ugt"):  # the very call, with its cost
+            assert r["tokens"] == twin["prompt_tokens"] + twin["completion_tokens"]
+    (report,) = [
+        p for p in write_report(tmp_path / "eval", sweep=tmp_path / "sweep") if p.name == "report.md"
+    ]
+    text = report.read_text()
+    assert "## Methods answered by the sweep" in text
+    assert "| hyde | no-retrieval | 4 |" in text and "| dtr | standard-rag | 4 |" in text
+    with pytest.raises(RagateError, match="no sweep.jsonl"):
+        write_report(tmp_path / "eval", sweep=tmp_path / "direct")
+    with pytest.raises(RagateError, match="holds no eval records"):
+        write_report(tmp_path / "sweep", sweep=tmp_path / "sweep")
+
+
 def test_the_demo_questions_load_by_name() -> None:
     demo = load_dataset("demo")
     assert len(demo) == 80 and demo[0].question == "who got the first nobel prize in physics"

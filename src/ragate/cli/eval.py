@@ -112,6 +112,13 @@ def register(subparsers: Any) -> None:
         default="best",
         help="a gate's point within a budget: its best one (TARG's tables, optimistic) or tau = F^-1(1 - budget)",
     )
+    rep.add_argument(
+        "--sweep",
+        type=Path,
+        default=None,
+        help="a sweep on the same questions: an eval run's report takes the methods it already answered "
+        "(gates at their default thresholds, never/always with a swept family's prompts) into its paired differences",
+    )
     rep.set_defaults(run=_run_report)
 
 
@@ -379,6 +386,7 @@ def _run_report(args: argparse.Namespace) -> int:
         budgets=budgets,
         with_runs=args.with_runs,
         select=args.select,
+        sweep=args.sweep,
     )
     for path in written:
         print(f"wrote {path}")

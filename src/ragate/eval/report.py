@@ -33,13 +33,14 @@ from ragate.eval.analysis import (
 from ragate.eval.records import latest, read_records
 from ragate.eval.run import RECALL_K
 from ragate.eval.summary import (
+    derived_table,
     differences_table,
     paired_differences,
     summarize,
     summary_markdown,
     summary_table,
 )
-from ragate.eval.sweep import compact, frontier, sweep_markdown, swept_methods
+from ragate.eval.sweep import compact, default_records, frontier, sweep_markdown, swept_methods
 from ragate.fileio import atomic_writer
 
 PAIRS_METHODS = ("pairs", "pairs-exclude-num", "pairs-embedding")
@@ -341,18 +342,24 @@ def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def check_same_setup(sweep: Path, other: Path) -> None:
-    """Refuse ``--with other`` when its run read another dataset file, offset, model or index than ``sweep``
+def check_same_setup(sweep: Path, other: Path, flag: str = "--with") -> None:
+    """Refuse ``flag other`` when its run read another dataset file, offset, model or index than the run ``sweep``
     (facts one of them does not record are not compared)."""
     a, b = _config(sweep), _config(other)
     if not a or not b:
         return
     mine, theirs = _identity(a), _identity(b)
+    kind = "the sweep" if flag == "--with" else "the run"
     for what in mine:
-        if mine[what] is not None and theirs[what] is not None and mine[what] != theirs[what]:
+        if (
+            mine[what] is not None
+            and theirs[what] is not None
+            and type(mine[what]) is type(theirs[what])  # an older run records its index by path only
+            and mine[what] != theirs[what]
+        ):
             raise RagateError(
-                f"--with {other} ran with another {what} than the sweep {sweep} ({theirs[what]!r} vs "
-                f"{mine[what]!r}): its points would not be comparable; run it with the sweep's settings"
+                f"{flag} {other} ran with another {what} than {kind} {sweep} ({theirs[what]!r} vs "
+                f"{mine[what]!r}): its answers would not be comparable; run it with the same settings"
             )
 
 
@@ -423,6 +430,23 @@ def _matched_section(
     ]
 
 
+def _from_sweep(run_dir: Path, sweep: Path, eval_records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sweep's default records for the methods the eval run lacks, on the eval run's questions."""
+    if not (sweep / "sweep.jsonl").exists():
+        raise RagateError(f"--sweep {sweep}: no sweep.jsonl there (a sweep directory from `ragate sweep`)")
+    files = _dataset_files(run_dir)
+    if files is not None and _dataset_files(sweep) not in (None, files):
+        raise RagateError(
+            f"--sweep {sweep} read another dataset file than {run_dir} (sha256 differs): its answers would be to "
+            "other questions"
+        )
+    check_same_setup(run_dir, sweep, flag="--sweep")
+    have = {r["method"] for r in eval_records}
+    ids = {r["id"] for r in eval_records}
+    records = default_records(compact(sweep / "sweep.jsonl"))
+    return [r for r in records if r["method"] not in have and r["id"] in ids]
+
+
 def unfolded_records(run_dir: Path) -> str | None:
     """A sentence naming the records of ``run_dir`` still in worker part files (a multi-worker run that is running
     or was killed; a report reads but never folds them), or None."""
@@ -446,11 +470,15 @@ def write_report(
     budgets: Sequence[float] = (),
     with_runs: Sequence[Path | str] = (),
     select: str = "best",
+    sweep: Path | str | None = None,
 ) -> list[Path]:
     """Write ``report.md``, ``frontier.png``, ``deciles.png`` (sweeps only) and ``report.html`` for the run in
     ``run_dir`` into ``out`` (default ``run_dir/report``), each atomically; returns the paths written. With
     ``budgets``, a sweep's report gains the budget-matched table (:mod:`ragate.eval.matched`), where the eval
-    runs ``with_runs`` (on the same questions) add their methods' single operating points."""
+    runs ``with_runs`` (on the same questions) add their methods' single operating points. With ``sweep`` (a sweep
+    directory on the same questions), an eval run's report gains the methods that sweep already answered (its
+    gates at their default thresholds, and never/always retrieving with a swept family's prompts) in the paired
+    differences, instead of computing them again (:func:`ragate.eval.sweep.default_records`)."""
     run_dir = Path(run_dir)
     questions_path, sweep_path = run_dir / "questions.jsonl", run_dir / "sweep.jsonl"
     if not questions_path.exists() and not sweep_path.exists():
@@ -463,6 +491,11 @@ def write_report(
     eval_records = latest(read_records(questions_path))
     sweep_records = compact(sweep_path)
     ok = [r for r in eval_records if "error" not in r]
+    if sweep is not None and not eval_records:
+        raise RagateError(
+            f"--sweep adds a sweep's answers to an eval run's report, and {run_dir} holds no eval records "
+            "(questions.jsonl from `ragate eval`)"
+        )
     md = [f"# ragate report: {run_dir.name}", ""]
     if pending := unfolded_records(run_dir):
         md += [f"**Not in this report:** {pending}.", ""]
@@ -481,7 +514,21 @@ def write_report(
         else:
             md += ["The run has not finished (no results.json): the records so far.", ""]
             md.append(summary_table(summarize(eval_records)))
-        if differences := differences_table(paired_differences(eval_records, metric), metric):
+        derived = _from_sweep(run_dir, Path(sweep), eval_records) if sweep is not None else []
+        if derived:
+            md += [
+                "## Methods answered by the sweep",
+                "",
+                (
+                    f"Not computed again: from the sweep {Path(sweep or '').name} on the same questions, each gate at its "
+                    "default threshold and each method that never or always retrieves with a swept family's "
+                    "prompts and selector (the same calls; costs as the sweep recorded them, the gates' seconds an "
+                    "upper bound where the draft starts the closed-book answer)."
+                ),
+                "",
+                derived_table(derived),
+            ]
+        if differences := differences_table(paired_differences([*eval_records, *derived], metric), metric):
             md += [
                 f"## Paired differences in {label}",
                 "",

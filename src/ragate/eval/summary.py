@@ -129,6 +129,28 @@ def dynamic_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def derived_table(records: Sequence[dict[str, Any]]) -> str:
+    """The table of records a sweep already answered (:func:`ragate.eval.sweep.default_records`): accuracy with
+    95% intervals, retrieval rate, tokens and seconds per question (the sweep keeps no prompt/completion split)."""
+    lines = [
+        "| method | n | EM | F1 | acc (contains) | retrieval rate | tokens/q | s/q |",
+        "|" + "---|" * 8,
+    ]
+    for method, rows in by_method(records):
+        row: dict[str, Any] = {}
+        for key in ("em", "f1", "acc"):
+            values = [r["scores"][key] for r in rows]
+            row[key], row[f"{key}_ci"] = statistics.fmean(values), bootstrap_ci(values)
+        rate = statistics.fmean(float(r["retrieved"]) for r in rows)
+        tokens = statistics.fmean(r["tokens"] for r in rows)
+        seconds = statistics.fmean(r["seconds"] for r in rows)
+        lines.append(
+            f"| {method} | {len(rows)} | {_ci(row, 'em')} | {_ci(row, 'f1')} | {_ci(row, 'acc')} | {rate:.2f} "
+            f"| {tokens:.0f} | {seconds:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def summary_markdown(results: dict[str, Any]) -> str:
     config, prov = results["config"], results.get("provenance", {})
     model = prov.get("model", {})

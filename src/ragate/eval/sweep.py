@@ -339,3 +339,54 @@ def write_sweep(out_dir: Path, records: Sequence[dict[str, Any]], metric: str = 
     with atomic_writer(Path(out_dir) / "sweep.md") as f:
         f.write(sweep_markdown(fronts, metric).encode())
     return fronts
+
+
+def default_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-question answers that a sweep already holds, in the shape of ``ragate eval`` records: each swept gate
+    at its own default decision, and each registered method that never or always retrieves with a swept
+    family's prompts, selector and lengths (``no-retrieval`` is the closed-book answer of the question family,
+    ``standard-rag`` its retrieval answer, ``dtr-no-ugt`` the retrieval answer of DTR's family).
+
+    Never/always rows are the very calls a direct ``ragate eval`` makes (pass 1 runs the method with that gate),
+    so they equal it bit for bit; a gate's row equals it where its "no" answer is the closed-book one (UGT, the
+    judge, random), and TARG's up to the rare token noted in the module docstring. Costs: ``seconds`` is the
+    charged seconds of the answer (plus the gate's, for a gate: an upper bound where the draft starts the
+    closed-book answer) and ``tokens`` its prompt + completion tokens; the sweep does not split them, so these
+    records carry no prompt/completion split and are marked ``"from_sweep": True``."""
+    from ragate.methods import METHODS
+
+    families = dict.fromkeys(r["family"] for r in records)
+    fixed = {
+        name: (family_key(spec), spec.gate.kind == "always")
+        for name, spec in METHODS.items()
+        if spec.gate.kind in UNSWEPT and spec.dynamic is None and spec.crag is None
+    }
+    out: list[dict[str, Any]] = []
+    for name, (family, retrieve) in fixed.items():
+        if family in families:
+            out += [_default_record(r, name, retrieve, None) for r in records if r["family"] == family]
+    for m in swept_methods(records):
+        out += [
+            _default_record(r, m, bool(r["gates"][m]["retrieve"]), r["gates"][m])
+            for r in method_records(records, m)
+        ]
+    return out
+
+
+def _default_record(
+    row: dict[str, Any], method: str, retrieve: bool, gate: dict[str, Any] | None
+) -> dict[str, Any]:
+    answer = row["open"] if retrieve else row["closed"]
+    return {
+        "id": row["id"],
+        "method": method,
+        "prediction": answer["prediction"],
+        "scores": answer["scores"],
+        "retrieved": retrieve,
+        "retrievals": int(retrieve),
+        "gate_score": None if gate is None else gate["score"],
+        "threshold": None if gate is None else gate["threshold"],
+        "seconds": answer["seconds"] + (0.0 if gate is None else gate["seconds"]),
+        "tokens": answer["tokens"],
+        "from_sweep": True,
+    }
