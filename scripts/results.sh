@@ -33,7 +33,8 @@ for model in $MODELS; do
     with_sweep=()
     methods=$ALL
     if [ "$SWEEP" = 1 ]; then
-      "$RAGATE" sweep --dataset "$dataset" --methods "$GATES" --index "$INDEX" --model "$model" \
+      # a finished sweep (pass 2 written) is left as it is: it may have gained gates since (scripts/targ_baselines.sh)
+      [ -f "$sweep/sweep.json" ] || "$RAGATE" sweep --dataset "$dataset" --methods "$GATES" --index "$INDEX" --model "$model" \
         --limit "$LIMIT" --out "$sweep" --workers "$WORKERS" $(resume "$sweep") "${ACCEPT[@]}"
       "$RAGATE" report "$sweep" --metric acc
       methods=$NOT_SWEPT

@@ -45,7 +45,10 @@ train=$RUNS/sweep-$DATASET-$MODEL-train-$OFFSET-$TRAIN
 labels=$RUNS/skr-$DATASET-$MODEL-train-$OFFSET-$TRAIN.npz
 "$RAGATE" sweep --dataset "$DATASET" --methods targ-margin --index "$INDEX" --model "$MODEL" \
   --offset "$OFFSET" --limit "$TRAIN" --out "$train" --workers "$WORKERS" $(resume "$train") "${ACCEPT[@]}"
-if [ ! -f "$labels" ] || [ "$train/sweep.jsonl" -nt "$labels" ]; then
+# fit once, after the training sweep is complete (set -e: a killed step 1 leaves no label file); never refit an
+# existing label set: the test sweep's skr decisions came from it (a refit on another machine differs in the
+# encoder's last bits, and the sweep refuses to resume with it)
+if [ ! -f "$labels" ]; then
   "$RAGATE" skr fit --sweep "$train" --out "$labels" --metric "$METRIC"
 fi
 
