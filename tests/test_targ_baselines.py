@@ -375,6 +375,8 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
     assert "| 0.5 | crag-lite | 100.0 (over budget) |" in (tmp_path / "r" / "report.md").read_text()
     with pytest.raises(RagateError, match="another model file than the sweep"):
         write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path / "e2"])
+    with pytest.raises(RagateError, match="--sweep .* another model file than the run"):  # and the other way
+        write_report(tmp_path / "e2", tmp_path / "r2", sweep=tmp_path / "s")
     with pytest.raises(RagateError, match="has crag-lite again"):
         write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,), with_runs=[tmp_path / "e1"] * 2)
     # one method at two thresholds (TARG's FLARE θ = 0.3 and 0.5): two rows, named by θ

@@ -496,6 +496,7 @@ def write_report(
             f"--sweep adds a sweep's answers to an eval run's report, and {run_dir} holds no eval records "
             "(questions.jsonl from `ragate eval`)"
         )
+    derived = _from_sweep(run_dir, Path(sweep), eval_records) if sweep is not None else []
     md = [f"# ragate report: {run_dir.name}", ""]
     if pending := unfolded_records(run_dir):
         md += [f"**Not in this report:** {pending}.", ""]
@@ -514,7 +515,6 @@ def write_report(
         else:
             md += ["The run has not finished (no results.json): the records so far.", ""]
             md.append(summary_table(summarize(eval_records)))
-        derived = _from_sweep(run_dir, Path(sweep), eval_records) if sweep is not None else []
         if derived:
             md += [
                 "## Methods answered by the sweep",
