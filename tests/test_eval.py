@@ -196,6 +196,26 @@ def test_a_sweeps_default_records_equal_a_direct_eval_and_join_its_report(
         write_report(tmp_path / "sweep", sweep=tmp_path / "sweep")
 
 
+def test_a_run_grows_to_more_questions_and_computes_only_the_new_ones(tmp_path: Path) -> None:
+    """--limit may grow on --resume (question i keeps its place and seed), not shrink."""
+    examples = load_dataset(DEMO_QUESTIONS, limit=5)
+
+    def run(limit: int | None, answers: list[Any], resume: bool = True) -> dict[str, Any]:
+        config = EvalConfig("demo", ("no-retrieval",), limit=limit)
+        return run_eval(config, tmp_path / "run", lm=ScriptedBackend(answers), examples=examples[:limit],
+                        progress=False, resume=resume)  # fmt: skip
+
+    first = [make_generation([ex.answers[0]], [-0.01]) for ex in examples[:3]]
+    run(3, first, resume=False)
+    later = [make_generation(["wrong"], [-0.01]) for _ in examples[3:]]  # only two calls are left to make
+    grown = run(5, later)
+    records = read_records(tmp_path / "run" / "questions.jsonl")
+    assert [r["id"] for r in records] == [ex.id for ex in examples]  # nothing computed twice
+    assert grown["questions"] == 5 and grown["summary"][0]["em"] == 3 / 5
+    with pytest.raises(RagateError, match="limit=5, now limit=4"):
+        run(4, [])
+
+
 def test_the_demo_questions_load_by_name() -> None:
     demo = load_dataset("demo")
     assert len(demo) == 80 and demo[0].question == "who got the first nobel prize in physics"

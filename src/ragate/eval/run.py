@@ -108,6 +108,8 @@ def check_config(
     both name it, the same dataset file (by sha256: another file of the same name is another dataset) and the
     same index (by path, however spelled, and by its files' digest: a rebuilt index is another index). With
     ``add_methods`` (sweeps) the methods may grow: the stored answers stay, the new gates are scored on them.
+    ``limit`` may grow (or become None, every question): question i keeps its place, so its stored answers and
+    seed (``seed + i``) are those of the longer run, and only the new questions are computed.
 
     A rebuilt index whose passages, encoder and settings are the same but whose vectors differ at the bit level
     (a rebuild on another CPU) is refused too, unless ``accept_rebuilt_index``; returns the run's list of such
@@ -127,6 +129,8 @@ def check_config(
     ):  # fmt: skip
         if key == "methods" and add_methods and set(saved.get(key) or ()) <= set(now[key]):
             continue  # a sweep may gain gates: their scores join the stored answers
+        if key == "limit" and _grows(saved.get(key), now.get(key)):
+            continue  # more questions: the first ones are the same questions with the same seeds
         if key == "skr_labels" and add_methods and "skr" not in (saved.get("methods") or ()):
             continue  # no skr gate was swept before: no label set to keep
         same = _index_path(saved.get(key)) == _index_path(now.get(key)) if key == "index" else None
@@ -174,6 +178,11 @@ def check_config(
             f"sha256 {now_files}: another file under the same name; use another --out directory"
         )
     return rebuilds
+
+
+def _grows(before: int | None, now: int | None) -> bool:
+    """Whether ``--limit now`` extends a run of ``--limit before`` (None: every question of the file)."""
+    return before is not None and (now is None or now >= before)
 
 
 _ADDED = {"offset": 0}  # keys added after runs were saved without them: their value then
