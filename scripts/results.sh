@@ -8,6 +8,9 @@
 # prompts (no-retrieval, standard-rag, dtr-no-ugt) are the same calls, and `ragate report --sweep` takes them
 # from it (ragate.eval.sweep.default_records). no-retrieval stays in the eval: it is Δlatency's baseline and costs
 # ~50 prompt tokens a question. SWEEP=0 evaluates all 17 methods directly.
+# DYNAMIC=1 (default) then runs the dynamic methods (docs/dynamic.md) on LIMIT HotpotQA questions. Its 300-question
+# directory began as the 100-question benchmark run of 2026-11-23 (benchmarks/results/dynamic-hotpotqa-qwen and
+# -qwen-b, joined): a larger --limit grows a run, computing only the new questions.
 set -euo pipefail
 INDEX=${INDEX:-$HOME/.cache/ragate/indexes/pooled-dense}
 LIMIT=${LIMIT:-300}
@@ -15,7 +18,9 @@ MODELS=${MODELS:-"qwen2.5-coder-1.5b"}
 DATASETS=${DATASETS:-"nq-open-oracle hotpotqa"}
 WORKERS=${WORKERS:-2}
 SWEEP=${SWEEP:-1}
+DYNAMIC=${DYNAMIC:-1}
 RAGATE=${RAGATE:-.venv/bin/ragate}
+DYNAMIC_METHODS=etc,dragin,flare,ircot,ralm,single-rag,wo-rag
 ALL=no-retrieval,standard-rag,llm-judge,hyde,q2d,cot,dtr,dtr-no-ugt,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num,targ-entropy,targ-margin,targ-variance,random
 NOT_SWEPT=no-retrieval,hyde,q2d,cot,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num
 GATES=dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance
@@ -44,4 +49,10 @@ for model in $MODELS; do
       --limit "$LIMIT" --out "$out" --workers "$WORKERS" $(resume "$out") "${ACCEPT[@]}"
     "$RAGATE" report "$out" --metric acc "${with_sweep[@]}"
   done
+  if [ "$DYNAMIC" = 1 ]; then
+    out=docs/results/runs/dynamic-hotpotqa-$model-$LIMIT
+    "$RAGATE" eval --dataset hotpotqa --methods "$DYNAMIC_METHODS" --index "$INDEX" --model "$model" \
+      --limit "$LIMIT" --out "$out" --workers "$WORKERS" $(resume "$out") "${ACCEPT[@]}"
+    "$RAGATE" report "$out" --metric acc
+  fi
 done
