@@ -24,6 +24,11 @@ from ragate.retrieval.corpus import demo_dir
 DEMO_QUESTIONS = demo_dir() / "questions.jsonl"
 
 
+def _answer(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What two runs of the same question and method must agree on."""
+    return record["prediction"], record["scores"], record["retrieved"]
+
+
 def test_a_line_cut_by_a_kill_is_dropped_and_the_file_repaired(tmp_path: Path) -> None:
     path = tmp_path / "q.jsonl"
     with RecordWriter(path) as w:
@@ -109,11 +114,7 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(smollm2_path: P
     by_key = {(r["id"], r["method"]): r for r in whole}
     for r in again:
         twin = by_key[r["id"], r["method"]]
-        assert (r["prediction"], r["scores"], r["retrieved"]) == (
-            twin["prediction"],
-            twin["scores"],
-            twin["retrieved"],
-        )
+        assert _answer(r) == _answer(twin)
     assert json.loads((killed / "results.json").read_text())["questions"] == 6
 
 
@@ -177,11 +178,7 @@ def test_a_sweeps_default_records_equal_a_direct_eval_and_join_its_report(
     assert len(derived) == 4 * len(derivable)
     for r in derived:
         twin = direct[r["id"], r["method"]]
-        assert (r["prediction"], r["scores"], r["retrieved"]) == (
-            twin["prediction"],
-            twin["scores"],
-            twin["retrieved"],
-        ), r["method"]
+        assert _answer(r) == _answer(twin), r["method"]
         if r["method"] in ("no-retrieval", "standard-rag", "dtr-no-ugt"):  # the very call, with its cost
             assert r["tokens"] == twin["prompt_tokens"] + twin["completion_tokens"]
     (report,) = [

@@ -320,10 +320,6 @@ def _config(run_dir: Path) -> dict[str, Any]:
     return config
 
 
-def _dataset_files(run_dir: Path) -> Any:
-    return _config(run_dir).get("dataset_files")
-
-
 def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """What must match for two runs' points to share a table: the dataset file, the questions' offset, the model
     (name and engine, and the file's sha256 where both record it) and the index (encoder and passage count)."""
@@ -348,8 +344,14 @@ def check_same_setup(sweep: Path, other: Path, flag: str = "--with") -> None:
     a, b = _config(sweep), _config(other)
     if not a or not b:
         return
-    mine, theirs = _identity(a), _identity(b)
     kind = "the sweep" if flag == "--with" else "the run"
+    files = a.get("dataset_files")
+    if files is not None and b.get("dataset_files") not in (None, files):
+        raise RagateError(
+            f"{flag} {other} read another dataset file than {kind} {sweep} (sha256 differs): its answers would be "
+            "to other questions"
+        )
+    mine, theirs = _identity(a), _identity(b)
     for what in mine:
         if (
             mine[what] is not None
@@ -379,17 +381,11 @@ def _matched_section(
             f"--budgets needs a sweep: {run_dir} holds no sweep.jsonl (run `ragate sweep`, then report it with "
             "--with EVAL_DIR for methods with one operating point)"
         )
-    files = _dataset_files(run_dir)
     extra: list[dict[str, Any]] = []
     for other in map(Path, with_runs):
         if not (other / "questions.jsonl").exists():
             raise RagateError(
                 f"--with {other}: no questions.jsonl there (an eval run directory from `ragate eval`)"
-            )
-        if files is not None and _dataset_files(other) not in (None, files):
-            raise RagateError(
-                f"--with {other} read another dataset file than the sweep {run_dir} (sha256 differs): its points "
-                "would be on other questions"
             )
         check_same_setup(run_dir, other)
         thresholds = _config(other).get("thresholds") or {}
@@ -434,12 +430,6 @@ def _from_sweep(run_dir: Path, sweep: Path, eval_records: Sequence[dict[str, Any
     """The sweep's default records for the methods the eval run lacks, on the eval run's questions."""
     if not (sweep / "sweep.jsonl").exists():
         raise RagateError(f"--sweep {sweep}: no sweep.jsonl there (a sweep directory from `ragate sweep`)")
-    files = _dataset_files(run_dir)
-    if files is not None and _dataset_files(sweep) not in (None, files):
-        raise RagateError(
-            f"--sweep {sweep} read another dataset file than {run_dir} (sha256 differs): its answers would be to "
-            "other questions"
-        )
     check_same_setup(run_dir, sweep, flag="--sweep")
     have = {r["method"] for r in eval_records}
     ids = {r["id"] for r in eval_records}
@@ -496,7 +486,8 @@ def write_report(
             f"--sweep adds a sweep's answers to an eval run's report, and {run_dir} holds no eval records "
             "(questions.jsonl from `ragate eval`)"
         )
-    derived = _from_sweep(run_dir, Path(sweep), eval_records) if sweep is not None else []
+    sweep_dir = Path(sweep) if sweep is not None else None
+    derived = _from_sweep(run_dir, sweep_dir, eval_records) if sweep_dir is not None else []
     md = [f"# ragate report: {run_dir.name}", ""]
     if pending := unfolded_records(run_dir):
         md += [f"**Not in this report:** {pending}.", ""]
@@ -520,7 +511,7 @@ def write_report(
                 "## Methods answered by the sweep",
                 "",
                 (
-                    f"Not computed again: from the sweep {Path(sweep or '').name} on the same questions, each gate at its "
+                    f"Not computed again: from the sweep {sweep_dir.name if sweep_dir else ''} on the same questions, each gate at its "
                     "default threshold and each method that never or always retrieves with a swept family's "
                     "prompts and selector (the same calls; costs as the sweep recorded them, the gates' seconds an "
                     "upper bound where the draft starts the closed-book answer)."
