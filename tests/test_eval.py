@@ -260,6 +260,17 @@ def test_a_resumed_run_retries_the_answers_that_failed(tmp_path: Path) -> None:
     assert again["summary"][0]["em"] == first["summary"][0]["em"] == 1.0
 
 
+def test_provenance_names_the_llama_cpp_build_that_answered() -> None:
+    from ragate.eval.provenance import engine_build
+
+    build = engine_build("llama.cpp")
+    import llama_cpp
+
+    assert build["llama_cpp_python"] == llama_cpp.__version__
+    assert "CPU" in build["system_info"] or "AVX" in build["system_info"], build
+    assert "system_info" not in engine_build("openai")  # a server's build is not ours to name
+
+
 def test_a_resume_under_another_commit_keeps_the_earlier_provenance(tmp_path: Path) -> None:
     from ragate.eval.run import _save_config
 

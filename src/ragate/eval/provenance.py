@@ -85,11 +85,41 @@ def index_identity(index: str | None) -> dict[str, Any]:
     )
 
 
+def engine_build(engine: str) -> dict[str, Any]:
+    """The CPU and, for llama.cpp, the binding's version and the features its library was compiled with.
+
+    Two machines with different llama.cpp builds answer a few prompts differently (docs/evaluation.md measures it),
+    so a run records which build produced its answers."""
+    info: dict[str, Any] = {"cpu": _cpu_model()}
+    if engine == "llama.cpp":
+        try:
+            import llama_cpp
+        except ImportError:
+            return info
+        system = llama_cpp.llama_print_system_info()
+        info |= {
+            "llama_cpp_python": getattr(llama_cpp, "__version__", None),
+            "system_info": (system.decode(errors="replace") if isinstance(system, bytes) else str(system)).strip(),
+        }
+    return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def provenance(config: Any) -> dict[str, Any]:
     return {
         "packages": package_versions(),
         "git": git_commit(),
         "model": model_identity(config.model, config.engine, getattr(config, "base_url", None)),
         "index": index_identity(config.index),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or None},
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or None}
+        | engine_build(config.engine),
     }
