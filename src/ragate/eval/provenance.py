@@ -99,7 +99,9 @@ def engine_build(engine: str) -> dict[str, Any]:
         system = llama_cpp.llama_print_system_info()
         info |= {
             "llama_cpp_python": getattr(llama_cpp, "__version__", None),
-            "system_info": (system.decode(errors="replace") if isinstance(system, bytes) else str(system)).strip(),
+            "system_info": (
+                system.decode(errors="replace") if isinstance(system, bytes) else str(system)
+            ).strip(),
         }
     return info
 
