@@ -271,6 +271,28 @@ def test_provenance_names_the_llama_cpp_build_that_answered() -> None:
     assert "system_info" not in engine_build("openai")  # a server's build is not ours to name
 
 
+def test_a_resume_that_computes_nothing_keeps_the_provenance_it_had(tmp_path: Path) -> None:
+    """Rerunning a finished run (a script's step that only rereads the answers) must not claim today's commit."""
+    from ragate.eval.run import _save_config
+
+    _scripted_run(tmp_path, ("no-retrieval",))
+    path = tmp_path / "run" / "results.json"
+    saved = json.loads(path.read_text())
+    saved["provenance"]["git"] = {"commit": "earlier", "dirty": False}
+    path.write_text(json.dumps(saved))
+    again = _scripted_run(tmp_path, ("no-retrieval",), resume=True)
+    assert again["provenance"]["git"]["commit"] == "earlier"
+    assert json.loads(path.read_text())["provenance"]["git"]["commit"] == "earlier"
+    # a sweep's config.json: what else changed is written, the provenance stays that of the last computing part
+    _save_config(tmp_path / "sweep", {"provenance": {"git": {"commit": "a"}}})
+    _save_config(
+        tmp_path / "sweep", {"provenance": {"git": {"commit": "b"}}, "index_rebuilds": [1]}, computed=False
+    )
+    config = json.loads((tmp_path / "sweep" / "config.json").read_text())
+    assert config["provenance"]["git"]["commit"] == "a" and config["index_rebuilds"] == [1]
+    assert "provenance_history" not in config
+
+
 def test_a_resume_under_another_commit_keeps_the_earlier_provenance(tmp_path: Path) -> None:
     from ragate.eval.run import _save_config
 

@@ -444,7 +444,8 @@ def run_eval(
             "config": config.to_json(),
             "questions": len(examples),
             "dataset_files": recorded["dataset_files"],
-            "provenance": provenance(config),
+            "provenance": _kept_provenance(out_dir / "results.json", computed=bool(jobs))
+            or provenance(config),
             "started": started,
             "finished": time.time(),
             "calls": {"cache": None if store is None else str(store), "workers": workers}
@@ -473,13 +474,25 @@ def _dataset_files(dataset: str) -> list[dict[str, Any]]:
         return []  # examples handed in for a name with no file (tests): nothing to identify
 
 
-def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
+def _kept_provenance(path: Path, *, computed: bool) -> dict[str, Any] | None:
+    """The provenance recorded in ``path`` (results.json or a sweep's config.json) when this resume computed
+    nothing: a rerun that only rereads the answers must not claim they came from today's commit or build."""
+    if computed or not path.exists():
+        return None
+    kept = json.loads(path.read_text()).get("provenance")
+    return kept if isinstance(kept, dict) else None
+
+
+def _save_config(out_dir: Path, data: dict[str, Any], *, computed: bool = True) -> None:
     """Write ``config.json``, or rewrite it when a resume (checked by :func:`check_config`) changed what it says:
     a sweep's added gates, an accepted index rebuild, a label set. A resume under another commit, packages or
-    model file keeps the earlier provenance in ``provenance_history``."""
+    model file keeps the earlier provenance in ``provenance_history``; one that computes nothing
+    (``computed=False``) keeps the provenance as it was."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "config.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
+    if "provenance" in data and (kept := _kept_provenance(path, computed=computed)):
+        data = data | {"provenance": kept}
     history = list(saved.get("provenance_history") or [])
     if saved.get("provenance") and saved["provenance"] != json.loads(json.dumps(data.get("provenance"))):
         history.append(saved["provenance"])  # what earlier parts ran with (commit, packages, model file)

@@ -115,10 +115,6 @@ def sweep_pass(
         if workers > 1 and (lm is not None or retriever is not None):
             raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
         families = _families(specs)
-        # what the last part ran with: commit, packages, the model file's sha256 (a sweep has no results.json)
-        _save_config(
-            out_dir, config.to_json() | {"kind": "sweep", "provenance": provenance(config)} | recorded
-        )
         path = out_dir / "sweep.jsonl"
         fold_parts(path)
         done = {(r["id"], r["family"]): r for r in compact(path, rewrite=True)}
@@ -128,6 +124,13 @@ def sweep_pass(
             for fam in families
             if _missing(done.get((ex.id, fam)), families[fam], specs)
         ]
+        # what the last part that computed anything ran with: commit, packages, the model file's sha256 and the
+        # llama.cpp build (a sweep has no results.json)
+        _save_config(
+            out_dir,
+            config.to_json() | {"kind": "sweep", "provenance": provenance(config)} | recorded,
+            computed=bool(jobs),
+        )
         store = None if not cache else (call_cache or default_call_cache())
         if workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
