@@ -271,6 +271,25 @@ def test_provenance_names_the_llama_cpp_build_that_answered() -> None:
     assert "system_info" not in engine_build("openai")  # a server's build is not ours to name
 
 
+def test_a_run_is_dirty_only_when_the_package_code_changed(tmp_path: Path) -> None:
+    from ragate.eval.provenance import git_commit
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "pkg" / "code.py").write_text("x = 1\n")
+    (tmp_path / "docs" / "questions.jsonl").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    (tmp_path / "docs" / "questions.jsonl").write_text("{}\n{}\n")  # a run's own records being written
+    assert git_commit(tmp_path / "pkg")["dirty"] is False
+    (tmp_path / "pkg" / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path / "pkg")["dirty"] is True
+
+
 def test_a_resume_that_computes_nothing_keeps_the_provenance_it_had(tmp_path: Path) -> None:
     """Rerunning a finished run (a script's step that only rereads the answers) must not claim today's commit."""
     from ragate.eval.run import _save_config

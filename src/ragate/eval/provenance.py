@@ -30,14 +30,16 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_commit(where: Path | None = None) -> dict[str, Any]:
-    """The commit of the checkout ragate runs from, and whether it had uncommitted changes (None outside git)."""
+    """The commit of the checkout ragate runs from, and whether its package code (the files under ``where``,
+    default this package's directory) had uncommitted changes; None outside git. Run files and docs being
+    written beside it do not count as changes."""
     cwd = where or Path(__file__).resolve().parent
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
             cwd=cwd,
             capture_output=True,
             text=True,

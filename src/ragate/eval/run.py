@@ -414,6 +414,9 @@ def run_eval(
             if (ex.id, m) not in done
         ]
         started = time.time()
+        # taken before the work: the commit and build the answers are computed with, not whatever the checkout
+        # holds when a long run ends; a resume that computes nothing keeps the recorded one
+        prov = _kept_provenance(out_dir / "results.json", computed=bool(jobs)) or provenance(config)
         store = None if not cache else (call_cache or default_call_cache())
         if workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
@@ -444,8 +447,7 @@ def run_eval(
             "config": config.to_json(),
             "questions": len(examples),
             "dataset_files": recorded["dataset_files"],
-            "provenance": _kept_provenance(out_dir / "results.json", computed=bool(jobs))
-            or provenance(config),
+            "provenance": prov,
             "started": started,
             "finished": time.time(),
             "calls": {"cache": None if store is None else str(store), "workers": workers}
