@@ -271,6 +271,10 @@ def test_skr_end_to_end_from_a_training_sweep_on_smollm2(
     sweep, labels = tmp_path / "train", tmp_path / "labels.npz"
     assert main(["sweep", "--dataset", "demo", "--methods", "targ-margin", "--offset", "5", "--limit", "6",
                  "--out", str(sweep), "--quiet"]) == 0  # fmt: skip
+    recorded = json.loads((sweep / "results.json").read_text())  # as an eval run records it (issue G)
+    assert recorded["questions"] == 6 and recorded["methods"] == ["targ-margin"]
+    assert recorded["provenance"]["model"]["sha256"] and recorded["provenance"]["git"]["commit"]
+    assert recorded["dataset_files"][0]["sha256"] and recorded["config"]["offset"] == 5
     assert main(["skr", "fit", "--sweep", str(sweep), "--out", str(labels)]) == 0
     assert "6 training questions of demo" in capsys.readouterr().out
     fitted = skr.load_labels(labels)

@@ -335,12 +335,32 @@ def sweep_markdown(fronts: Sequence[dict[str, Any]], metric: str = "em") -> str:
 
 
 def write_sweep(out_dir: Path, records: Sequence[dict[str, Any]], metric: str = "em") -> list[dict[str, Any]]:
-    """Pass 2: every swept method's frontier into ``sweep.json`` (all metrics) and ``sweep.md`` (``metric``)."""
+    """Pass 2: every swept method's frontier into ``sweep.json`` (all metrics) and ``sweep.md`` (``metric``), and
+    ``results.json``: what the records came from (the run's ``config.json``: configuration, dataset files with
+    sha256, the last computing part's provenance with commit and model sha256), as an eval run has it."""
+    out_dir = Path(out_dir)
     fronts = [frontier(records, m) for m in swept_methods(records)]
-    with atomic_writer(Path(out_dir) / "sweep.json") as f:
+    with atomic_writer(out_dir / "sweep.json") as f:
         f.write(json.dumps(fronts, indent=2).encode())
-    with atomic_writer(Path(out_dir) / "sweep.md") as f:
+    with atomic_writer(out_dir / "sweep.md") as f:
         f.write(sweep_markdown(fronts, metric).encode())
+    config_path = out_dir / "config.json"
+    if config_path.exists():
+        saved = json.loads(config_path.read_text())
+        results = {
+            "kind": "sweep",
+            "questions": len({r["id"] for r in records}),
+            "records": len(records),
+            "families": sorted({r["family"] for r in records}),
+            "methods": [f["method"] for f in fronts],
+        } | {
+            k: saved[k]
+            for k in ("dataset_files", "provenance", "provenance_history", "index_identity")
+            if k in saved
+        }
+        results["config"] = {k: v for k, v in saved.items() if k not in results}
+        with atomic_writer(out_dir / "results.json") as f:
+            f.write(json.dumps(results, indent=2).encode())
     return fronts
 
 
