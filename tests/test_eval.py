@@ -261,12 +261,12 @@ def test_a_resumed_run_retries_the_answers_that_failed(tmp_path: Path) -> None:
 
 
 def test_provenance_names_the_llama_cpp_build_that_answered() -> None:
-    from ragate.eval.provenance import engine_build
+    from ragate.eval.provenance import engine_build, package_versions
 
     build = engine_build("llama.cpp")
     import llama_cpp
 
-    assert build["llama_cpp_python"] == llama_cpp.__version__
+    assert package_versions()["llama_cpp_python"] == llama_cpp.__version__  # the binding, once, in "packages"
     assert "CPU" in build["system_info"] or "AVX" in build["system_info"], build
     assert "system_info" not in engine_build("openai")  # a server's build is not ours to name
 
@@ -292,7 +292,7 @@ def test_a_run_is_dirty_only_when_the_package_code_changed(tmp_path: Path) -> No
 
 def test_a_resume_that_computes_nothing_keeps_the_provenance_it_had(tmp_path: Path) -> None:
     """Rerunning a finished run (a script's step that only rereads the answers) must not claim today's commit."""
-    from ragate.eval.run import _save_config
+    from ragate.eval.run import _kept_provenance, _save_config
 
     _scripted_run(tmp_path, ("no-retrieval",))
     path = tmp_path / "run" / "results.json"
@@ -304,9 +304,9 @@ def test_a_resume_that_computes_nothing_keeps_the_provenance_it_had(tmp_path: Pa
     assert json.loads(path.read_text())["provenance"]["git"]["commit"] == "earlier"
     # a sweep's config.json: what else changed is written, the provenance stays that of the last computing part
     _save_config(tmp_path / "sweep", {"provenance": {"git": {"commit": "a"}}})
-    _save_config(
-        tmp_path / "sweep", {"provenance": {"git": {"commit": "b"}}, "index_rebuilds": [1]}, computed=False
-    )
+    kept = _kept_provenance(tmp_path / "sweep" / "config.json", computed=False)  # as sweep_pass resolves it
+    assert _kept_provenance(tmp_path / "sweep" / "config.json", computed=True) is None
+    _save_config(tmp_path / "sweep", {"provenance": kept or {"git": {"commit": "b"}}, "index_rebuilds": [1]})
     config = json.loads((tmp_path / "sweep" / "config.json").read_text())
     assert config["provenance"]["git"]["commit"] == "a" and config["index_rebuilds"] == [1]
     assert "provenance_history" not in config

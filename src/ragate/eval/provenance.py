@@ -88,7 +88,8 @@ def index_identity(index: str | None) -> dict[str, Any]:
 
 
 def engine_build(engine: str) -> dict[str, Any]:
-    """The CPU and, for llama.cpp, the binding's version and the features its library was compiled with.
+    """The CPU and, for llama.cpp, the features its library was compiled with (the binding's version is in
+    :func:`package_versions`).
 
     Two machines with different llama.cpp builds answer a few prompts differently (docs/evaluation.md measures it),
     so a run records which build produced its answers."""
@@ -99,12 +100,8 @@ def engine_build(engine: str) -> dict[str, Any]:
         except ImportError:
             return info
         system = llama_cpp.llama_print_system_info()
-        info |= {
-            "llama_cpp_python": getattr(llama_cpp, "__version__", None),
-            "system_info": (
-                system.decode(errors="replace") if isinstance(system, bytes) else str(system)
-            ).strip(),
-        }
+        text = system.decode(errors="replace") if isinstance(system, bytes) else str(system)
+        info["system_info"] = text.strip()
     return info
 
 
@@ -115,7 +112,7 @@ def _cpu_model() -> str | None:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or None
+    return None  # not Linux: "processor" beside it has what the platform says
 
 
 def provenance(config: Any) -> dict[str, Any]:

@@ -485,16 +485,14 @@ def _kept_provenance(path: Path, *, computed: bool) -> dict[str, Any] | None:
     return kept if isinstance(kept, dict) else None
 
 
-def _save_config(out_dir: Path, data: dict[str, Any], *, computed: bool = True) -> None:
+def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
     """Write ``config.json``, or rewrite it when a resume (checked by :func:`check_config`) changed what it says:
     a sweep's added gates, an accepted index rebuild, a label set. A resume under another commit, packages or
-    model file keeps the earlier provenance in ``provenance_history``; one that computes nothing
-    (``computed=False``) keeps the provenance as it was."""
+    model file keeps the earlier provenance in ``provenance_history`` (a resume that computes nothing passes the
+    saved one: :func:`_kept_provenance`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "config.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
-    if "provenance" in data and (kept := _kept_provenance(path, computed=computed)):
-        data = data | {"provenance": kept}
     history = list(saved.get("provenance_history") or [])
     if saved.get("provenance") and saved["provenance"] != json.loads(json.dumps(data.get("provenance"))):
         history.append(saved["provenance"])  # what earlier parts ran with (commit, packages, model file)

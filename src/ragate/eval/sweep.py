@@ -35,6 +35,7 @@ from ragate.eval.records import RecordWriter, read_records, write_records
 from ragate.eval.run import (
     LOCK_FILE,
     EvalConfig,
+    _kept_provenance,
     _open_lm,
     _open_retriever,
     _save_config,
@@ -125,12 +126,9 @@ def sweep_pass(
             if _missing(done.get((ex.id, fam)), families[fam], specs)
         ]
         # what the last part that computed anything ran with: commit, packages, the model file's sha256 and the
-        # llama.cpp build (a sweep has no results.json)
-        _save_config(
-            out_dir,
-            config.to_json() | {"kind": "sweep", "provenance": provenance(config)} | recorded,
-            computed=bool(jobs),
-        )
+        # llama.cpp build (pass 2 copies it into results.json); a resume with nothing to compute keeps it
+        prov = _kept_provenance(out_dir / "config.json", computed=bool(jobs)) or provenance(config)
+        _save_config(out_dir, config.to_json() | {"kind": "sweep", "provenance": prov} | recorded)
         store = None if not cache else (call_cache or default_call_cache())
         if workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
