@@ -4,7 +4,7 @@
 #      then `ragate skr fit` (labels: retrieval answer better than closed-book by METRIC; with TARG's prompt
 #      Qwen answers in sentences, so EM would label almost nothing "retrieve": the default is acc);
 #   2. the test split's sweep (questions 0..LIMIT) gains self-eval, self-rag-lite and skr on its stored answers;
-#   3. CRAG-lite, which has no threshold, evaluated once on the same questions, and FLARE at each theta of
+#   3. CRAG-lite, which has no threshold, evaluated once on the first CRAG_LIMIT of them, and FLARE at each theta of
 #      FLARE_THETAS (TARG Table 3: 0.3 and 0.5) on the first FLARE_LIMIT of them (FLARE is the dearest: ~40 s
 #      a question with Qwen2.5-Coder-1.5B on one core);
 #   4. `ragate report --budgets` of the sweep with the CRAG-lite and FLARE runs as single points.
@@ -29,6 +29,7 @@ GATES=${GATES:-dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance}
 RUNS=${RUNS:-docs/results/runs}
 FLARE_THETAS=${FLARE_THETAS:-0.3,0.5}
 FLARE_LIMIT=${FLARE_LIMIT:-$LIMIT}
+CRAG_LIMIT=${CRAG_LIMIT:-$LIMIT}
 # ACCEPT_REBUILT=1: resume a sweep whose index was rebuilt from the same passages (docs/evaluation.md)
 ACCEPT=(); [ "${ACCEPT_REBUILT:-0}" = 1 ] && ACCEPT=(--accept-rebuilt-index)
 if [ ! -f "$INDEX/manifest.json" ]; then
@@ -57,8 +58,8 @@ test=$RUNS/sweep-$DATASET-$MODEL-$LIMIT
   --index "$INDEX" --model "$MODEL" --limit "$LIMIT" --out "$test" --workers "$WORKERS" $(resume "$test") \
   "${ACCEPT[@]}"
 
-crag=$RUNS/$DATASET-$MODEL-$LIMIT-crag-lite
-"$RAGATE" eval --dataset "$DATASET" --methods crag-lite --index "$INDEX" --model "$MODEL" --limit "$LIMIT" \
+crag=$RUNS/$DATASET-$MODEL-$CRAG_LIMIT-crag-lite
+"$RAGATE" eval --dataset "$DATASET" --methods crag-lite --index "$INDEX" --model "$MODEL" --limit "$CRAG_LIMIT" \
   --out "$crag" --workers "$WORKERS" $(resume "$crag") "${ACCEPT[@]}"
 
 points=(--with "$crag")
