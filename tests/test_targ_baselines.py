@@ -276,7 +276,8 @@ def test_skr_end_to_end_from_a_training_sweep_on_smollm2(
     assert recorded["provenance"]["model"]["sha256"] and recorded["provenance"]["git"]["commit"]
     assert recorded["dataset_files"][0]["sha256"] and recorded["config"]["offset"] == 5
     assert main(["skr", "fit", "--sweep", str(sweep), "--out", str(labels)]) == 0
-    assert "6 training questions of demo" in capsys.readouterr().out
+    fitted_out = capsys.readouterr().out
+    assert "6 training questions of demo" in fitted_out and "model smollm2-135m" in fitted_out  # the default
     fitted = skr.load_labels(labels)
     assert (
         fitted.meta["offset"] == 5 and fitted.meta["model"]["sha256"] and fitted.meta["encoder"]["dim"] == 384
