@@ -10,8 +10,8 @@
 #   4. `ragate report --budgets` of the sweep with the CRAG-lite and FLARE runs as single points.
 # Every step resumes: rerun after a kill and only the missing answers are computed.
 #   DATASET=nq-open-oracle LIMIT=300 OFFSET=300 TRAIN=300 bash scripts/targ_baselines.sh
-#   DATASET=musique LIMIT=250 OFFSET=250 TRAIN=250 GATES=llm-judge,random,targ-entropy,targ-margin,targ-variance \
-#     bash scripts/targ_baselines.sh
+#   DATASET=musique LIMIT=250 OFFSET=250 TRAIN=250 CRAG_LIMIT=200 FLARE_LIMIT=200 FLARE_THETAS=0.5 \
+#     GATES=llm-judge,random,targ-entropy,targ-margin,targ-variance bash scripts/targ_baselines.sh
 # (GATES: the swept gates besides self-eval, self-rag-lite and skr; TARG Table 3 needs the TARG family and the
 # question-retrieval family that FLARE is compared with, not DTR's dearer DPR-AIS family.)
 set -euo pipefail
