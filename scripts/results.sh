@@ -38,10 +38,13 @@ for model in $MODELS; do
     with_sweep=()
     methods=$ALL
     if [ "$SWEEP" = 1 ]; then
-      # a finished sweep (pass 2 written) is left as it is: it may have gained gates since (scripts/targ_baselines.sh)
-      [ -f "$sweep/sweep.json" ] || "$RAGATE" sweep --dataset "$dataset" --methods "$GATES" --index "$INDEX" --model "$model" \
-        --limit "$LIMIT" --out "$sweep" --workers "$WORKERS" $(resume "$sweep") "${ACCEPT[@]}"
-      "$RAGATE" report "$sweep" --metric acc
+      # a finished sweep (pass 2 written) is left as it is, report included: it may have gained gates and a
+      # budget table since (scripts/targ_baselines.sh), which a plain report would overwrite
+      if [ ! -f "$sweep/sweep.json" ]; then
+        "$RAGATE" sweep --dataset "$dataset" --methods "$GATES" --index "$INDEX" --model "$model" \
+          --limit "$LIMIT" --out "$sweep" --workers "$WORKERS" $(resume "$sweep") "${ACCEPT[@]}"
+        "$RAGATE" report "$sweep" --metric acc
+      fi
       methods=$NOT_SWEPT
       with_sweep=(--sweep "$sweep")
     fi
