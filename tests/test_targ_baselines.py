@@ -281,6 +281,7 @@ def test_skr_end_to_end_from_a_training_sweep_on_smollm2(
     fitted = skr.load_labels(labels)
     assert (
         fitted.meta["offset"] == 5 and fitted.meta["model"]["sha256"] and fitted.meta["encoder"]["dim"] == 384
+        and fitted.meta["model"]["model"] == "smollm2-135m"  # the name the run's backend reports
     )
     assert main(["ask", "who got the first nobel prize in physics", "--method", "skr", "--skr-labels",
                  str(labels), "--json"]) == 0  # fmt: skip

@@ -30,16 +30,14 @@ def _fit(args: argparse.Namespace) -> int:
     from ragate.errors import RagateError
     from ragate.eval.skr import fit_labels
     from ragate.gates.skr import save_labels
-    from ragate.models import DEFAULT_MODEL
 
     if args.out.suffix != ".npz":
         raise RagateError(f"--out {args.out}: name the label set FILE.npz")
     labels = fit_labels(args.sweep, index=args.index, family=args.family, metric=args.metric)
     save_labels(labels, args.out)
     n, positive = len(labels.ids), int(labels.retrieve.sum())
-    model = labels.meta["model"].get("model") or DEFAULT_MODEL  # a sweep run without --model used the default
     print(
         f"wrote {args.out}: {n} training questions of {labels.meta['dataset']}, {positive} ({100 * positive / n:.1f}%) "
-        f"labelled 'retrieve'; encoder {labels.meta['encoder']['name']}, model {model}"
+        f"labelled 'retrieve'; encoder {labels.meta['encoder']['name']}, model {labels.meta['model'].get('model')}"
     )
     return 0

@@ -22,6 +22,7 @@ from ragate.eval.run import EvalConfig
 from ragate.eval.sweep import family_key
 from ragate.gates.skr import LabelSet, needs_retrieval
 from ragate.methods import get_method
+from ragate.models import DEFAULT_MODEL
 
 
 def _records(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -94,7 +95,10 @@ def fit_labels(
             )
         texts = [questions[r["id"]] for r in mine]
         embeddings = np.asarray(retriever.embed_queries(texts), dtype=np.float32)
-    model = model_identity(saved.get("model"), saved.get("engine", "llama.cpp"), saved.get("base_url"))
+    engine = saved.get("engine", "llama.cpp")
+    # a local engine run without --model loaded the default, under that name (ragate.backends.load_backend)
+    name = saved.get("model") or (DEFAULT_MODEL if engine != "openai" else None)
+    model = model_identity(name, engine, saved.get("base_url"))
     swept = ((saved.get("provenance") or {}).get("model") or {}).get("sha256")
     if swept and model.get("sha256") and swept != model["sha256"]:
         raise RagateError(
