@@ -303,6 +303,46 @@ def _check_png(path: Path) -> None:
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
 
 
+def test_compare_adds_named_pairs_and_refuses_a_method_the_run_lacks() -> None:
+    from ragate.eval.summary import paired_differences, parse_pair
+
+    ids = [f"q{i}" for i in range(40)]
+    records = [_scored("no-retrieval", q, 0.0) for q in ids]
+    records += [_scored("dpr-ais", q, 1.0) for q in ids]
+    records += [_scored("dtr-no-ugt", q, float(i < 10)) for i, q in enumerate(ids)]  # 10 of 40 right
+    rows = paired_differences(records, "acc", compare=[parse_pair("dpr-ais:dtr-no-ugt")])
+    assert [(r["method"], r["against"]) for r in rows] == [
+        ("dpr-ais", "no-retrieval"),
+        ("dtr-no-ugt", "no-retrieval"),
+        ("dpr-ais", "dtr-no-ugt"),
+    ]
+    assert rows[-1]["delta"] == pytest.approx(0.75) and rows[-1]["verdict"] == "higher"
+    # a pair the default rows already hold is not repeated
+    assert len(paired_differences(records, "acc", compare=[("dpr-ais", "no-retrieval")])) == 2
+    with pytest.raises(
+        RagateError, match="no answers from pairs in this run; its methods are no-retrieval, dpr-ais"
+    ):
+        paired_differences(records, "acc", compare=[("pairs", "dpr-ais")])
+    for bad in ("dpr-ais", "dpr-ais:", ":x", "a:b:c"):
+        with pytest.raises(RagateError, match="METHOD:AGAINST"):
+            parse_pair(bad)
+    with pytest.raises(RagateError, match="with itself"):
+        parse_pair("pairs:pairs")
+
+
+def test_report_compare_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ragate.cli.main import main
+
+    run = _run_dir(tmp_path / "run", sweep=False)
+    assert main(["report", str(run), "--metric", "acc", "--compare", "pairs:hyde"]) == 0
+    md = (run / "report" / "report.md").read_text()
+    assert (
+        "then the pairs asked for with --compare" in md and "| pairs | hyde | 11 |" in md
+    )  # hyde failed once
+    assert main(["report", str(run), "--compare", "pairs:nope"]) != 0
+    assert "no answers from nope" in capsys.readouterr().err
+
+
 def test_write_report_writes_tables_and_plots(tmp_path: Path) -> None:
     run = _run_dir(tmp_path / "run")
     written = write_report(run)

@@ -280,7 +280,9 @@ def test_skr_end_to_end_from_a_training_sweep_on_smollm2(
     assert "6 training questions of demo" in fitted_out and "model smollm2-135m" in fitted_out  # the default
     fitted = skr.load_labels(labels)
     assert (
-        fitted.meta["offset"] == 5 and fitted.meta["model"]["sha256"] and fitted.meta["encoder"]["dim"] == 384
+        fitted.meta["offset"] == 5
+        and fitted.meta["model"]["sha256"]
+        and fitted.meta["encoder"]["dim"] == 384
         and fitted.meta["model"]["model"] == "smollm2-135m"  # the name the run's backend reports
     )
     assert main(["ask", "who got the first nobel prize in physics", "--method", "skr", "--skr-labels",

@@ -119,6 +119,13 @@ def register(subparsers: Any) -> None:
         help="a sweep on the same questions: an eval run's report takes the methods it already answered "
         "(gates at their default thresholds, never/always with a swept family's prompts) into its paired differences",
     )
+    rep.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="METHOD:AGAINST",
+        help="add one pair to an eval run's paired differences, e.g. dpr-ais:dtr-no-ugt (repeatable)",
+    )
     rep.set_defaults(run=_run_report)
 
 
@@ -375,10 +382,12 @@ def _run_report(args: argparse.Namespace) -> int:
     from ragate.errors import RagateError
     from ragate.eval.matched import parse_budgets
     from ragate.eval.report import unfolded_records, write_report
+    from ragate.eval.summary import parse_pair
 
     budgets = parse_budgets(args.budgets) if args.budgets else ()
     if args.with_runs and not budgets:
         raise RagateError("--with adds single points to the budget-matched table: pass --budgets too")
+    compare = [parse_pair(text) for text in args.compare]
     written = write_report(
         args.run_dir,
         args.out,
@@ -387,6 +396,7 @@ def _run_report(args: argparse.Namespace) -> int:
         with_runs=args.with_runs,
         select=args.select,
         sweep=args.sweep,
+        compare=compare,
     )
     for path in written:
         print(f"wrote {path}")

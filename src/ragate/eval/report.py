@@ -461,6 +461,7 @@ def write_report(
     with_runs: Sequence[Path | str] = (),
     select: str = "best",
     sweep: Path | str | None = None,
+    compare: Sequence[tuple[str, str]] = (),
 ) -> list[Path]:
     """Write ``report.md``, ``frontier.png``, ``deciles.png`` (sweeps only) and ``report.html`` for the run in
     ``run_dir`` into ``out`` (default ``run_dir/report``), each atomically; returns the paths written. With
@@ -468,7 +469,8 @@ def write_report(
     runs ``with_runs`` (on the same questions) add their methods' single operating points. With ``sweep`` (a sweep
     directory on the same questions), an eval run's report gains the methods that sweep already answered (its
     gates at their default thresholds, and never/always retrieving with a swept family's prompts) in the paired
-    differences, instead of computing them again (:func:`ragate.eval.sweep.default_records`)."""
+    differences, instead of computing them again (:func:`ragate.eval.sweep.default_records`). ``compare`` adds
+    named (method, against) pairs to the paired differences (:func:`ragate.eval.summary.paired_differences`)."""
     run_dir = Path(run_dir)
     questions_path, sweep_path = run_dir / "questions.jsonl", run_dir / "sweep.jsonl"
     if not questions_path.exists() and not sweep_path.exists():
@@ -485,6 +487,11 @@ def write_report(
         raise RagateError(
             f"--sweep adds a sweep's answers to an eval run's report, and {run_dir} holds no eval records "
             "(questions.jsonl from `ragate eval`)"
+        )
+    if compare and not eval_records:
+        raise RagateError(
+            f"--compare pairs methods of an eval run, and {run_dir} holds no eval records (questions.jsonl from "
+            "`ragate eval`)"
         )
     sweep_dir = Path(sweep) if sweep is not None else None
     derived = _from_sweep(run_dir, sweep_dir, eval_records) if sweep_dir is not None else []
@@ -519,14 +526,16 @@ def write_report(
                 "",
                 derived_table(derived),
             ]
-        if differences := differences_table(paired_differences([*eval_records, *derived], metric), metric):
+        rows = paired_differences([*eval_records, *derived], metric, compare=compare)
+        if differences := differences_table(rows, metric):
             md += [
                 f"## Paired differences in {label}",
                 "",
                 (
-                    "Each method against never and always retrieving, on the questions both answered: the mean "
-                    "difference and its paired bootstrap 95% interval; an interval that crosses 0 is *not "
-                    "established*, whichever way the mean points."
+                    "Each method against never and always retrieving"
+                    + (", then the pairs asked for with --compare," if compare else "")
+                    + " on the questions both answered: the mean difference and its paired bootstrap 95% "
+                    "interval; an interval that crosses 0 is *not established*, whichever way the mean points."
                 ),
                 "",
                 differences,

@@ -9,9 +9,10 @@ the same run (DESIGN.md section 4). The baseline is ``no-retrieval``, or for a r
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ragate.errors import RagateError
 from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.records import by_method
 
@@ -180,43 +181,60 @@ COMPARE_AGAINST = (
 )  # never retrieve, always retrieve (the single-shot anchors)
 
 
+def parse_pair(text: str) -> tuple[str, str]:
+    """``"dpr-ais:dtr-no-ugt"`` -> ``("dpr-ais", "dtr-no-ugt")``: a method and the one it is compared against."""
+    method, sep, against = (part.strip() for part in text.partition(":"))
+    if not sep or not method or not against or ":" in against:
+        raise RagateError(f"--compare takes METHOD:AGAINST, e.g. dpr-ais:dtr-no-ugt; got {text!r}")
+    if method == against:
+        raise RagateError(f"--compare {text!r} pairs a method with itself; name two different methods")
+    return method, against
+
+
+def _paired_row(
+    groups: Mapping[str, Mapping[str, dict[str, Any]]], method: str, base: str, metric: str
+) -> dict[str, Any] | None:
+    ids = [i for i in groups[method] if i in groups[base]]
+    if not ids:
+        return None
+    a = [groups[method][i]["scores"][metric] for i in ids]
+    b = [groups[base][i]["scores"][metric] for i in ids]
+    lo, hi = paired_bootstrap_diff(a, b)
+    verdict = "higher" if lo > 0 else "lower" if hi < 0 else "not established"
+    return {
+        "method": method,
+        "against": base,
+        "n": len(ids),
+        "delta": statistics.fmean(a) - statistics.fmean(b),
+        "ci": (lo, hi),
+        "verdict": verdict,
+    }
+
+
 def paired_differences(
     records: Sequence[dict[str, Any]],
     metric: str = "acc",
     against: Sequence[str] = COMPARE_AGAINST,
     methods: Sequence[str] | None = None,
+    compare: Sequence[tuple[str, str]] = (),
 ) -> list[dict[str, Any]]:
     """Each method's ``metric`` minus each baseline's on the questions both answered, with the paired bootstrap
     95% interval (:func:`~ragate.eval.metrics.paired_bootstrap_diff`) and a verdict: "higher" or "lower" when the
-    interval excludes 0, else "not established" (whichever way the mean points)."""
+    interval excludes 0, else "not established" (whichever way the mean points). ``compare`` adds named
+    (method, against) pairs after those rows, e.g. ("dpr-ais", "dtr-no-ugt"); a pair naming a method the records
+    do not hold is an error that lists the methods they do."""
     groups = {m: {r["id"]: r for r in rs if "error" not in r} for m, rs in by_method(records)}
     order = list(methods) if methods else list(groups)
-    rows = []
-    for base in against:
-        if base not in groups:
-            continue
-        for m in order:
-            if m == base or m not in groups:
-                continue
-            ids = [i for i in groups[m] if i in groups[base]]
-            if not ids:
-                continue
-            a = [groups[m][i]["scores"][metric] for i in ids]
-            b = [groups[base][i]["scores"][metric] for i in ids]
-            lo, hi = paired_bootstrap_diff(a, b)
-            delta = statistics.fmean(a) - statistics.fmean(b)
-            verdict = "higher" if lo > 0 else "lower" if hi < 0 else "not established"
-            rows.append(
-                {
-                    "method": m,
-                    "against": base,
-                    "n": len(ids),
-                    "delta": delta,
-                    "ci": (lo, hi),
-                    "verdict": verdict,
-                }
+    pairs = [(m, base) for base in against if base in groups for m in order if m != base and m in groups]
+    for m, base in compare:
+        if missing := [x for x in (m, base) if x not in groups]:
+            raise RagateError(
+                f"cannot compare {m} with {base}: no answers from {', '.join(missing)} in this run; "
+                f"its methods are {', '.join(groups) or 'none'}"
             )
-    return rows
+        if (m, base) not in pairs:
+            pairs.append((m, base))
+    return [row for m, base in pairs if (row := _paired_row(groups, m, base, metric)) is not None]
 
 
 def points(value: float) -> str:
