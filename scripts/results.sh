@@ -24,6 +24,10 @@ DYNAMIC_METHODS=etc,dragin,flare,ircot,ralm,single-rag,wo-rag
 ALL=no-retrieval,standard-rag,llm-judge,hyde,q2d,cot,dtr,dtr-no-ugt,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num,targ-entropy,targ-margin,targ-variance,random
 NOT_SWEPT=no-retrieval,hyde,q2d,cot,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num
 GATES=dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance
+# the comparisons docs/results.md makes beyond each method against never and always retrieving (paired intervals)
+COMPARE=(--compare dpr-ais:dtr-no-ugt --compare dtr:dtr-no-ugt --compare pairs:dpr-ais --compare pairs-exclude-num:dpr-ais
+  --compare pairs-exclude-num:pairs --compare dpr-ais-dynamic:dpr-ais --compare dpr-ais-rerank:dpr-ais
+  --compare hyde:q2d --compare cot:hyde)
 # ACCEPT_REBUILT=1: resume runs whose index was rebuilt from the same passages (docs/evaluation.md)
 ACCEPT=(); [ "${ACCEPT_REBUILT:-0}" = 1 ] && ACCEPT=(--accept-rebuilt-index)
 if [ ! -f "$INDEX/manifest.json" ]; then
@@ -50,7 +54,9 @@ for model in $MODELS; do
     fi
     "$RAGATE" eval --dataset "$dataset" --methods "${EVAL_METHODS:-$methods}" --index "$INDEX" --model "$model" \
       --limit "$LIMIT" --out "$out" --workers "$WORKERS" $(resume "$out") "${ACCEPT[@]}"
-    "$RAGATE" report "$out" --metric acc "${with_sweep[@]}"
+    compare=(); [ -n "${EVAL_METHODS:-}" ] || compare=("${COMPARE[@]}")  # all 17 methods are there to pair
+    "$RAGATE" report "$out" --metric acc "${with_sweep[@]}" "${compare[@]}"
+    "$RAGATE" report "$out" --metric em --out "$out/report-em" "${with_sweep[@]}" "${compare[@]}"
   done
   if [ "$DYNAMIC" = 1 ]; then
     out=docs/results/runs/dynamic-hotpotqa-$model-$LIMIT
