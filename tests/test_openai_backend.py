@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragate.backends.openai_compat import OpenAICompatBackend, align_offsets
-from ragate.errors import BackendError, BackendUnavailableError, CapabilityError
+from ragate.errors import BackendError, BackendTimeoutError, BackendUnavailableError, CapabilityError
 from ragate.types import Generation, GenerationRequest, Message
 
 if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llama_cpp.server") is None:
@@ -439,6 +439,7 @@ def test_missing_logprobs_timeout_and_empty_model_list(fake_server: str) -> None
     with pytest.raises(BackendError, match=r"timed out after 0\.5 s.*raise the timeout") as e:
         b.generate([GenerationRequest("slow")])
     assert not isinstance(e.value, BackendUnavailableError)
+    assert isinstance(e.value, BackendTimeoutError)  # the service answers it 504, as its own --timeout
     start = time.monotonic()
     with pytest.raises(BackendError, match="timed out after 0.5 s"):
         b.generate([GenerationRequest("trickle")])

@@ -23,6 +23,10 @@ class BackendUnavailableError(BackendError):
     """The backend cannot be reached (server down, connection refused or dropped); retrying later may work."""
 
 
+class BackendTimeoutError(BackendError):
+    """The backend took longer than its client's timeout to answer (the server is stalled or the request too big)."""
+
+
 class CapabilityError(RagateError):
     """A request asks a backend for something it cannot do (attentions from llama.cpp, too many top-k, ...)."""
 

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import httpx
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.errors import BackendError, BackendUnavailableError, CapabilityError
+from ragate.errors import BackendError, BackendTimeoutError, BackendUnavailableError, CapabilityError
 from ragate.types import FinishReason, Generation, GenerationRequest, TopLogprob
 
 Step = tuple[str, float, list[tuple[str, float]], bytes | None]  # token, logprob, alternatives, raw bytes
@@ -229,7 +229,7 @@ class OpenAICompatBackend(Backend):
             except (httpx.ConnectTimeout, httpx.PoolTimeout) as e:
                 problem = f"{type(e).__name__}: could not connect within {self.timeout} s"
             except httpx.TimeoutException as e:
-                raise BackendError(
+                raise BackendTimeoutError(
                     f"request to {url} timed out after {self.timeout} s ({type(e).__name__}); raise the timeout "
                     "(timeout=..., --openai-timeout) or ask for fewer tokens (max_tokens)"
                 ) from e

@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragate import __version__
 from ragate.backends import Backend, load_backend
-from ragate.errors import BackendError, BackendUnavailableError, RagateError
+from ragate.errors import BackendError, BackendTimeoutError, BackendUnavailableError, RagateError
 from ragate.methods import METHODS, MethodSpec, get_method, run_method
 from ragate.methods.needs import capability_summary, method_support, require
 from ragate.methods.trace import Trace
@@ -134,6 +134,13 @@ class Runtime:
                 504,
                 f"the request took longer than the server's limit of {self.settings.request_timeout:g} s "
                 "(ragate serve --timeout); ask for fewer tokens (options.max_tokens) or a cheaper method",
+            ) from None
+        except BackendTimeoutError as err:  # the LM client's own timeout, when it fires before the server's
+            raise ApiError(
+                504,
+                f"the language model did not answer in time ({err}); the server's limit is "
+                f"{self.settings.request_timeout:g} s (ragate serve --timeout): ask for fewer tokens "
+                "(options.max_tokens) or a cheaper method",
             ) from None
         except BackendUnavailableError as err:
             raise ApiError(503, f"the language model is unavailable: {err}", {"Retry-After": "5"}) from None
