@@ -30,7 +30,7 @@ import numpy as np
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.metrics import paired_bootstrap_diff
-from ragate.eval.summary import interval_points, points
+from ragate.eval.summary import interval_points, points, verdict
 from ragate.eval.sweep import method_records, swept_methods
 
 DEFAULT_BUDGETS = (0.2, 0.4, 0.6)
@@ -48,10 +48,6 @@ def parse_budgets(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(budgets)))
 
 
-def _verdict(lo: float, hi: float) -> str:
-    return "higher" if lo > 0 else "lower" if hi < 0 else "not established"
-
-
 def _compare(
     chosen: Sequence[float], always: Sequence[float], never: Sequence[float], rate: float
 ) -> dict[str, Any]:
@@ -63,10 +59,10 @@ def _compare(
     return {
         "delta_vs_always": statistics.fmean(chosen) - statistics.fmean(always),
         "ci_vs_always": (lo, hi),
-        "verdict": _verdict(lo, hi),
+        "verdict": verdict(lo, hi),
         "delta_vs_random": statistics.fmean(chosen) - statistics.fmean(random),
         "ci_vs_random": (rlo, rhi),
-        "verdict_vs_random": _verdict(rlo, rhi),
+        "verdict_vs_random": verdict(rlo, rhi),
     }
 
 

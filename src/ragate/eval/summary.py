@@ -191,6 +191,11 @@ def parse_pair(text: str) -> tuple[str, str]:
     return method, against
 
 
+def verdict(lo: float, hi: float) -> str:
+    """A paired interval's reading: "higher" or "lower" when it excludes 0, else "not established"."""
+    return "higher" if lo > 0 else "lower" if hi < 0 else "not established"
+
+
 def _paired_row(
     groups: Mapping[str, Mapping[str, dict[str, Any]]], method: str, base: str, metric: str
 ) -> dict[str, Any] | None:
@@ -200,14 +205,13 @@ def _paired_row(
     a = [groups[method][i]["scores"][metric] for i in ids]
     b = [groups[base][i]["scores"][metric] for i in ids]
     lo, hi = paired_bootstrap_diff(a, b)
-    verdict = "higher" if lo > 0 else "lower" if hi < 0 else "not established"
     return {
         "method": method,
         "against": base,
         "n": len(ids),
         "delta": statistics.fmean(a) - statistics.fmean(b),
         "ci": (lo, hi),
-        "verdict": verdict,
+        "verdict": verdict(lo, hi),
     }
 
 
