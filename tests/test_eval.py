@@ -291,16 +291,19 @@ def test_a_run_is_dirty_only_when_the_package_code_changed(tmp_path: Path) -> No
 
 
 def test_a_resume_that_computes_nothing_keeps_the_provenance_it_had(tmp_path: Path) -> None:
-    """Rerunning a finished run (a script's step that only rereads the answers) must not claim today's commit."""
+    """Rerunning a finished run (a script's step that only rereads the answers) must not claim today's commit,
+    nor replace when the answers were computed."""
     from ragate.eval.run import _kept_provenance, _save_config
 
     _scripted_run(tmp_path, ("no-retrieval",))
     path = tmp_path / "run" / "results.json"
     saved = json.loads(path.read_text())
     saved["provenance"]["git"] = {"commit": "earlier", "dirty": False}
+    saved["started"], saved["finished"] = 1000.0, 2000.0  # when the answers were computed
     path.write_text(json.dumps(saved))
     again = _scripted_run(tmp_path, ("no-retrieval",), resume=True)
     assert again["provenance"]["git"]["commit"] == "earlier"
+    assert (again["started"], again["finished"]) == (1000.0, 2000.0)
     assert json.loads(path.read_text())["provenance"]["git"]["commit"] == "earlier"
     # a sweep's config.json: what else changed is written, the provenance stays that of the last computing part
     _save_config(tmp_path / "sweep", {"provenance": {"git": {"commit": "a"}}})

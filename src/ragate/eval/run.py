@@ -443,13 +443,16 @@ def run_eval(
                 concurrency=concurrency,
             )
         records = latest(read_records(path))
+        times = _kept_times(out_dir / "results.json", computed=bool(jobs)) or {
+            "started": started,
+            "finished": time.time(),
+        }
         results = {
             "config": config.to_json(),
             "questions": len(examples),
             "dataset_files": recorded["dataset_files"],
             "provenance": prov,
-            "started": started,
-            "finished": time.time(),
+            **times,
             "calls": {"cache": None if store is None else str(store), "workers": workers}
             | cost_totals(records),
             "summary": summarize(records, [m for m in config.methods]),
@@ -483,6 +486,16 @@ def _kept_provenance(path: Path, *, computed: bool) -> dict[str, Any] | None:
         return None
     kept = json.loads(path.read_text()).get("provenance")
     return kept if isinstance(kept, dict) else None
+
+
+def _kept_times(path: Path, *, computed: bool) -> dict[str, float] | None:
+    """``started`` and ``finished`` as recorded in ``path`` when this resume computed nothing: rereading the
+    answers (to re-report them) must not replace when they were computed with a run of a tenth of a second."""
+    if computed or not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    times = {k: saved.get(k) for k in ("started", "finished")}
+    return times if all(isinstance(v, (int, float)) for v in times.values()) else None
 
 
 def _save_config(out_dir: Path, data: dict[str, Any]) -> None:

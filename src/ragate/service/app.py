@@ -130,17 +130,10 @@ class Runtime:
             with anyio.fail_after(self.settings.request_timeout):
                 return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
         except TimeoutError:
-            raise ApiError(
-                504,
-                f"the request took longer than the server's limit of {self.settings.request_timeout:g} s "
-                "(ragate serve --timeout); ask for fewer tokens (options.max_tokens) or a cheaper method",
-            ) from None
+            raise self.timed_out("the request took longer than the server's limit of") from None
         except BackendTimeoutError as err:  # the LM client's own timeout, when it fires before the server's
-            raise ApiError(
-                504,
-                f"the language model did not answer in time ({err}); the server's limit is "
-                f"{self.settings.request_timeout:g} s (ragate serve --timeout): ask for fewer tokens "
-                "(options.max_tokens) or a cheaper method",
+            raise self.timed_out(
+                f"the language model did not answer in time ({err}); the server's limit is"
             ) from None
         except BackendUnavailableError as err:
             raise ApiError(503, f"the language model is unavailable: {err}", {"Retry-After": "5"}) from None
@@ -150,6 +143,14 @@ class Runtime:
             raise ApiError(400, str(err)) from None
         finally:
             ticket.give_up()
+
+    def timed_out(self, what: str) -> ApiError:
+        """A 504 naming the server's time limit and what to ask for instead."""
+        return ApiError(
+            504,
+            f"{what} {self.settings.request_timeout:g} s (ragate serve --timeout): ask for fewer tokens "
+            "(options.max_tokens) or a cheaper method",
+        )
 
     def model_lock(self) -> contextlib.AbstractContextManager[Any]:
         return self.lm_lock if self.lm_lock is not None else contextlib.nullcontext()
