@@ -35,7 +35,7 @@ bench: install
 	$(PY) benchmarks/backends.py
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
 	$(VENV)/bin/mypy src
 
 clean:
