@@ -7,7 +7,8 @@ both metrics side by side, for the pairs given (default: the page's 25), so the 
 reports' own, copied by a program rather than by hand.
 
 Run: ``.venv/bin/python scripts/paired_table.py docs/results/runs/nq-open-oracle-qwen2.5-coder-1.5b-300``
-(``--pairs dpr-ais:standard-rag,pairs:dpr-ais`` for others).
+(``--pairs dpr-ais:standard-rag,pairs:dpr-ais`` for others; ``--drop skr,self-eval`` leaves out the page's pairs
+with methods a run lacks).
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pairs", default=",".join(PAGE_PAIRS), help="METHOD:AGAINST,... (default: the page's)"
     )
+    parser.add_argument("--drop", default="", help="METHOD,...: leave out the pairs with these methods")
     args = parser.parse_args(argv)
     acc = paired_rows(args.run / "report" / "report.md")
     em = paired_rows(args.run / "report-em" / "report.md")
-    keys = [(m, v) for m, _, v in (pair.partition(":") for pair in args.pairs.split(","))]
+    drop = set(filter(None, args.drop.split(",")))
+    keys = [
+        (m, v) for m, _, v in (pair.partition(":") for pair in args.pairs.split(",")) if not {m, v} & drop
+    ]
     for method, against in keys:
         if (method, against) not in acc or (method, against) not in em:
             raise SystemExit(
