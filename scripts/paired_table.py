@@ -18,23 +18,31 @@ import sys
 from pathlib import Path
 
 PAGE_PAIRS = (
-    *(
-        "dpr-ais:standard-rag",
-        "pairs:standard-rag",
-        "pairs-exclude-num:standard-rag",
-        "dtr-no-ugt:standard-rag",
-    ),
-    *("dpr-ais:dtr-no-ugt", "dtr:dtr-no-ugt", "pairs:dpr-ais", "pairs-exclude-num:dpr-ais"),
-    *("pairs-exclude-num:pairs", "dpr-ais-dynamic:dpr-ais", "dpr-ais-rerank:dpr-ais"),
-    *("hyde:standard-rag", "q2d:standard-rag", "cot:standard-rag", "hyde:q2d", "cot:hyde"),
-    *("llm-judge:standard-rag", "random:standard-rag"),
-    *("targ-entropy:standard-rag", "targ-margin:standard-rag", "targ-variance:standard-rag"),
-    *(
-        "self-eval:standard-rag",
-        "self-rag-lite:standard-rag",
-        "skr:standard-rag",
-        "standard-rag:no-retrieval",
-    ),
+    "dpr-ais:standard-rag",
+    "pairs:standard-rag",
+    "pairs-exclude-num:standard-rag",
+    "dtr-no-ugt:standard-rag",
+    "dpr-ais:dtr-no-ugt",
+    "dtr:dtr-no-ugt",
+    "pairs:dpr-ais",
+    "pairs-exclude-num:dpr-ais",
+    "pairs-exclude-num:pairs",
+    "dpr-ais-dynamic:dpr-ais",
+    "dpr-ais-rerank:dpr-ais",
+    "hyde:standard-rag",
+    "q2d:standard-rag",
+    "cot:standard-rag",
+    "hyde:q2d",
+    "cot:hyde",
+    "llm-judge:standard-rag",
+    "random:standard-rag",
+    "targ-entropy:standard-rag",
+    "targ-margin:standard-rag",
+    "targ-variance:standard-rag",
+    "self-eval:standard-rag",
+    "self-rag-lite:standard-rag",
+    "skr:standard-rag",
+    "standard-rag:no-retrieval",
 )
 
 

@@ -479,23 +479,24 @@ def _dataset_files(dataset: str) -> list[dict[str, Any]]:
         return []  # examples handed in for a name with no file (tests): nothing to identify
 
 
+def _recorded(path: Path, *, computed: bool) -> dict[str, Any]:
+    """What ``path`` (results.json or a sweep's config.json) recorded, when this resume computed nothing (a rerun
+    that only rereads the answers, to re-report them, keeps what the computing parts recorded); else ``{}``."""
+    return {} if computed or not path.exists() else json.loads(path.read_text())
+
+
 def _kept_provenance(path: Path, *, computed: bool) -> dict[str, Any] | None:
-    """The provenance recorded in ``path`` (results.json or a sweep's config.json) when this resume computed
-    nothing: a rerun that only rereads the answers must not claim they came from today's commit or build."""
-    if computed or not path.exists():
-        return None
-    kept = json.loads(path.read_text()).get("provenance")
+    """The recorded provenance (:func:`_recorded`): rereading must not claim today's commit or build."""
+    kept = _recorded(path, computed=computed).get("provenance")
     return kept if isinstance(kept, dict) else None
 
 
 def _kept_times(path: Path, *, computed: bool) -> dict[str, float] | None:
-    """``started`` and ``finished`` as recorded in ``path`` when this resume computed nothing: rereading the
-    answers (to re-report them) must not replace when they were computed with a run of a tenth of a second."""
-    if computed or not path.exists():
-        return None
-    saved = json.loads(path.read_text())
-    times = {k: saved.get(k) for k in ("started", "finished")}
-    return times if all(isinstance(v, (int, float)) for v in times.values()) else None
+    """The recorded ``started`` and ``finished`` (:func:`_recorded`): rereading must not replace when the answers
+    were computed with a run of a tenth of a second."""
+    saved = _recorded(path, computed=computed)
+    times = {k: saved[k] for k in ("started", "finished") if isinstance(saved.get(k), (int, float))}
+    return times if len(times) == 2 else None
 
 
 def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
