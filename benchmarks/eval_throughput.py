@@ -7,7 +7,8 @@ Runs the 17 single-shot methods of docs/results.md on the first ``--questions`` 
 after the other, each a real ``ragate eval`` process with its own fresh call store:
 
 - ``before``: ``--no-call-cache``, one process (the engine on every core): every call a method makes is computed;
-- ``after-1``: the call cache, one process: each distinct call computed once and charged to every method making it;
+- ``after-1``: the call cache, one process: each distinct call computed once and charged to every method making it,
+  and a computed prompt started from an earlier prompt's state where that gives the same logits bit for bit;
 - ``after-2``: the call cache and ``--workers 2``: the questions sharded over two processes, each pinned to its own
   core with a one-thread engine.
 
@@ -69,10 +70,10 @@ def run_arm(name: str, flags: list[str], args: argparse.Namespace, out: Path) ->
     return {"seconds": wall, "charged_calls": calls["charged"]["calls"], "paid_calls": calls["paid"]["calls"]}
 
 
-def _paid_cpu(run_dir: Path) -> float:
-    """CPU seconds the run's LM calls really took (all threads and workers): less moved by other load on a
-    shared machine than wall time."""
-    return float(json.loads((run_dir / "results.json").read_text())["calls"]["paid"]["cpu_seconds"])
+def _calls(run_dir: Path) -> dict[str, Any]:
+    """The run's LM call totals: "paid" CPU seconds (all threads and workers) are less moved by other load on a
+    shared machine than wall time; "charged" CPU seconds estimate what every call would take alone."""
+    return json.loads((run_dir / "results.json").read_text())["calls"]  # type: ignore[no-any-return]
 
 
 def answers(run_dir: Path) -> dict[tuple[str, str], tuple[Any, ...]]:
@@ -127,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     reference = answers(out / "before") if "before" in timings.get("arms", {}) else None
     print(f"\n{args.questions} {args.dataset} questions x 17 single-shot methods, {args.model} ({out})\n")
     print(
-        "| arm | wall s | questions/hour | vs before | LM CPU s paid | vs before | LM calls charged | computed "
-        "| predictions differing |"
+        "| arm | wall s | questions/hour | vs before | LM CPU s paid | vs before | LM CPU s charged | LM calls "
+        "charged | computed | prompt tokens computed | of them from a kept state | predictions differing |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    cpu = {name: _paid_cpu(out / name) for name in timings["arms"]}
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    calls = {name: _calls(out / name) for name in timings["arms"]}
+    cpu = {name: float(c["paid"]["cpu_seconds"]) for name, c in calls.items()}
     base = timings["arms"].get("before", {}).get("seconds")
     diffs: dict[str, list[tuple[Any, ...]]] = {}
     for name, t in timings["arms"].items():
@@ -144,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
                            if reference.get(k) != mine.get(k)]  # fmt: skip
             differing = str(len(diffs[name]))
         cpu_ratio = f"{cpu['before'] / cpu[name]:.2f}x" if cpu.get("before") and cpu[name] else "-"
+        paid = calls[name]["paid"]
         print(
             f"| {name} | {t['seconds']:.0f} | {qph:.1f} | {ratio} | {cpu[name]:.0f} | {cpu_ratio} | "
-            f"{t['charged_calls']:.0f} | {t['paid_calls']:.0f} | {differing} |"
+            f"{calls[name]['charged']['cpu_seconds']:.0f} | {t['charged_calls']:.0f} | {t['paid_calls']:.0f} | "
+            f"{paid['prompt_tokens']:.0f} | {paid.get('reused_prompt_tokens', 0):.0f} | {differing} |"
         )
     for name, rows in diffs.items():
         for key, was, now in rows:

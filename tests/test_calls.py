@@ -3,6 +3,7 @@ no prediction; worker processes shard a run and survive a kill of one of them. R
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ragate.backends.prompt_states import PREFIX_ALIGN, KeptPrompt, PromptStates, reusable
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.eval.calls import CallCache, CallStore, generation_from_json, generation_to_json, request_key
 from ragate.eval.datasets import dataset_files, load_dataset
@@ -109,8 +111,90 @@ def test_turning_the_cache_off_changes_no_prediction(llama_backend: Any, tmp_pat
     paid, charged = runs["on"]["calls"]["paid"], runs["on"]["calls"]["charged"]
     # no-retrieval's answer is DTR's draft, the TARG drafts are one call
     assert paid["calls"] < charged["calls"]
-    assert runs["off"]["calls"]["paid"] == runs["off"]["calls"]["charged"]
+    # prompts that share passages started from an earlier prompt's state, and still predicted the same
+    assert paid["reused_prompt_tokens"] > 0 and paid["reused_prompt_tokens"] % PREFIX_ALIGN == 0
+    off = runs["off"]["calls"]
+    assert off["paid"]["reused_prompt_tokens"] == 0
+    assert {k: v for k, v in off["paid"].items() if k != "reused_prompt_tokens"} == off["charged"]
     assert runs["on"]["dataset_files"][0]["sha256"] == dataset_files("demo")[0]["sha256"]
+
+
+def _passages_request(question: str, n: int) -> GenerationRequest:
+    texts = [json.loads(line)["text"] for line in (demo_dir() / "passages.jsonl").open()][:n]
+    body = "Passages:\n" + "\n".join(texts) + f"\nQuestion: {question}"
+    return GenerationRequest((Message("user", body),), max_tokens=8, top_logprobs=3)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same generation bit for bit (all but the wall time it took)."""
+    fields = ("token_ids", "logprobs", "entropies", "top_logprobs", "text", "finish_reason", "prompt_tokens")
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
+def test_a_prompt_started_from_an_earlier_prompts_state_gives_the_same_generation(llama_backend: Any) -> None:
+    requests = [
+        _passages_request("Who is Sara Gilbert?", 2),
+        _passages_request("What is the optic nerve?", 2),  # shares the passages, not the question
+        _passages_request("Who presented the show?", 3),  # shares two of its passages
+    ]
+    llama_backend.drop_prompt_states()  # the session's backend: earlier tests' prompts are not this test's
+    fresh = []
+    for r in requests:
+        llama_backend.clear_cache()
+        fresh.append(llama_backend.generate([r])[0])
+    reused = []
+    for r in requests:
+        llama_backend.clear_cache()
+        with llama_backend.exact_prefix_reuse() as reuse:
+            [gen] = llama_backend.generate([r])
+        reused.append(reuse)
+        assert _same(gen, fresh[len(reused) - 1])
+    assert reused[0].tokens == 0  # the first of its kind has nothing to start from
+    for u, gen in zip(reused[1:], fresh[1:], strict=True):
+        assert 0 < u.tokens < gen.prompt_tokens and u.tokens % PREFIX_ALIGN == 0
+        assert u.cpu_seconds > 0 and u.seconds > 0  # what the reused tokens took when they were evaluated
+
+
+def test_a_computed_call_that_reused_a_prefix_is_charged_what_it_costs_alone(llama_backend: Any) -> None:
+    calls = CallCache(llama_backend, None, "smollm2-test", exact_prefixes=True)
+    calls.generate([_passages_request("Who is Sara Gilbert?", 3)])
+    with calls.tally() as second:
+        calls.generate([_passages_request("What is the optic nerve?", 3)])
+    assert second.reused_tokens > 0 and second.hits == 0
+    assert second.charged.prompt_tokens == second.paid.prompt_tokens  # the call's own tokens either way
+    assert second.charged.cpu_seconds > second.paid.cpu_seconds  # plus the reused share, as first measured
+    assert second.charged.calls == second.paid.calls == 1
+    plain = CallCache(llama_backend, None, "smollm2-test")  # exact_prefixes off: nothing reused
+    with plain.tally() as third:
+        plain.generate([_passages_request("What is the optic nerve?", 3)])
+    assert third.reused_tokens == 0 and third.charged == third.paid
+
+
+def test_reuse_stops_at_an_aligned_length_before_the_last_token() -> None:
+    kept = tuple(range(100))
+    assert reusable(kept, list(range(40)) + [999], align=16) == 32  # 40 shared, cut to 32
+    assert reusable(kept, list(range(48)), align=16) == 32  # all shared: the last token is evaluated again
+    assert reusable(kept, list(range(49)), align=16) == 48
+    assert reusable(kept, [5, 6, 7], align=16) == 0
+
+
+def test_prompt_states_keep_the_newest_within_their_byte_budget() -> None:
+    def kept(first: int, nbytes: int) -> KeptPrompt:
+        return KeptPrompt(tuple(range(first, first + 40)), None, nbytes, 1.0, 1.0)
+
+    states = PromptStates(max_bytes=250, align=16)
+    for first in (0, 1000, 2000):
+        states.add(kept(first, 100))
+    assert len(states) == 2 and states.nbytes == 200  # the oldest dropped
+    assert states.best(list(range(30)))[1] is None
+    keep, found = states.best(list(range(1000, 1030)) + [7])
+    assert keep == 16 and found is not None and found.token_ids[0] == 1000
+    states.add(kept(3000, 100))  # 1000 was used last, so 2000 goes
+    assert states.best(list(range(2000, 2040)))[1] is None and len(states) == 2
+    states.add(kept(4000, 300))  # larger than the whole budget: not kept
+    states.add(KeptPrompt((1, 2, 3), None, 1, 1.0, 1.0))  # shorter than one aligned block: not kept
+    assert len(states) == 2
+    assert kept(0, 1).share(10) == (0.25, 0.25)
 
 
 def test_a_resume_on_another_file_of_the_same_name_is_refused(tmp_path: Path) -> None:

@@ -5,12 +5,18 @@ so every step carries the exact log-probability, top-k list and entropy without 
 a context-by-vocabulary float matrix in memory). Prompts are tokenised exactly as ``Llama.create_completion``
 does, and greedy output equals its ``temperature=0`` output. The key/value cache is kept between requests: a
 prompt that extends the previous sequence (a draft continued, N samples of one prompt) only evaluates new tokens.
+Inside :meth:`LlamaCppBackend.exact_prefix_reuse` a prompt evaluated from a cleared cache starts instead from the
+kept state of an earlier prompt, cut at an aligned length, which gives the same logits bit for bit
+(:mod:`ragate.backends.prompt_states`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,7 @@ import numpy as np
 
 from ragate.backends.base import Backend, Capabilities
 from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
+from ragate.backends.prompt_states import DEFAULT_STATE_BYTES, KeptPrompt, PrefixReuse, PromptStates
 from ragate.backends.template import chat_segments
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest, Message
@@ -57,7 +64,9 @@ class LlamaCppBackend(Backend):
         name: str | None = None,
         n_ctx: int = DEFAULT_CONTEXT,
         n_threads: int | None = None,
+        prompt_state_bytes: int = DEFAULT_STATE_BYTES,
     ) -> None:
+        """``prompt_state_bytes`` bounds the prompt states kept for :meth:`exact_prefix_reuse` (0: none)."""
         llama_cpp = _import_llama_cpp()
         path = Path(model_path)
         if not path.is_file():
@@ -72,6 +81,8 @@ class LlamaCppBackend(Backend):
         )
         self.model = name or str(path)
         self.max_context = n_ctx
+        self._states = PromptStates(prompt_state_bytes)
+        self._reuse: PrefixReuse | None = None
         self._n_vocab = self._llm.n_vocab()
         template = self._llm.metadata.get("tokenizer.chat_template")
         self._chat = None
@@ -100,13 +111,74 @@ class LlamaCppBackend(Backend):
 
     def next_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         llm = self._llm
+        if self._reuse is not None and llm.n_tokens == 0:
+            return self._exact_prompt_logits(token_ids, self._reuse)
         keep = common_prefix_len(llm.input_ids[: llm.n_tokens].tolist(), token_ids)
         if keep == len(token_ids):
             keep -= 1  # re-evaluate the last token to get its logits
         llm.n_tokens = keep
         llm.eval(list(token_ids[keep:]))
-        ptr = self._lib.llama_get_logits_ith(llm.ctx, -1)
+        return self._last_logits()
+
+    def _last_logits(self) -> np.ndarray:
+        ptr = self._lib.llama_get_logits_ith(self._llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()
+
+    # -- exact prefix reuse ------------------------------------------------------------------------------------
+    @contextmanager
+    def exact_prefix_reuse(self) -> Iterator[PrefixReuse]:
+        """Inside the block, a prompt evaluated from a cleared cache (the first step after :meth:`clear_cache`)
+        starts from the kept state of the earlier such prompt sharing the longest aligned prefix, and its own state
+        is kept: the logits are those of evaluating it all, bit for bit, so a call's output does not depend on the
+        calls before it. The block's :class:`PrefixReuse` counts the tokens not evaluated again and what they
+        took when they were."""
+        reuse = PrefixReuse()
+        self._reuse = reuse
+        try:
+            yield reuse
+        finally:
+            self._reuse = None
+
+    def drop_prompt_states(self) -> None:
+        """Forget the prompt states kept for :meth:`exact_prefix_reuse` (their memory is freed)."""
+        self._states.clear()
+
+    def _exact_prompt_logits(self, token_ids: Sequence[int], reuse: PrefixReuse) -> np.ndarray:
+        llm = self._llm
+        wall, cpu = time.perf_counter(), time.process_time()
+        keep, kept = self._states.best(token_ids)
+        if kept is not None and not self._restore(kept, keep):
+            keep, kept = 0, None
+        llm.eval(list(token_ids[keep:]))
+        logits = self._last_logits()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        share_wall, share_cpu = kept.share(keep) if kept is not None else (0.0, 0.0)
+        reuse.tokens += keep
+        reuse.seconds += share_wall
+        reuse.cpu_seconds += share_cpu
+        if self._states.max_bytes and len(token_ids) >= self._states.align:
+            state, nbytes = self._save()
+            if nbytes:
+                self._states.add(KeptPrompt(tuple(token_ids), state, nbytes, wall + share_wall, cpu + share_cpu))
+        return logits
+
+    def _save(self) -> tuple[object, int]:
+        """llama.cpp's state of sequence 0 (its key/value cells) as a byte array, and its length."""
+        lib, ctx = self._lib, self._llm.ctx
+        size = int(lib.llama_state_seq_get_size(ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        return buf, int(lib.llama_state_seq_get_data(ctx, buf, size, 0))
+
+    def _restore(self, kept: KeptPrompt, keep: int) -> bool:
+        """Load ``kept``'s state and keep its first ``keep`` tokens (the next eval drops the rest)."""
+        llm = self._llm
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        if int(self._lib.llama_state_seq_set_data(llm.ctx, kept.state, kept.nbytes, 0)) != kept.nbytes:
+            llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+            return False
+        llm.input_ids[:keep] = kept.token_ids[:keep]
+        llm.n_tokens = keep
+        return True
 
     def decode_completion(self, completion_ids: Sequence[int], prompt_ids: Sequence[int]) -> str:
         return self._llm.detokenize(list(completion_ids), prev_tokens=list(prompt_ids)).decode(
@@ -160,6 +232,9 @@ class LlamaCppBackend(Backend):
         self._llm.reset()
 
     def close(self) -> None:
+        states = getattr(self, "_states", None)
+        if states is not None:
+            states.clear()
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is not None:
             llm.close()

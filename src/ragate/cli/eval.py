@@ -187,7 +187,8 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         "--no-call-cache",
         dest="cache",
         action="store_false",
-        help="compute every LM call (same predictions; every call paid)",
+        help="compute every LM call in full: no stored call, no prompt started from an earlier one's state "
+        "(same predictions; every call paid)",
     )
 
 

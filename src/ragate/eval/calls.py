@@ -15,6 +15,13 @@ every call it computes, with the store on or off: each call is then a pure funct
 store off changes no prediction. A batch of requests (TARG's N samples) is one call: it is computed together,
 with the reuse inside the batch, and stored together.
 
+With ``exact_prefixes`` (the eval's default when the store is on) a computed call's prompt may start from the kept
+state of an earlier prompt where the engine offers it (llama.cpp: ``exact_prefix_reuse``), cut at a length that
+gives the same logits bit for bit (:mod:`ragate.backends.prompt_states`). The call is then cheaper to compute than
+on its own, so the cost is split: ``paid`` is what was measured, and the call is *charged* that plus what its reused
+tokens took when they were evaluated (apportioned by token count), an estimate of what it costs computed alone, so
+a method's cost columns do not depend on which method happened to run before it.
+
 Not stored: requests that ask for attentions (arrays), sampling without a seed, and watched generations (the
 dynamic loop's, whose end depends on the trigger watching them).
 
@@ -31,7 +38,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -39,6 +46,7 @@ from typing import Any
 
 from ragate.backends.base import Backend
 from ragate.backends.decoding import Watch
+from ragate.backends.prompt_states import PrefixReuse
 from ragate.errors import RagateError
 from ragate.types import Generation, GenerationRequest, TopLogprob
 
@@ -124,6 +132,7 @@ class Tally:
     charged: Cost = Cost()
     paid: Cost = Cost()
     hits: int = 0
+    reused_tokens: int = 0  # prompt tokens of computed calls taken from an earlier prompt's state
 
 
 class CallStore:
@@ -210,16 +219,21 @@ class CallCache(Backend):
 
     ``identity`` names the model exactly (the GGUF file's sha256; a server's URL and model name). ``charged`` is
     the measured cost of every call made through the wrapper (stored calls at their original cost), ``paid`` the
-    cost of the calls it really computed; ``hits`` counts calls answered from the store.
+    cost of the calls it really computed; ``hits`` counts calls answered from the store, ``reused_tokens`` the prompt
+    tokens of computed calls taken from an earlier prompt's state.
     """
 
-    def __init__(self, inner: Backend, store: CallStore | None, identity: str) -> None:
+    def __init__(
+        self, inner: Backend, store: CallStore | None, identity: str, *, exact_prefixes: bool = False
+    ) -> None:
         self.inner, self.store, self.identity = inner, store, identity
+        self._reuse = getattr(inner, "exact_prefix_reuse", None) if exact_prefixes else None
         self.engine, self.model, self.capabilities = inner.engine, inner.model, inner.capabilities
         self.max_context = getattr(inner, "max_context", None)
         self.charged = Cost()
         self.paid = Cost()
         self.hits = 0
+        self.reused_tokens = 0
         self._lock = threading.Lock()
         self._local = threading.local()  # each thread's open tallies (concurrent questions on a server)
 
@@ -234,19 +248,18 @@ class CallCache(Backend):
         finally:
             stack.remove(counted)
 
-    def _count(self, cost: Cost, *, computed: bool) -> None:
+    def _count(self, cost: Cost, *, paid: Cost | None, reused: int = 0) -> None:
+        """Charge ``cost``; ``paid`` is what computing it really took (None: it came from the store), ``reused``
+        its prompt tokens taken from an earlier prompt's state."""
+        tallies: list[Any] = [self, *getattr(self._local, "stack", [])]
         with self._lock:
-            self.charged += cost
-            if computed:
-                self.paid += cost
-            else:
-                self.hits += 1
-        for t in getattr(self._local, "stack", []):
-            t.charged += cost
-            if computed:
-                t.paid += cost
-            else:
-                t.hits += 1
+            for t in tallies:
+                t.charged += cost
+                t.reused_tokens += reused
+                if paid is not None:
+                    t.paid += paid
+                else:
+                    t.hits += 1
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         key = request_key(self.inner, self.identity, requests) if self.store is not None else None
@@ -254,18 +267,21 @@ class CallCache(Backend):
             stored = self.store.get(key)
             if stored is not None and len(stored["generations"]) == len(requests):
                 gens = [generation_from_json(g) for g in stored["generations"]]
-                self._count(_cost(gens, stored["cpu_seconds"], stored["seconds"]), computed=False)
+                self._count(_cost(gens, stored["cpu_seconds"], stored["seconds"]), paid=None)
                 return gens
         self.inner.clear_cache()
-        wall, cpu = time.perf_counter(), time.process_time()
-        gens = self.inner.generate(requests)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        self._count(_cost(gens, cpu, wall), computed=True)
+        with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
+            wall, cpu = time.perf_counter(), time.process_time()
+            gens = self.inner.generate(requests)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        paid = _cost(gens, cpu, wall)
+        charged = paid + Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds)
+        self._count(charged, paid=paid, reused=reused.tokens)
         if key is not None and self.store is not None:
             value = {
                 "generations": [generation_to_json(g) for g in gens],
-                "seconds": wall,
-                "cpu_seconds": cpu,
+                "seconds": charged.seconds,
+                "cpu_seconds": charged.cpu_seconds,
             }
             self.store.put(key, value)
         return gens
@@ -276,7 +292,8 @@ class CallCache(Backend):
         """Watched generations are not stored (their end depends on the watcher) and keep the engine's reuse."""
         wall, cpu = time.perf_counter(), time.process_time()
         gen = self.inner.generate_watched(request, watch, recompute=recompute)
-        self._count(_cost([gen], time.process_time() - cpu, time.perf_counter() - wall), computed=True)
+        cost = _cost([gen], time.process_time() - cpu, time.perf_counter() - wall)
+        self._count(cost, paid=cost)
         return gen
 
     def __getattr__(self, name: str) -> Any:

@@ -303,7 +303,7 @@ def record_for(
         seconds = seconds - tally.paid.seconds + tally.charged.seconds
         if cpu_seconds is not None:
             cpu_seconds = cpu_seconds - tally.paid.cpu_seconds + tally.charged.cpu_seconds
-        charged, paid, hits = tally.charged, tally.paid, tally.hits
+        charged, paid, hits, reused = tally.charged, tally.paid, tally.hits, tally.reused_tokens
     else:  # every call computed here (dynamic methods): charged is paid
         lm_stages = [s for s in trace.stages if s.prompt_tokens or s.completion_tokens]
         charged = paid = Cost(
@@ -313,8 +313,9 @@ def record_for(
             sum(s.completion_tokens for s in lm_stages),
             len(lm_stages),
         )
-        hits = 0
-    costs: dict[str, Any] = {"charged": charged.to_json(), "paid": paid.to_json() | {"cached_calls": hits}}
+        hits = reused = 0
+    paid_json = paid.to_json() | {"cached_calls": hits, "reused_prompt_tokens": reused}
+    costs: dict[str, Any] = {"charged": charged.to_json(), "paid": paid_json}
     if cpu_seconds is not None:
         costs["cpu_seconds"] = cpu_seconds
     return {
@@ -520,14 +521,16 @@ def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
 def open_call_cache(
     lm: Backend, store: Path | None, config: EvalConfig, *, own: bool
 ) -> tuple[CallCache, CallStore | None]:
-    """``lm`` wrapped so that each distinct call is computed once (into ``store``; None: every call computed),
-    keyed by the model file's sha256 when the run opened the model itself."""
+    """``lm`` wrapped so that each distinct call is computed once (into ``store``; None: every call computed in
+    full, as before the store existed), keyed by the model file's sha256 when the run opened the model itself. With
+    the store on, a computed prompt also starts from an earlier prompt's state where that is exact
+    (:mod:`ragate.backends.prompt_states`)."""
     identity = f"{lm.engine}:{lm.model}"
     if own:
         info = model_identity(config.model, config.engine, config.base_url)
         identity = info.get("sha256") or f"{info.get('path') or info.get('base_url')}:{config.model}"
     opened = CallStore(store) if store is not None else None
-    return CallCache(lm, opened, identity), opened
+    return CallCache(lm, opened, identity, exact_prefixes=opened is not None), opened
 
 
 def _answer_jobs(
@@ -607,13 +610,14 @@ def cost_totals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What the run's answers were charged and what computing them really paid (LM calls, tokens, seconds)."""
     keys = ("seconds", "cpu_seconds", "prompt_tokens", "completion_tokens", "calls")
     charged = dict.fromkeys(keys, 0.0)
-    paid = dict.fromkeys(keys, 0.0)
+    paid = dict.fromkeys(keys, 0.0) | {"reused_prompt_tokens": 0}
     for r in records:
         if "error" in r or "paid" not in r:
             continue
         for k in keys:
             charged[k] += r["charged"][k]
             paid[k] += r["paid"][k]
+        paid["reused_prompt_tokens"] += r["paid"].get("reused_prompt_tokens", 0)  # absent before 2026-11-26
     return {"charged": charged, "paid": paid}
 
 
