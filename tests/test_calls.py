@@ -170,12 +170,18 @@ def test_a_computed_call_that_reused_a_prefix_is_charged_what_it_costs_alone(lla
     assert third.reused_tokens == 0 and third.charged == third.paid
 
 
-def test_reuse_stops_at_an_aligned_length_before_the_last_token() -> None:
-    kept = tuple(range(100))
-    assert reusable(kept, list(range(40)) + [999], align=16) == 32  # 40 shared, cut to 32
-    assert reusable(kept, list(range(48)), align=16) == 32  # all shared: the last token is evaluated again
-    assert reusable(kept, list(range(49)), align=16) == 48
-    assert reusable(kept, [5, 6, 7], align=16) == 0
+def test_reuse_stops_at_an_aligned_length_that_leaves_a_full_batch_to_evaluate() -> None:
+    kept = tuple(range(200))
+    assert (
+        reusable(kept, [*range(40), 999, *range(60)], align=16, min_suffix=32) == 32
+    )  # 40 shared, cut to 32
+    assert (
+        reusable(kept, list(range(80)), align=16, min_suffix=32) == 48
+    )  # the same prompt: 32 evaluated again
+    assert reusable(kept, list(range(81)), align=16, min_suffix=32) == 48
+    assert reusable(kept, list(range(96)), align=16, min_suffix=32) == 64
+    assert reusable(kept, list(range(40)), align=16, min_suffix=32) == 0  # too short to leave 32
+    assert reusable(kept, [5, 6, 7], align=16, min_suffix=32) == 0
 
 
 def test_prompt_states_keep_the_newest_within_their_byte_budget() -> None:
@@ -186,11 +192,11 @@ def test_prompt_states_keep_the_newest_within_their_byte_budget() -> None:
     for first in (0, 1000, 2000):
         states.add(kept(first, 100))
     assert len(states) == 2 and states.nbytes == 200  # the oldest dropped
-    assert states.best(list(range(30)))[1] is None
-    keep, found = states.best(list(range(1000, 1030)) + [7])
+    assert states.best([*range(30), *range(500, 540)])[1] is None
+    keep, found = states.best([*range(1000, 1030), *range(7, 47)])  # 30 shared: 16 reused
     assert keep == 16 and found is not None and found.token_ids[0] == 1000
     states.add(kept(3000, 100))  # 1000 was used last, so 2000 goes
-    assert states.best(list(range(2000, 2040)))[1] is None and len(states) == 2
+    assert states.best([*range(2000, 2040), *range(600, 640)])[1] is None and len(states) == 2
     states.add(kept(4000, 300))  # larger than the whole budget: not kept
     states.add(KeptPrompt((1, 2, 3), None, 1, 1.0, 1.0))  # shorter than one aligned block: not kept
     assert len(states) == 2

@@ -5,9 +5,12 @@ llama.cpp's CPU kernels multiply a batch of prompt tokens in groups of rows (fou
 token's numbers depend on where its group starts: a prompt evaluated as a cached prefix plus the rest gives the same
 logits bit for bit when the prefix length is a multiple of the group size, and slightly different ones otherwise
 (measured on Qwen2.5-Coder-1.5B Q4_K_M: splits at 16, 32, 64, 100, 256, 320, 352, 364, 368 and 372 tokens gave
-identical logits, at 1, 33, 370 and 373 not; `benchmarks/prefix_reuse.py` prints the check). Reuse is therefore
+identical logits, at 1, 33, 370 and 373 not; SmolLM2-135M Q4_1 has no such kernel and splits anywhere;
+`benchmarks/prefix_reuse.py` prints the check). Reuse is therefore
 cut down to a multiple of :data:`PREFIX_ALIGN`, four times the group size measured, so a kernel that groups 8 or
-16 rows is covered too. Then a call's output does not depend on which calls ran before it, and the call cache
+16 rows is covered too. A batch of fewer than 8 tokens takes yet another path (an aligned split that left 1-7
+tokens to evaluate differed, one that left 8 or more did not), so at least :data:`MIN_SUFFIX` tokens, again four
+times that, are always evaluated: a prompt seen before is not restored whole. Then a call's output does not depend on which calls ran before it, and the call cache
 (:mod:`ragate.eval.calls`) may store it.
 
 :class:`PromptStates` keeps the states (an engine's opaque bytes) of the latest prompts up to a byte budget and finds
@@ -25,6 +28,7 @@ from typing import Any
 from ragate.backends.decoding import common_prefix_len
 
 PREFIX_ALIGN = 16
+MIN_SUFFIX = 32
 DEFAULT_STATE_BYTES = 512 * 2**20
 
 
@@ -55,10 +59,12 @@ class PrefixReuse:
     cpu_seconds: float = 0.0
 
 
-def reusable(kept: Sequence[int], token_ids: Sequence[int], align: int = PREFIX_ALIGN) -> int:
-    """How many leading tokens of ``token_ids`` may come from ``kept``'s state: their common prefix, at most all but
-    the last token (its logits must be computed), cut down to a multiple of ``align``."""
-    common = min(common_prefix_len(kept, token_ids), len(token_ids) - 1)
+def reusable(
+    kept: Sequence[int], token_ids: Sequence[int], align: int = PREFIX_ALIGN, min_suffix: int = MIN_SUFFIX
+) -> int:
+    """How many leading tokens of ``token_ids`` may come from ``kept``'s state: their common prefix, leaving at least
+    ``min_suffix`` tokens to evaluate, cut down to a multiple of ``align``."""
+    common = min(common_prefix_len(kept, token_ids), len(token_ids) - min_suffix)
     return max(0, common) // align * align
 
 
