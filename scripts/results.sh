@@ -28,6 +28,9 @@ GATES=dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance
 COMPARE=(--compare dpr-ais:dtr-no-ugt --compare dtr:dtr-no-ugt --compare pairs:dpr-ais --compare pairs-exclude-num:dpr-ais
   --compare pairs-exclude-num:pairs --compare dpr-ais-dynamic:dpr-ais --compare dpr-ais-rerank:dpr-ais
   --compare hyde:q2d --compare cot:hyde)
+# docs/dynamic.md's paired comparisons: each dynamic method against Single RAG, retrieval against none, ETC vs DRAGIN
+DYNAMIC_COMPARE=(--compare etc:single-rag --compare dragin:single-rag --compare flare:single-rag
+  --compare ircot:single-rag --compare ralm:single-rag --compare single-rag:wo-rag --compare etc:dragin)
 # ACCEPT_REBUILT=1: resume runs whose index was rebuilt from the same passages (docs/evaluation.md)
 ACCEPT=(); [ "${ACCEPT_REBUILT:-0}" = 1 ] && ACCEPT=(--accept-rebuilt-index)
 if [ ! -f "$INDEX/manifest.json" ]; then
@@ -62,6 +65,7 @@ for model in $MODELS; do
     out=docs/results/runs/dynamic-hotpotqa-$model-$LIMIT
     "$RAGATE" eval --dataset hotpotqa --methods "$DYNAMIC_METHODS" --index "$INDEX" --model "$model" \
       --limit "$LIMIT" --out "$out" --workers "$WORKERS" $(resume "$out") "${ACCEPT[@]}"
-    "$RAGATE" report "$out" --metric acc
+    "$RAGATE" report "$out" --metric acc "${DYNAMIC_COMPARE[@]}"
+    "$RAGATE" report "$out" --metric em --out "$out/report-em" "${DYNAMIC_COMPARE[@]}"
   fi
 done

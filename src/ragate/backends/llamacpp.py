@@ -159,7 +159,9 @@ class LlamaCppBackend(Backend):
         if self._states.max_bytes and len(token_ids) >= self._states.align:
             state, nbytes = self._save()
             if nbytes:
-                self._states.add(KeptPrompt(tuple(token_ids), state, nbytes, wall + share_wall, cpu + share_cpu))
+                self._states.add(
+                    KeptPrompt(tuple(token_ids), state, nbytes, wall + share_wall, cpu + share_cpu)
+                )
         return logits
 
     def _save(self) -> tuple[object, int]:
