@@ -156,7 +156,7 @@ class LlamaCppBackend(Backend):
         reuse.tokens += keep
         reuse.seconds += share_wall
         reuse.cpu_seconds += share_cpu
-        if self._states.max_bytes and len(token_ids) >= self._states.align:
+        if self._states.keeps(len(token_ids)):
             state, nbytes = self._save()
             if nbytes:
                 self._states.add(

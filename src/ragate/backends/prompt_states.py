@@ -6,11 +6,11 @@ token's numbers depend on where its group starts: a prompt evaluated as a cached
 logits bit for bit when the prefix length is a multiple of the group size, and slightly different ones otherwise
 (measured on Qwen2.5-Coder-1.5B Q4_K_M: splits at 16, 32, 64, 100, 256, 320, 352, 364, 368 and 372 tokens gave
 identical logits, at 1, 33, 370 and 373 not; SmolLM2-135M Q4_1 has no such kernel and splits anywhere;
-`benchmarks/prefix_reuse.py` prints the check). Reuse is therefore
-cut down to a multiple of :data:`PREFIX_ALIGN`, four times the group size measured, so a kernel that groups 8 or
-16 rows is covered too. A batch of fewer than 8 tokens takes yet another path (an aligned split that left 1-7
-tokens to evaluate differed, one that left 8 or more did not), so at least :data:`MIN_SUFFIX` tokens, again four
-times that, are always evaluated: a prompt seen before is not restored whole. Then a call's output does not depend on which calls ran before it, and the call cache
+`benchmarks/prefix_reuse.py` prints the check). Reuse is therefore cut down to a multiple of :data:`PREFIX_ALIGN`,
+four times the group size measured, so a kernel that groups 8 or 16 rows is covered too. A batch of fewer than 8
+tokens takes yet another path (an aligned split that left 1-7 tokens to evaluate differed, one that left 8 or more
+did not), so at least :data:`MIN_SUFFIX` tokens, again four times that, are always evaluated: a prompt seen before
+is not restored whole. Then a call's output does not depend on which calls ran before it, and the call cache
 (:mod:`ragate.eval.calls`) may store it.
 
 :class:`PromptStates` keeps the states (an engine's opaque bytes) of the latest prompts up to a byte budget and finds
@@ -85,6 +85,10 @@ class PromptStates:
     def nbytes(self) -> int:
         return self._bytes
 
+    def keeps(self, n_tokens: int) -> bool:
+        """Whether a prompt of ``n_tokens`` would be kept (so an engine need not copy its state otherwise)."""
+        return self.max_bytes > 0 and n_tokens >= self.align
+
     def best(self, token_ids: Sequence[int]) -> tuple[int, KeptPrompt | None]:
         """The kept prompt sharing the longest reusable prefix with ``token_ids``, and that prefix's length
         ((0, None) when none shares at least ``align`` tokens). The one chosen becomes the newest."""
@@ -103,7 +107,7 @@ class PromptStates:
         old = self._kept.pop(kept.token_ids, None)
         if old is not None:
             self._bytes -= old.nbytes
-        if kept.nbytes > self.max_bytes or len(kept.token_ids) < self.align:
+        if kept.nbytes > self.max_bytes or not self.keeps(len(kept.token_ids)):
             return
         self._kept[kept.token_ids] = kept
         self._bytes += kept.nbytes
