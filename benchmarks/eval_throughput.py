@@ -14,9 +14,9 @@ after the other, each a real ``ragate eval`` process with its own fresh call sto
 
 It prints each arm's wall time, questions per hour (a question = all the methods answering it), the CPU seconds
 its LM calls took (a figure other load on this shared machine moves less than wall time), LM calls charged and
-computed, and how many (question, method) predictions differ from ``before`` (prediction, retrieval decision
-and documents read), naming each difference. With one worker that number must be 0: every call is computed from
-a cleared engine cache, so the store returns exactly what computing it again would.
+computed, and how many (question, method) predictions differ from ``before`` (prediction, retrieval decision,
+documents read, gate score and token counts), naming each difference. With one worker that number must be 0:
+every call is computed from a cleared engine cache, so the store returns exactly what computing it again would.
 
 ``--out`` keeps the three run directories and ``timings.json``; an arm whose run finished is not run again (its
 measured time is kept), an arm cut off is started over from nothing, so the figures always come from whole runs.
@@ -76,9 +76,14 @@ def _calls(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "results.json").read_text())["calls"]  # type: ignore[no-any-return]
 
 
-def answers(run_dir: Path) -> dict[tuple[str, str], tuple[Any, ...]]:
+COMPARED = ("prediction", "retrieved", "doc_ids", "gate_score", "prompt_tokens", "completion_tokens")
+
+
+def answers(run_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (question, method), the fields that must not depend on the arm: the answer, the retrieval decision, the
+    documents read, the gate's score and the (charged) token counts."""
     return {
-        (r["id"], r["method"]): (r.get("prediction"), r.get("retrieved"), tuple(r.get("doc_ids") or ()))
+        (r["id"], r["method"]): {k: r.get(k) for k in COMPARED}
         for r in latest(read_records(run_dir / "questions.jsonl"))
     }
 
@@ -154,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     for name, rows in diffs.items():
         for key, was, now in rows:
-            print(f"  {name} differs on {key}: before {was!r}, now {now!r}")
+            fields = {k: ((was or {}).get(k), (now or {}).get(k)) for k in COMPARED}
+            changed = {k: v for k, v in fields.items() if v[0] != v[1]}
+            print(
+                f"  {name} differs on {key}: "
+                + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            )
     return 1 if diffs.get("after-1") else 0
 
 

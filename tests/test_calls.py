@@ -51,6 +51,32 @@ def test_a_cached_call_returns_the_same_generation_and_charges_its_original_cost
     assert third.hits == 0 and len(store) == 2
 
 
+def test_a_damaged_or_foreign_entry_is_recomputed_and_overwritten(tmp_path: Path) -> None:
+    lm = ScriptedBackend(lambda _: make_generation(["Shakespeare"], [-0.1], prompt_tokens=7))
+    store = CallStore(tmp_path / "calls.sqlite")
+    calls = CallCache(lm, store, "scripted-test")
+    key = request_key(lm, "scripted-test", [_request("Who wrote Hamlet?")])
+    assert key is not None
+    damaged = [
+        {"generations": [{"text": "half"}], "seconds": 1.0, "cpu_seconds": 1.0},  # a generation lacks keys
+        {"generations": [], "seconds": 1.0, "cpu_seconds": 1.0},  # not one generation per request
+        {"seconds": "fast"},  # not the shape CallCache writes
+    ]
+    for n, value in enumerate(damaged, 1):
+        store.put(key, value)
+        with calls.tally() as t:
+            [g] = calls.generate([_request("Who wrote Hamlet?")])
+        assert g.text == "Shakespeare" and t.hits == 0 and t.paid.calls == 1 and len(lm.calls) == n
+        assert store.get(key) is not None and store.get(key)["generations"][0]["text"] == "Shakespeare"
+    store._db.execute("UPDATE calls SET value = ? WHERE key = ?", (b"not zlib", key))
+    with calls.tally() as t:
+        calls.generate([_request("Who wrote Hamlet?")])
+    assert t.hits == 0 and len(lm.calls) == 4
+    with calls.tally() as t:  # and the recomputed entry is served from then on
+        calls.generate([_request("Who wrote Hamlet?")])
+    assert t.hits == 1 and len(lm.calls) == 4
+
+
 def test_sampling_is_reused_only_with_the_same_seed(llama_backend: Any) -> None:
     q = "Name a colour."
     greedy = [request_key(llama_backend, "m", [_request(q, seed=s)]) for s in (1, 2)]

@@ -135,6 +135,19 @@ class Tally:
     reused_tokens: int = 0  # prompt tokens of computed calls taken from an earlier prompt's state
 
 
+def _stored_generations(value: dict[str, Any] | None, n: int) -> tuple[list[Generation], float, float] | None:
+    """A stored value's generations and charged CPU and wall seconds; None for a miss or an entry that is not the
+    shape :meth:`CallCache._generate` writes (a damaged or foreign entry is recomputed, and then overwritten)."""
+    if value is None:
+        return None
+    try:
+        gens = [generation_from_json(g) for g in value["generations"]]
+        cpu_seconds, seconds = float(value["cpu_seconds"]), float(value["seconds"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (gens, cpu_seconds, seconds) if len(gens) == n else None
+
+
 class CallStore:
     """A key -> JSON value table in one SQLite file, shared safely by concurrent processes (WAL, busy timeout)."""
 
@@ -152,13 +165,20 @@ class CallStore:
             ) from None
 
     def get(self, key: str) -> dict[str, Any] | None:
-        row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
+        try:
+            row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
+        except sqlite3.DatabaseError as err:
+            raise RagateError(
+                f"the call cache {self.path} is damaged ({err}); delete it (it only saves time) or pass another "
+                "--call-cache path"
+            ) from None
         if row is None:
             return None
         try:
-            return json.loads(zlib.decompress(row[0]))  # type: ignore[no-any-return]
-        except (zlib.error, ValueError):
+            value = json.loads(zlib.decompress(row[0]))
+        except (zlib.error, ValueError, TypeError):
             return None  # a damaged entry is recomputed
+        return value if isinstance(value, dict) else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
         blob = zlib.compress(json.dumps(value, separators=(",", ":")).encode("utf-8"), 6)
@@ -264,10 +284,10 @@ class CallCache(Backend):
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         key = request_key(self.inner, self.identity, requests) if self.store is not None else None
         if key is not None and self.store is not None:
-            stored = self.store.get(key)
-            if stored is not None and len(stored["generations"]) == len(requests):
-                gens = [generation_from_json(g) for g in stored["generations"]]
-                self._count(_cost(gens, stored["cpu_seconds"], stored["seconds"]), paid=None)
+            hit = _stored_generations(self.store.get(key), len(requests))
+            if hit is not None:
+                gens, cpu_seconds, seconds = hit
+                self._count(_cost(gens, cpu_seconds, seconds), paid=None)
                 return gens
         self.inner.clear_cache()
         with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
