@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from ragate.backends.prompt_states import PREFIX_ALIGN, KeptPrompt, PromptStates, reusable
 from ragate.backends.scripted import ScriptedBackend, make_generation
+from ragate.errors import RagateError
 from ragate.eval.calls import CallCache, CallStore, generation_from_json, generation_to_json, request_key
 from ragate.eval.datasets import dataset_files, load_dataset
 from ragate.eval.records import read_records
@@ -75,6 +77,22 @@ def test_a_damaged_or_foreign_entry_is_recomputed_and_overwritten(tmp_path: Path
     with calls.tally() as t:  # and the recomputed entry is served from then on
         calls.generate([_request("Who wrote Hamlet?")])
     assert t.hits == 1 and len(lm.calls) == 4
+
+
+def test_a_call_store_with_damaged_pages_is_a_named_error(tmp_path: Path) -> None:
+    path = tmp_path / "calls.sqlite"
+    store = CallStore(path)
+    for i in range(200):
+        store.put(f"k{i}", {"value": "x" * 500})
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every entry into the main file
+    db.close()
+    data = bytearray(path.read_bytes())
+    data[8192:16384] = b"\xab" * 8192  # the table's pages, not the header the store checks when it opens
+    path.write_bytes(bytes(data))
+    with pytest.raises(RagateError, match=r"is damaged \(database disk image is malformed\); delete it"):
+        CallStore(path).get("k5")
 
 
 def test_sampling_is_reused_only_with_the_same_seed(llama_backend: Any) -> None:

@@ -167,7 +167,12 @@ class CallStore:
     def get(self, key: str) -> dict[str, Any] | None:
         try:
             row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
-        except sqlite3.DatabaseError as err:
+        except sqlite3.OperationalError as err:  # locked past the busy timeout, or an I/O error
+            raise RagateError(
+                f"could not read the call cache {self.path} ({err}); another process may be holding it: rerun, "
+                "or pass another --call-cache path"
+            ) from None
+        except sqlite3.DatabaseError as err:  # "database disk image is malformed"
             raise RagateError(
                 f"the call cache {self.path} is damaged ({err}); delete it (it only saves time) or pass another "
                 "--call-cache path"
