@@ -15,6 +15,9 @@
     .venv/bin/python benchmarks/dynamic.py quality --questions 100 --start 77 ... --out benchmarks/results/dynamic-qwen-b
     .venv/bin/python benchmarks/dynamic.py table benchmarks/results/dynamic-qwen benchmarks/results/dynamic-qwen-b
 
+    # ETC's questions split by whether it retrieved: each method's EM, paired intervals, recall@3, query words
+    .venv/bin/python benchmarks/dynamic.py split docs/results/runs/dynamic-hotpotqa-qwen2.5-coder-1.5b-300
+
 ``quality`` is ``ragate eval`` on the ``hotpotqa`` split with the dynamic methods (resumable: rerun with the same
 ``--out``); it prints the run's tables (EM/F1/acc, retrieval rate, retrievals per question, seconds per question,
 and where the first retrieval happened). ``speed`` runs each question through each method twice in the same
@@ -32,6 +35,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 QUALITY_METHODS = ("etc", "dragin", "flare", "ircot", "ralm", "single-rag", "wo-rag")
 SPEED_METHODS = ("etc", "dragin")
@@ -73,23 +77,71 @@ def quality(args: argparse.Namespace) -> int:
     return 0
 
 
-def table(args: argparse.Namespace) -> int:
-    """The tables of a ``quality`` run so far, over the questions that every method has answered (a run stopped
-    mid-way has answered the first questions with some methods only, since methods rotate per question)."""
+def _records(outs: list[Path]) -> list[dict[str, Any]] | None:
+    """The latest answer per (question, method) of the ``quality`` folders ``outs``, errors left out, in file
+    (question) order; None, with a message, where a folder has no ``questions.jsonl``."""
     from ragate.eval.records import latest, read_records
-    from ragate.eval.summary import dynamic_table, summarize, summary_table
 
-    outs = [Path(o) for o in args.out]
-    label = " + ".join(map(str, outs))
-    missing = [str(o) for o in outs if not (o / "questions.jsonl").is_file()]
-    if missing:
+    if missing := [str(o) for o in outs if not (o / "questions.jsonl").is_file()]:
         print(f"no questions.jsonl in {', '.join(missing)}: give a `quality --out` folder", file=sys.stderr)
-        return 2
-    records = [
+        return None
+    return [
         r
         for r in latest(r for out in outs for r in read_records(out / "questions.jsonl"))
         if "error" not in r
     ]
+
+
+def split(args: argparse.Namespace) -> int:
+    """Where a trigger method gains or loses: the questions where it retrieved and those where it did not, each
+    method's EM on both halves, paired intervals of the trigger method against the others (question order, as
+    ``ragate report``), recall@3 on each half, and every method's mean query length in words."""
+    from ragate.eval.summary import differences_table, paired_differences
+
+    records = _records([Path(o) for o in args.out])
+    if records is None:
+        return 2
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault(r["method"], {})[r["id"]] = r
+    if args.method not in by:
+        print(f"no answers from {args.method}; the run's methods are {', '.join(by)}", file=sys.stderr)
+        return 2
+    ids = [i for i in by[args.method] if all(i in answers for answers in by.values())]
+    for fired in (True, False):
+        half = {i for i in ids if bool(by[args.method][i]["retrieved"]) is fired}
+        rows = [r for r in records if r["id"] in half]
+        print(
+            f"\n{args.method} {'retrieved' if fired else 'did not retrieve'} on {len(half)} of {len(ids)} questions"
+        )
+        for m, answers in by.items():
+            em = statistics.fmean(answers[i]["scores"]["em"] for i in half) if half else float("nan")
+            recall = [answers[i]["recall@3"] for i in half if answers[i].get("recall@3") is not None]
+            line = f"  {m}: EM {100 * em:.1f}"
+            if recall:
+                line += f", recall@3 {100 * statistics.fmean(recall):.1f} (on {len(recall)})"
+            print(line)
+        compare = [(args.method, m) for m in by if m != args.method]
+        print(differences_table(paired_differences(rows, "em", against=(), compare=compare), "em"))
+    print()
+    for m, answers in by.items():
+        queries = [q for i in ids for q in answers[i].get("trace", {}).get("queries", [])]
+        if queries:
+            words = statistics.fmean(len(q.split()) for q in queries)
+            print(f"{m}: {len(queries)} queries, {words:.1f} words on average")
+    return 0
+
+
+def table(args: argparse.Namespace) -> int:
+    """The tables of a ``quality`` run so far, over the questions that every method has answered (a run stopped
+    mid-way has answered the first questions with some methods only, since methods rotate per question)."""
+    from ragate.eval.summary import dynamic_table, summarize, summary_table
+
+    outs = [Path(o) for o in args.out]
+    label = " + ".join(map(str, outs))
+    records = _records(outs)
+    if records is None:
+        return 2
     methods = list(dict.fromkeys(r["method"] for r in records))
     if args.methods:
         methods = [m for m in args.methods.split(",") if m in methods]
@@ -213,8 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table", help="a quality run's tables so far, on the questions every method answered")
     t.add_argument("out", nargs="+", help="the quality run's --out folder(s); several are joined")
     t.add_argument("--methods", default=None, help="comma-separated subset (default: all in the run)")
+    sp = sub.add_parser(
+        "split", help="where a trigger method gains or loses: the questions it retrieved on or not"
+    )
+    sp.add_argument("out", nargs="+", help="the run's folder(s); several are joined")
+    sp.add_argument("--method", default="etc", help="the trigger method whose retrievals split the questions")
     args = parser.parse_args(argv)
-    return {"quality": quality, "speed": speed, "table": table}[args.mode](args)
+    return {"quality": quality, "speed": speed, "table": table, "split": split}[args.mode](args)
 
 
 if __name__ == "__main__":
