@@ -4,6 +4,8 @@
         [--budgets 0.1,0.2,0.3,0.5] [--confidence 0.95] [--metric acc] [--gates targ-margin,...]
     .venv/bin/python benchmarks/budget.py drift SWEEP_DIR SWEEP_DIR [...] --gate targ-margin [--budget 0.3]
         [--window 50] [--plot drift.png]
+    .venv/bin/python benchmarks/budget.py in-order SWEEP_DIR [...] [--gates dtr,targ-margin] [--budget 0.3]
+        [--dev 150] [--window 50]
 
 ``transfer``: a `ragate sweep` stores, per question, each gate's score and the closed-book and retrieval answers'
 scores. Each of ``--splits`` random splits puts ``--dev-share`` of the questions in a dev set and the rest in a
@@ -27,6 +29,12 @@ the windowed retrieval rate from rho after the first W requests, the share of re
 accuracy per phase from the recorded closed-book and retrieval answers; ``--plot`` draws the windowed rates.
 Deviations count the windows that begin after the first W requests (the controller's first window is its
 warm-up); a window of W i.i.d. requests at rate rho varies by about sqrt(rho (1 - rho) / W) by chance alone.
+
+``in-order``: what an offline tau does when the next questions are not like the ones it was set on. The sweep's
+questions are kept in file order (a file is often not in random order: HotpotQA's dev file starts with bridge
+questions); tau is set on the first ``--dev`` questions (plain quantile, ``--confidence``, and the batch bound
+for the rest) and applied to the rest, and the controller (window W) decides the same stream one request at a
+time. It prints the rate each gives on the rest, and the controller's largest windowed deviation there.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ import numpy as np
 
 from ragate.eval.calibrate import conservative_threshold, threshold_for_budget
 from ragate.eval.sweep import compact, method_records, swept_methods
-from ragate.service.budget import DEFAULT_GAIN
+from ragate.methods import get_method
+from ragate.service.budget import DEFAULT_GAIN, BudgetController
 
 UNCALIBRATED = ("random",)  # a coin's rate is its parameter, not a threshold on a score
 
@@ -269,6 +278,49 @@ def drift(args: argparse.Namespace) -> int:
     return 0
 
 
+def in_order(args: argparse.Namespace) -> int:
+    print(
+        f"| sweep | gate | plain tau: rate on the rest | --confidence {args.confidence:g} | batch bound | "
+        f"controller (window {args.window}): rate on the rest, largest windowed deviation |"
+    )
+    print("|---|---|---|---|---|---|")
+    for folder in args.sweeps:
+        path = Path(folder) / "sweep.jsonl"
+        if not path.is_file():
+            print(f"{folder} holds no sweep.jsonl: pass the --out folder of a `ragate sweep`", file=sys.stderr)
+            return 2
+        records = compact(path)  # one record per (question, family), in the order they were written
+        gates = args.gates.split(",") if args.gates else [g for g in swept_methods(records) if g not in UNCALIBRATED]
+        for gate in gates:
+            scores = [float(r["gates"][gate]["score"]) for r in method_records(records, gate)]
+            dev, rest = scores[: args.dev], scores[args.dev :]
+            if not rest:
+                raise SystemExit(f"{folder}: {len(scores)} questions; --dev {args.dev} leaves none to apply tau to")
+            taus = (
+                threshold_for_budget(dev, args.budget),
+                conservative_threshold(dev, args.budget, args.confidence).tau,
+                conservative_threshold(dev, args.budget, args.confidence, batch=len(rest)).tau,
+            )
+            rates = [float(np.mean(np.asarray(rest) > tau)) for tau in taus]
+            controller = BudgetController(args.budget, args.window, get_method(gate), None)
+            decided = []
+            for s_ in scores:
+                decided.append(s_ > controller.tau)
+                controller.observe(s_, decided[-1])
+            tail = np.asarray(decided[args.dev :], dtype=np.float64)
+            windows = np.convolve(tail, np.ones(args.window) / args.window, mode="valid")
+            print(
+                f"| {Path(folder).name} | {gate} | "
+                + " | ".join(f"{r:.3f}" for r in rates)
+                + f" | {tail.mean():.3f}, {np.abs(windows - args.budget).max():.3f} |"
+            )
+    print(
+        f"\nbudget {args.budget:g}; tau set on the first {args.dev} questions in file order, applied to the rest; "
+        "the controller starts cold at the method's own tau on the first question"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -296,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--plot", type=Path, default=None, help="write the windowed rates as a PNG")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(run=drift)
+    o = sub.add_parser("in-order", help="tau set on a sweep's first questions, applied to the rest in file order")
+    o.add_argument("sweeps", nargs="+", help="`ragate sweep` --out folders")
+    o.add_argument("--gates", default=None, help="comma-separated (default: every swept gate but random)")
+    o.add_argument("--budget", type=float, default=0.3)
+    o.add_argument("--dev", type=int, default=150, help="questions tau is set on (default 150)")
+    o.add_argument("--confidence", type=float, default=0.95)
+    o.add_argument("--window", type=int, default=50)
+    o.set_defaults(run=in_order)
     args = p.parse_args(argv)
     return int(args.run(args))
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from ragate.backends.base import Capabilities
 from ragate.backends.scripted import SCRIPTED_CAPABILITIES, TEXT_ONLY, ScriptedBackend, text_generation
 from ragate.errors import CapabilityError, RagateError
+from ragate.gates.registry import gate_names
 from ragate.gates.verbal import parse_guess, parse_probability, verbal_confidence
 from ragate.methods import METHODS, get_method, run_method
 from ragate.methods.needs import capability_report, method_support, require
-from ragate.methods.spec import GATES
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
 from ragate.retrieval.types import Retriever
@@ -54,7 +54,7 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
         "targ-margin": "unavailable", "targ-variance": "approximate", "llm-judge": "text", "verbal-confidence": "exact",
         "self-eval": "text", "self-rag-lite": "text", "skr": "exact",
     }  # fmt: skip
-    assert set(text) == set(GATES)
+    assert set(text) == set(gate_names())
     top20 = capability_report(SCRIPTED_CAPABILITIES)["gates"]
     assert top20["targ-entropy"] == "approximate" and top20["targ-margin"] == top20["ugt"] == "exact"
     top1 = capability_report(TOP1)["gates"]

@@ -1,6 +1,79 @@
-"""ragate: decide when a language model should retrieve, and how it should choose what to read."""
+"""ragate: decide when a language model should retrieve, and how it should choose what to read.
+
+The face of the package (imported lazily, so ``import ragate`` stays fast)::
+
+    import ragate
+
+    with ragate.Pipeline(method="targ-margin", index="my-index/") as rag:
+        ans = rag.answer("When does the support contract renew?")
+
+- :class:`Pipeline`, :class:`Answer`, :class:`Document`, :class:`Calibration`: answer questions with one method;
+- :func:`index_documents` / :func:`add_documents`: your own files (txt, md, html, jsonl, pdf) as an index;
+- :class:`Gate`, :class:`Need`, :class:`GateDecision`, :func:`register_gate`: a gate of your own, and
+  :class:`Trigger`, :class:`Fire`, :func:`register_trigger` a dynamic trigger; :func:`register_method` a recipe;
+- :func:`all_methods`, :func:`get_method`: what runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ragate.types import Generation, GenerationRequest, Message, TopLogprob
 
-__all__ = ["Generation", "GenerationRequest", "Message", "TopLogprob", "__version__"]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Pipeline": "ragate.pipeline",
+    "Answer": "ragate.pipeline",
+    "Document": "ragate.pipeline",
+    "Calibration": "ragate.pipeline",
+    "Gate": "ragate.gates.base",
+    "GateDecision": "ragate.gates.base",
+    "GateContext": "ragate.gates.base",
+    "Need": "ragate.gates.base",
+    "Trigger": "ragate.dynamic.steps",
+    "Fire": "ragate.dynamic.steps",
+    "register_gate": "ragate.methods.registry",
+    "register_trigger": "ragate.methods.registry",
+    "register_method": "ragate.methods.registry",
+    "all_methods": "ragate.methods.registry",
+    "get_method": "ragate.methods.registry",
+    "index_documents": "ragate.retrieval.documents",
+    "add_documents": "ragate.retrieval.documents",
+    "RagateError": "ragate.errors",
+}
+
+__all__ = [
+    "Answer", "Calibration", "Document", "Fire", "Gate", "GateContext", "GateDecision", "Generation",
+    "GenerationRequest", "Message", "Need", "Pipeline", "RagateError", "TopLogprob", "Trigger", "__version__",
+    "add_documents", "all_methods", "get_method", "index_documents", "register_gate", "register_method",
+    "register_trigger",
+]  # fmt: skip
+
+if TYPE_CHECKING:
+    from ragate.dynamic.steps import Fire, Trigger
+    from ragate.errors import RagateError
+    from ragate.gates.base import Gate, GateContext, GateDecision, Need
+    from ragate.methods.registry import (
+        all_methods,
+        get_method,
+        register_gate,
+        register_method,
+        register_trigger,
+    )
+    from ragate.pipeline import Answer, Calibration, Document, Pipeline
+    from ragate.retrieval.documents import add_documents, index_documents
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ragate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -35,6 +35,10 @@ class IndexFormatError(RagateError):
     """An index directory that is missing, incomplete, corrupted or of an unknown format version."""
 
 
+class IndexNeedError(RagateError):
+    """A method that reads something the index cannot give (embeddings from a BM25 index, search by vector)."""
+
+
 class EncoderMismatchError(RagateError):
     """An index opened with an encoder other than the one that built it (another embedding space)."""
 

@@ -9,10 +9,10 @@ documents read and the cost of every stage. The closed-book prompt is DTR's dire
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +29,7 @@ from ragate.uncertainty import (
     normalised_nll,
 )
 
-MAX_QUESTION_CHARS = 4000
+CLOSED_BOOK_MAX_TOKENS = 32
 CLOSED_BOOK_PROMPT = "{question}\nAnswer the question using a single word or phrase."  # DTR Fig. 11
 
 
@@ -90,22 +90,12 @@ def summary(gen: Generation) -> dict[str, float | None]:
     }
 
 
-def _check_question(question: str) -> str:
-    question = question.strip()
-    if not question:
-        raise RagateError('the question is empty: pass it in quotes, e.g. ragate ask "Who wrote Hamlet?"')
-    if len(question) > MAX_QUESTION_CHARS:
-        raise RagateError(
-            f"the question is {len(question)} characters; ragate ask takes at most {MAX_QUESTION_CHARS} "
-            "(put documents in an index, not in the question)"
-        )
-    return question
-
-
 def ask(
     question: str, *, model: str | None, engine: str, max_tokens: int, top_k: int, **options: Any
 ) -> AskResult:
-    question = _check_question(question)
+    from ragate.pipeline import check_question
+
+    question = check_question(question)
     try:
         request = GenerationRequest(
             prompt=(Message("user", CLOSED_BOOK_PROMPT.format(question=question)),),
@@ -183,45 +173,33 @@ def ask_with_method(
     selector: str | None = None,
     fallback: str | None = None,
     skr_labels: str | None = None,
+    calibration: str | None = None,
+    max_tokens: int | None = None,
+    progress: Any = None,
     **options: Any,
 ) -> tuple[Trace, dict[str, Any]]:
-    """Run a named method (``ragate.methods``) on one question against ``index`` (default: the demo index);
-    returns the trace and the backend's capabilities. ``fallback`` names the gate to run where the backend cannot
-    serve the method's own (``ragate.methods.needs.require``)."""
-    from ragate.methods import GateSpec, get_method, run_method
-    from ragate.methods.needs import require
-    from ragate.methods.spec import GATES, SELECTORS
-    from ragate.retrieval.demo import demo_index
-    from ragate.retrieval.index import open_index
+    """Run a named method on one question through :class:`ragate.Pipeline` against ``index`` (default: the demo
+    index); returns the trace and the backend's capabilities. ``fallback`` names the gate to run where the backend
+    cannot serve the method's own (``ragate.methods.needs.require``)."""
+    from ragate.pipeline import Pipeline, check_question
 
-    question = _check_question(question)
-    spec = get_method(method)
-    if gate is not None:
-        spec = spec.with_(gate=GateSpec(_choice(gate, GATES, "gate")))  # type: ignore[arg-type]
-    if selector is not None:
-        kind = _choice(selector, SELECTORS, "selector")
-        spec = spec.with_(selector=replace(spec.selector, kind=kind))  # type: ignore[arg-type]
-    if skr_labels is not None:
-        if spec.gate.kind != "skr":
-            raise RagateError(f"--skr-labels goes with the skr gate (--method skr), not {spec.name!r}")
-        spec = spec.with_(gate=replace(spec.gate, labels=skr_labels))
-    if threshold is not None:
-        if spec.dynamic is not None:
-            spec = spec.with_(dynamic=replace(spec.dynamic, threshold=threshold))
-        else:
-            spec = spec.with_(gate=replace(spec.gate, threshold=threshold))
-    with load_backend(model, engine, **options) as backend:
-        spec = require(spec, backend.capabilities, engine=backend.engine, fallback=fallback)
-        with open_index(index or demo_index()) as retriever:
-            return run_method(spec, question, backend, retriever), capability_summary(backend)
-
-
-def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
-    if value not in allowed:
-        close = difflib.get_close_matches(value, allowed, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise RagateError(f"unknown {what} {value!r}.{hint} Choose one of: {', '.join(allowed)}")
-    return value
+    question = check_question(question)
+    with Pipeline(
+        method,
+        model=model,
+        backend=engine,
+        index=index,
+        threshold=threshold,
+        calibration=calibration,
+        gate=gate,
+        selector=selector,
+        fallback=fallback,
+        skr_labels=skr_labels,
+        max_tokens=max_tokens,
+        backend_options=options,
+    ) as rag:
+        answer = rag.answer(question, progress=progress)
+        return answer.trace, capability_summary(rag.lm)
 
 
 def render_trace(trace: Trace) -> str:
@@ -245,7 +223,11 @@ def render_trace(trace: Trace) -> str:
             )
     if trace.documents:
         lines.append("documents read:")
-        lines += [f"  {h.rank}. [{h.id}] {h.passage.title} (score {h.score:.3f})" for h in trace.documents]
+        lines += [
+            f"  {h.rank}. [{h.id}] {h.passage.title} (score {h.score:.3f})"
+            + (f"  from {h.passage.source}" if h.passage.source else "")
+            for h in trace.documents
+        ]
     lines.append(f"time {trace.seconds:.2f} s, {trace.lm_calls} LM calls, {trace.tokens} tokens:")
     for s in trace.stages:
         tokens = (
@@ -257,32 +239,80 @@ def render_trace(trace: Trace) -> str:
     return "\n".join(lines)
 
 
+class StageLine:
+    """``ragate ask``'s status on stderr while it works: the stage running and the seconds so far (one line,
+    rewritten in place on a terminal; a line per stage otherwise)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.tty = enabled, sys.stderr.isatty()
+        self.start = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if not self.enabled:
+            return
+        text = f"ragate: {stage} ... ({time.perf_counter() - self.start:.0f} s)"
+        sys.stderr.write(f"\r\033[K{text}" if self.tty else f"{text}\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.backend == "openai":
-        if not args.openai_base_url:
-            raise RagateError("--backend openai needs --openai-base-url (e.g. http://127.0.0.1:8000/v1)")
-        options["base_url"] = args.openai_base_url
+        if not args.base_url:
+            raise RagateError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        options["base_url"] = args.base_url
         options["logprobs"] = args.openai_logprobs
+    elif args.base_url:
+        raise RagateError("--base-url goes with --backend openai")
     elif args.openai_logprobs != "auto":
         raise RagateError("--openai-logprobs goes with --backend openai")
     if args.fallback and not args.method:
         raise RagateError("--fallback goes with --method (the gate to run where the backend cannot serve it)")
+    if args.calibration and not args.method:
+        raise RagateError("--calibration goes with --method (the method whose threshold it sets)")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise RagateError(f"max_tokens must be >= 1, got {args.max_tokens}")
     if args.method:
-        trace, capabilities = ask_with_method(
-            args.question,
-            args.method,
-            index=args.index,
-            model=args.model,
-            engine=args.backend,
-            threshold=args.threshold,
-            gate=args.gate,
-            selector=args.selector,
-            fallback=args.fallback,
-            skr_labels=args.skr_labels,
-            **options,
+        from ragate.methods import get_method
+        from ragate.pipeline import Answer, check_question, configure_method
+
+        check_question(args.question)  # every mistake in the command is named before anything is printed
+        spec = configure_method(
+            get_method(args.method), args.gate, args.selector, args.skr_labels, args.max_tokens, None
         )
-        out = {**trace.to_json(), "capabilities": capabilities}
+        status = StageLine(not args.quiet)
+        if args.index is None and spec.retrieves:
+            print(
+                "ragate: no --index given: reading the demo index (a Wikipedia sample); "
+                "pass --index DIR for your own (ragate index build --docs ...)",
+                file=sys.stderr,
+            )
+        status("loading the model and the index")
+        try:
+            trace, capabilities = ask_with_method(
+                args.question,
+                args.method,
+                index=args.index,
+                model=args.model,
+                engine=args.backend,
+                threshold=args.threshold,
+                gate=args.gate,
+                selector=args.selector,
+                fallback=args.fallback,
+                skr_labels=args.skr_labels,
+                calibration=args.calibration,
+                max_tokens=args.max_tokens,
+                progress=status,
+                **options,
+            )
+        finally:
+            status.done()
+        out = {**Answer.of(trace).to_json(), "capabilities": capabilities}  # documents with text and source
         print(json.dumps(out, ensure_ascii=False) if args.json else render_trace(trace))
         return 0
     if args.index:
@@ -293,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
         args.question,
         model=args.model,
         engine=args.backend,
-        max_tokens=args.max_tokens,
+        max_tokens=CLOSED_BOOK_MAX_TOKENS if args.max_tokens is None else args.max_tokens,
         top_k=args.top_k,
         **options,
     )
@@ -322,9 +352,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--backend", default="llama.cpp", choices=list(ENGINES), help="engine (default llama.cpp)"
     )
     parser.add_argument(
+        "--base-url",
         "--openai-base-url",
+        dest="base_url",
         default=None,
-        help="base URL of an OpenAI-compatible server (with --backend openai)",
+        help="base URL of an OpenAI-compatible server (with --backend openai; --openai-base-url is the old name)",
     )
     parser.add_argument(
         "--openai-logprobs",
@@ -333,7 +365,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="what the server returns: auto asks it once (default), on trusts top-20, off sends no logprobs "
         "request (text-only gates only)",
     )
-    parser.add_argument("--max-tokens", type=int, default=32, help="longest answer in tokens (default 32)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"longest answer in tokens: closed-book (default {CLOSED_BOOK_MAX_TOKENS}); with --method every answer "
+        "stage (the draft kept as the answer, the reader, a dynamic loop's answer; default the method's own: 64, "
+        "100 for dynamic methods). Gate drafts (TARG's 20-token prefix) and pseudo-contexts keep their lengths",
+    )
     parser.add_argument("--top-k", type=int, default=5, help="alternatives shown per token (default 5)")
     parser.add_argument(
         "--method",
@@ -344,8 +383,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--index",
         default=None,
-        help="index directory for --method (default: the demo index, built on first use from the Wikipedia "
-        "sample that ships with ragate)",
+        help="index directory for --method (`ragate index build`); without it the demo index (a Wikipedia "
+        "sample that ships with ragate, built on first use) is read, and ragate says so on stderr",
     )
     parser.add_argument(
         "--gate", default=None, help="replace the method's gate (e.g. targ-margin, ugt, pairs)"
@@ -369,5 +408,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="FILE",
         help="with --method skr: the label set of training questions it votes with (`ragate skr fit`)",
     )
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="with --method: the threshold from `ragate calibrate` (same method and model)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no status line on stderr while it works")
     parser.set_defaults(run=run)

@@ -52,7 +52,12 @@ def register(subparsers: Any) -> None:
 
     cal = subparsers.add_parser(
         "calibrate",
-        help="a gate threshold from dev scores: tau = F^-1(1 - budget) (TARG 3.3), or the tau maximising dev EM",
+        help="a gate threshold for a retrieval budget, from questions alone (no answers needed), a sweep, or dev EM",
+        description="Set a gate's threshold tau. With --budget RHO, tau = F^-1(1 - RHO) over the gate's scores of "
+        "the given questions (TARG 3.3): --questions FILE (one question a line, or JSONL; answers not needed), "
+        "--dev DATASET, or --from-sweep RUN_DIR (scores a sweep already computed: no model call). --confidence "
+        "bounds the rate on new questions like these. --objective em picks the tau of the best dev EM instead. "
+        "The file it saves goes to ragate ask/eval/serve --calibration and Pipeline(calibration=).",
     )
     cal.add_argument("--gate", required=True, help="a gate method, e.g. targ-margin, dtr, targ-entropy")
     cal.add_argument("--budget", type=float, help="target retrieval rate in [0, 1]")
@@ -71,12 +76,31 @@ def register(subparsers: Any) -> None:
         "traffic), not only the rate of their distribution; picks a higher tau",
     )
     cal.add_argument("--objective", choices=("budget", "em"), default="budget")
-    cal.add_argument("--dev", required=True, help="dev dataset name or JSONL path")
-    cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200)")
+    source = cal.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dev", help="dev dataset name or JSONL path (questions with answers)")
+    source.add_argument(
+        "--questions",
+        type=Path,
+        help="your own questions, without answers: a text file (one a line) or JSONL with \"question\"",
+    )
+    source.add_argument(
+        "--from-sweep",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a `ragate sweep` directory that scored this gate: its scores, no model call",
+    )
+    cal.add_argument(
+        "--check",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="other questions (same forms as --questions): score them and print the rate tau gives there",
+    )
+    cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200; --dev only)")
     cal.add_argument("--model", default=None)
     cal.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
-    cal.add_argument("--base-url", default=None)
-    cal.add_argument("--index", default=None, help="index directory (needed for --objective em)")
+    cal.add_argument("--base-url", "--openai-base-url", dest="base_url", default=None)
+    cal.add_argument("--index", default=None, help="index directory (gates that embed, and --objective em)")
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
     cal.add_argument("--quiet", action="store_true")
@@ -193,6 +217,7 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
 
 
 def _config(args: argparse.Namespace, methods: str) -> Any:
+    from ragate.eval.calibrate import check_calibration, read_calibration
     from ragate.eval.run import EvalConfig
     from ragate.methods import get_method
 
@@ -203,20 +228,13 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         get_method(name)  # a typo fails now, with "did you mean"
     thresholds: dict[str, float] = {}
     for path in args.calibration:
-        cal = _read_calibration(path)
+        cal = read_calibration(path)
         if cal["method"] not in names:
             raise RagateError(
                 f"{path} calibrates {cal['method']!r}, which this run does not evaluate ({', '.join(names)}): "
                 "pass the calibration of a method in --methods"
             )
-        for key, now in (("model", args.model), ("engine", args.engine)):
-            if key in cal and cal[key] != now:
-                said = repr(now) if now else f"the default {key}"
-                flag = "--model" if key == "model" else "--backend"
-                raise RagateError(
-                    f"{path} was calibrated with {key} {cal[key]!r}, this run uses {said}: a gate's scores, and "
-                    f"so its threshold, belong to one model; rerun ragate calibrate with this run's {flag}"
-                )
+        check_calibration(cal, path, None, args.model, args.engine)
         thresholds[cal["method"]] = float(cal["tau"])
     for item in args.threshold:
         method, sep, value = item.partition("=")
@@ -320,52 +338,55 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_calibration(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-        _ = data["method"], data["tau"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise RagateError(
-            f"{path} is not a `ragate calibrate` file ({err}); rerun ragate calibrate"
-        ) from None
-    return data  # type: ignore[no-any-return]
-
-
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from ragate.eval.calibrate import calibrate
-
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
     if args.batch is not None and args.confidence is None:
         raise RagateError("--batch M needs --confidence (e.g. 0.95): it bounds the rate of M new questions")
     if args.confidence is not None and args.objective != "budget":
         raise RagateError("--confidence bounds a budget: use it with --objective budget --budget RHO")
-    result = calibrate(
-        method=args.gate,
-        dev=args.dev,
-        objective=args.objective,
-        budget=args.budget,
-        confidence=args.confidence,
-        batch=args.batch,
-        limit=args.limit,
-        model=args.model,
-        engine=args.engine,
-        base_url=args.base_url,
-        index=args.index,
-        seed=args.seed,
-        progress=not args.quiet,
-    )
+    if args.objective == "em" and args.dev is None:
+        raise RagateError("--objective em needs answers: pass --dev DATASET (questions with answers)")
+    if args.engine != "openai" and args.base_url:
+        raise RagateError("--base-url needs --backend openai")
+    if args.dev is not None:
+        from ragate.eval.calibrate import calibrate
+
+        result = calibrate(
+            method=args.gate,
+            dev=args.dev,
+            objective=args.objective,
+            budget=args.budget,
+            confidence=args.confidence,
+            batch=args.batch,
+            limit=args.limit,
+            model=args.model,
+            engine=args.engine,
+            base_url=args.base_url,
+            index=args.index,
+            seed=args.seed,
+            progress=not args.quiet,
+        )
+        source = Path(args.dev).stem
+    elif args.from_sweep is not None:
+        from ragate.eval.calibrate import calibrate_from_sweep
+
+        result = calibrate_from_sweep(
+            args.from_sweep, args.gate, args.budget, confidence=args.confidence, batch=args.batch
+        )
+        source = args.from_sweep.name
+    else:
+        result = _calibrate_questions(args)
+        source = args.questions.stem
     out = args.out or Path("calibration") / (
-        f"{args.gate}-{Path(args.dev).stem}-{args.objective}"
-        + (f"-{args.budget:g}" if args.objective == "budget" else "")
-        + ".json"
+        f"{args.gate}-{source}-{args.objective}" + (f"-{args.budget:g}" if args.objective == "budget" else "") + ".json"
     )
     from ragate.fileio import atomic_writer
 
     with atomic_writer(out) as f:
         f.write(json.dumps(result, indent=2).encode())
     print(
-        f"{args.gate}: tau = {result['tau']:.6g} ({result['objective']}); on {result['n']} dev questions it "
+        f"{args.gate}: tau = {result['tau']:.6g} ({result['objective']}); on {result['n']} questions it "
         f"retrieves for {100 * result['dev_retrieval_rate']:.1f}%"
         + (f", dev EM {100 * result['dev_em']:.1f}" if result.get("dev_em") is not None else "")
     )
@@ -375,8 +396,54 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             f"with confidence {result['confidence']:g}, new questions retrieve at most {100 * args.budget:g}% "
             f"(expected {100 * result['expected_rate']:.1f}%, {100 * low:.1f}-{100 * high:.1f}%)"
         )
-    print(f"saved {out}; use it with: ragate eval ... --calibration {out}")
+    if args.check is not None:
+        _check_rate(args, result)
+    print(f"saved {out}; use it with: ragate ask|eval|serve ... --calibration {out}")
     return 0
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    from ragate.pipeline import Pipeline
+
+    return Pipeline(
+        args.gate,
+        model=args.model,
+        backend=args.engine,
+        base_url=args.base_url,
+        index=args.index,
+        seed=args.seed,
+    )
+
+
+def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
+    """``--questions FILE``: the gate's scores of your own questions (no answers) through a Pipeline."""
+    from ragate.eval.calibrate import check_calibratable
+    from ragate.methods import get_method
+
+    check_calibratable(get_method(args.gate))  # before the model loads
+    if args.objective != "budget":
+        raise RagateError("--questions has no answers to score EM with: use --budget RHO")
+    with _pipeline(args) as rag:
+        found = rag.calibrate(
+            args.questions, args.budget, confidence=args.confidence, batch=args.batch, progress=not args.quiet
+        )
+    return found.to_json() | {"seed": args.seed}
+
+
+def _check_rate(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Score the ``--check`` questions and print the rate this tau gives there."""
+    from ragate.eval.calibrate import retrieval_rate
+    from ragate.eval.datasets import read_questions
+
+    questions = read_questions(args.check)
+    with _pipeline(args) as rag:
+        scores = [d.score for d in rag.scores(questions, progress=not args.quiet)]
+    rate = retrieval_rate(scores, float(result["tau"]))
+    verdict = "within" if rate <= (args.budget or 1.0) else "above"
+    print(
+        f"on {len(questions)} other questions ({args.check}) tau = {result['tau']:.6g} retrieves for "
+        f"{100 * rate:.1f}% ({verdict} the budget of {100 * (args.budget or 0):g}%)"
+    )
 
 
 def _run_report(args: argparse.Namespace) -> int:

@@ -23,9 +23,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     """The :class:`ServiceSettings` for the parsed command line (the API key from the environment if not given)."""
     from ragate.service.settings import API_KEY_ENV, ServiceSettings
 
-    engine = args.backend or ("openai" if args.openai_base_url else "llama.cpp")
-    if args.openai_base_url and engine != "openai":
-        raise RagateError(f"--openai-base-url goes with --backend openai, not --backend {engine}")
+    engine = args.backend or ("openai" if args.base_url else "llama.cpp")
+    if args.base_url and engine != "openai":
+        raise RagateError(f"--base-url goes with --backend openai, not --backend {engine}")
     try:
         fallback = args.fallback or (DEFAULT_TEXT_GATE if args.method is None else None)
         return ServiceSettings(
@@ -33,12 +33,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             fallback=fallback,
             openai_logprobs=args.openai_logprobs,
             skr_labels=str(args.skr_labels) if args.skr_labels else None,
+            calibration=str(args.calibration) if args.calibration else None,
             index=args.index,
             milvus_uri=args.milvus,
             milvus_collection=args.milvus_collection,
             model=args.model,
             engine=engine,
-            openai_base_url=args.openai_base_url,
+            openai_base_url=args.base_url,
             host=args.host,
             port=args.port,
             api_key=args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None),
@@ -143,9 +144,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--model", default=None, help="model name, GGUF file or directory (default smollm2-135m)")
     p.add_argument("--backend", default=None, choices=list(ENGINES), help="engine (default llama.cpp)")
     p.add_argument(
+        "--base-url",
         "--openai-base-url",
+        dest="base_url",
         default=None,
-        help="run the LM on an OpenAI-compatible server (implies --backend openai)",
+        help="run the LM on an OpenAI-compatible server (implies --backend openai; --openai-base-url is the old name)",
     )
     p.add_argument(
         "--openai-timeout", type=float, default=d.backend_timeout, help="seconds per LM server call"
@@ -161,6 +164,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="with --method skr: the label set of training questions it votes with (`ragate skr fit`)",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the served method's threshold from `ragate calibrate` (same method and model); with --budget it is "
+        "only the starting point",
     )
     p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
     p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")
@@ -182,7 +193,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--timeout",
         type=float,
         default=d.request_timeout,
-        help=f"seconds per request (default {d.request_timeout:g})",
+        help=f"seconds per request, queueing included; a slower one gets 504 (default {d.request_timeout:g}: DTR with "
+        "the 1.5B model on 2 CPU cores takes up to ~120 s)",
     )
     p.add_argument(
         "--budget",

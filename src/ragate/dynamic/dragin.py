@@ -11,24 +11,40 @@ every word's attention is 1, so the score is entropy times the content indicator
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ragate.dynamic.etc import content_mask, words_from_tokens
-from ragate.dynamic.steps import Fire, new_sentence, received_attention, step_entropies
+from ragate.dynamic.steps import Fire, Trigger, new_sentence, received_attention, step_entropies
+from ragate.gates.base import Need
 from ragate.types import Generation
+
+if TYPE_CHECKING:
+    from ragate.backends.base import Backend
+    from ragate.methods.spec import DynamicSpec
 
 DEFAULT_THRESHOLD = 1.2  # the authors' HotpotQA config (hallucination_threshold)
 
 
-class DraginTrigger:
+class DraginTrigger(Trigger):
     name = "dragin"
+    need = Need(token_logprobs=True, top_k=1, entropy=True)
+    default_threshold = DEFAULT_THRESHOLD
+    like = "dragin"
 
     def __init__(
         self, threshold: float, stop_words: frozenset[str], *, cut: str = "word", attention: Any = None
     ) -> None:
         self.threshold, self.stop_words, self.cut, self._attention = threshold, stop_words, cut, attention
+
+    @classmethod
+    def build(cls, spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> DraginTrigger:
+        from ragate.dynamic.triggers import attention_source
+
+        threshold = cls.threshold_for(spec)
+        assert threshold is not None
+        return cls(threshold, stop_words, cut=spec.cut, attention=attention_source(lm))
 
     def check(self, block: Generation, done: bool) -> Fire | None:
         sentence = new_sentence(block, done)

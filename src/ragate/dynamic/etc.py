@@ -65,19 +65,25 @@ import math
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
 from ragate.dynamic.steps import (
     Fire,
+    Trigger,
     new_sentence,
     received_attention,
     sentence_around,
     sentence_spans,
     step_entropies,
 )
+from ragate.gates.base import Need
 from ragate.types import Generation
+
+if TYPE_CHECKING:
+    from ragate.backends.base import Backend
+    from ragate.methods.spec import DynamicSpec
 
 Variant = Literal["etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code"]
 WordEntropy = Literal["paper", "max"]
@@ -459,7 +465,7 @@ class EtcTrigger:
 # ---- in the generation loop --------------------------------------------------------------------------------
 
 
-class EtcWatch:
+class EtcWatch(Trigger):
     """ETC as a trigger of :mod:`ragate.dynamic.loop`: reads the block generated since the last retrieval.
 
     Paper forms: after every token, the words finished so far (a word is finished when the next one starts, or
@@ -471,6 +477,8 @@ class EtcWatch:
     """
 
     name = "etc"
+    need = Need(token_logprobs=True, top_k=1, entropy=True)
+    like = "etc"
 
     def __init__(
         self,
@@ -481,6 +489,19 @@ class EtcWatch:
         attention: Any = None,
     ) -> None:
         self.config, self.stop_words, self.cut, self._attention = config, stop_words, cut, attention
+
+    @classmethod
+    def build(cls, spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> EtcWatch:
+        """One registered name per variant (etc, etc-1st, ...): ``spec.trigger`` is the variant."""
+        from ragate.dynamic.triggers import attention_source
+
+        variant = spec.trigger
+        if variant not in get_args(Variant):
+            raise ValueError(f"EtcWatch serves the ETC variants {get_args(Variant)}, not {variant!r}")
+        config = EtcConfig(variant=variant)  # type: ignore[arg-type]
+        if spec.threshold is not None:
+            config = EtcConfig(variant=variant, alpha=spec.threshold)  # type: ignore[arg-type]
+        return cls(config, stop_words, cut=spec.cut, attention=attention_source(lm))
 
     def check(self, block: Generation, done: bool) -> Fire | None:
         entropies = step_entropies(block)

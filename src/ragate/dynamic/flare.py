@@ -5,18 +5,30 @@ removed, :func:`ragate.dynamic.query.masked_query`) and write it again with the 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from ragate.dynamic.steps import Fire, new_sentence
+from ragate.dynamic.steps import Fire, Trigger, new_sentence
 from ragate.types import Generation
+
+if TYPE_CHECKING:
+    from ragate.backends.base import Backend
+    from ragate.methods.spec import DynamicSpec
 
 DEFAULT_THRESHOLD = 0.4
 
 
-class FlareTrigger:
+class FlareTrigger(Trigger):
     name = "flare"
+    default_threshold = DEFAULT_THRESHOLD
 
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
+
+    @classmethod
+    def build(cls, spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> FlareTrigger:
+        threshold = cls.threshold_for(spec)
+        assert threshold is not None
+        return cls(threshold)
 
     def check(self, block: Generation, done: bool) -> Fire | None:
         sentence = new_sentence(block, done)

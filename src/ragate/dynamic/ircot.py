@@ -4,12 +4,23 @@ sentence that gives the answer ("... the answer is ...") ends the chain and does
 
 from __future__ import annotations
 
-from ragate.dynamic.steps import Fire, new_sentence
+from typing import TYPE_CHECKING
+
+from ragate.dynamic.steps import Fire, Trigger, new_sentence
 from ragate.types import Generation
 
+if TYPE_CHECKING:
+    from ragate.backends.base import Backend
+    from ragate.methods.spec import DynamicSpec
 
-class IrcotTrigger:
+
+class IrcotTrigger(Trigger):
     name = "ircot"
+    like = "ircot"
+
+    @classmethod
+    def build(cls, spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> IrcotTrigger:
+        return cls()
 
     def check(self, block: Generation, done: bool) -> Fire | None:
         sentence = None if done else new_sentence(block, done)

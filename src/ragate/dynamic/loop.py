@@ -28,7 +28,7 @@ from ragate.dynamic.etc import load_stop_words
 from ragate.dynamic.prompts import messages
 from ragate.dynamic.query import attention_query, masked_query, span_text
 from ragate.dynamic.steps import Fire
-from ragate.dynamic.triggers import DEFAULT_THRESHOLDS, make_trigger
+from ragate.dynamic.triggers import default_threshold, make_trigger
 from ragate.eval.metrics import extract_answer
 from ragate.gates.base import GateDecision
 from ragate.methods.spec import DynamicSpec, MethodSpec
@@ -226,7 +226,7 @@ def _complete(state: _State, lm: Backend, question: str, dataset: str | None) ->
 
 
 def _decision(d: DynamicSpec, first: Fire | None, state: _State) -> GateDecision:
-    threshold = first.threshold if first else (d.threshold or DEFAULT_THRESHOLDS.get(d.trigger, 0.0))
+    threshold = first.threshold if first else (d.threshold or default_threshold(d.trigger) or 0.0)
     n = len(state.events)
     if first is not None:
         return GateDecision(True, first.score, threshold, f"{n} retrieval(s); first: {first.reason}")

@@ -4,19 +4,30 @@ is cut."""
 
 from __future__ import annotations
 
-from ragate.dynamic.steps import Fire
+from typing import TYPE_CHECKING
+
+from ragate.dynamic.steps import Fire, Trigger
 from ragate.types import Generation
+
+if TYPE_CHECKING:
+    from ragate.backends.base import Backend
+    from ragate.methods.spec import DynamicSpec
 
 DEFAULT_EVERY = 16
 
 
-class RalmTrigger:
+class RalmTrigger(Trigger):
     name = "ralm"
+    like = "ralm"
 
     def __init__(self, every: int) -> None:
         if every < 1:
             raise ValueError(f"RALM's stride must be >= 1 token, got {every}")
         self.every = every
+
+    @classmethod
+    def build(cls, spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> RalmTrigger:
+        return cls(spec.every)
 
     def check(self, block: Generation, done: bool) -> Fire | None:
         n = len(block.tokens)

@@ -5,19 +5,34 @@ the last ``window`` tokens of the running output with TARG's mean entropy (Eq. 1
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
-from ragate.dynamic.steps import Fire, step_entropies
+from ragate.dynamic.steps import Fire, Trigger, step_entropies
+from ragate.gates.base import Need
 from ragate.gates.targ import DEFAULT_PREFIX
 from ragate.types import Generation
 
-DEFAULT_THRESHOLD = 0.8  # = DEFAULT_TARG_TAU["targ-entropy"]; calibrate it to a budget like the gate's
+if TYPE_CHECKING:
+    from ragate.backends.base import Backend
+    from ragate.methods.spec import DynamicSpec
+
+DEFAULT_THRESHOLD = 0.8  # = the targ-entropy gate's default_tau; calibrate it to a budget like the gate's
 
 
-class TargRecheckTrigger:
+class TargRecheckTrigger(Trigger):
     name = "targ-recheck"
+    need = Need(token_logprobs=True, top_k=1, entropy=True)
+    default_threshold = DEFAULT_THRESHOLD
+    like = "targ-recheck"
 
     def __init__(self, threshold: float, every: int, window: int = DEFAULT_PREFIX) -> None:
         self.threshold, self.every, self.window = threshold, every, window
+
+    @classmethod
+    def build(cls, spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> TargRecheckTrigger:
+        threshold = cls.threshold_for(spec)
+        assert threshold is not None
+        return cls(threshold, spec.every)
 
     def check(self, block: Generation, done: bool) -> Fire | None:
         n = len(block.tokens)

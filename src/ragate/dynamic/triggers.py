@@ -1,35 +1,63 @@
-"""The trigger of each dynamic method, built for one question from its :class:`~ragate.methods.spec.DynamicSpec`.
+"""The trigger of each dynamic method by name: ragate's own (imported on first use) and any a user registers.
 
-A trigger's ``check(block, done)`` sees the tokens generated since the last retrieval (a :class:`Generation`),
-after every new token and once more when generation ends (``done``), and returns a
-:class:`~ragate.dynamic.steps.Fire` or None. Checks are pure functions of the block, so a trigger gives the same
-positions whether it runs while decoding or over a finished reply (:func:`ragate.backends.decoding.replay`).
+A trigger (:class:`~ragate.dynamic.steps.Trigger`) is built for one question from the method's
+:class:`~ragate.methods.spec.DynamicSpec` and sees the block generated since the last retrieval after every token;
+see :mod:`ragate.dynamic.loop`. ``register_trigger("name")`` is a class decorator; an installed package can declare
+an entry point in the group ``ragate.triggers`` instead. "none" is not a trigger: the method never retrieves while
+it writes (Single RAG, w/o RAG).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from ragate.backends.base import Backend
-from ragate.dynamic import dragin, flare, ralm, targ_recheck
-from ragate.dynamic.etc import EtcConfig, EtcWatch
-from ragate.dynamic.ircot import IrcotTrigger
-from ragate.dynamic.steps import Fire
+from ragate.dynamic.steps import Trigger
+from ragate.gates.base import Need
 from ragate.methods.spec import DynamicSpec
-from ragate.types import Generation
+from ragate.plugins import Registry
 
-
-class Trigger(Protocol):
-    name: str
-
-    def check(self, block: Generation, done: bool) -> Fire | None: ...
-
-
-DEFAULT_THRESHOLDS = {
-    "dragin": dragin.DEFAULT_THRESHOLD,
-    "flare": flare.DEFAULT_THRESHOLD,
-    "targ-recheck": targ_recheck.DEFAULT_THRESHOLD,
+ENTRY_POINT_GROUP = "ragate.triggers"
+NO_TRIGGER = "none"
+_BUILTIN = {
+    "etc": "ragate.dynamic.etc:EtcWatch",
+    "etc-1st": "ragate.dynamic.etc:EtcWatch",
+    "etc-no-smoothing": "ragate.dynamic.etc:EtcWatch",
+    "etc-fixed": "ragate.dynamic.etc:EtcWatch",
+    "etc-code": "ragate.dynamic.etc:EtcWatch",
+    "dragin": "ragate.dynamic.dragin:DraginTrigger",
+    "flare": "ragate.dynamic.flare:FlareTrigger",
+    "ircot": "ragate.dynamic.ircot:IrcotTrigger",
+    "ralm": "ragate.dynamic.ralm:RalmTrigger",
+    "targ-recheck": "ragate.dynamic.targ_recheck:TargRecheckTrigger",
 }
+TRIGGER_REGISTRY: Registry[Trigger] = Registry("trigger", ENTRY_POINT_GROUP, _BUILTIN, Trigger)
+
+
+def register_trigger(name: str) -> Callable[[type[Trigger]], type[Trigger]]:
+    """Class decorator: register a :class:`~ragate.dynamic.steps.Trigger` subclass under ``name``."""
+
+    def add(cls: type[Trigger]) -> type[Trigger]:
+        TRIGGER_REGISTRY.register(name, cls)
+        if not cls.name:
+            cls.name = name
+        return cls
+
+    return add
+
+
+def trigger_class(name: str) -> type[Trigger]:
+    return TRIGGER_REGISTRY.get(name)
+
+
+def trigger_need(name: str) -> Need:
+    """What the trigger named ``name`` reads ("none": the token stream every dynamic loop watches)."""
+    return Trigger.need if name == NO_TRIGGER else trigger_class(name).need
+
+
+def default_threshold(name: str) -> float | None:
+    return None if name == NO_TRIGGER else trigger_class(name).default_threshold
 
 
 def attention_source(lm: Backend) -> Any:
@@ -38,28 +66,6 @@ def attention_source(lm: Backend) -> Any:
 
 
 def make_trigger(spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> Trigger | None:
-    kind = spec.trigger
-    if kind == "none":
+    if spec.trigger == NO_TRIGGER:
         return None
-    threshold = spec.threshold
-    if kind.startswith("etc"):
-        config = EtcConfig(variant=kind) if threshold is None else EtcConfig(variant=kind, alpha=threshold)  # type: ignore[arg-type]
-        return EtcWatch(config, stop_words, cut=spec.cut, attention=attention_source(lm))
-    if kind == "dragin":
-        return dragin.DraginTrigger(
-            dragin.DEFAULT_THRESHOLD if threshold is None else threshold,
-            stop_words,
-            cut=spec.cut,
-            attention=attention_source(lm),
-        )
-    if kind == "flare":
-        return flare.FlareTrigger(flare.DEFAULT_THRESHOLD if threshold is None else threshold)
-    if kind == "ircot":
-        return IrcotTrigger()
-    if kind == "ralm":
-        return ralm.RalmTrigger(spec.every)
-    if kind == "targ-recheck":
-        return targ_recheck.TargRecheckTrigger(
-            targ_recheck.DEFAULT_THRESHOLD if threshold is None else threshold, spec.every
-        )
-    raise ValueError(f"unknown trigger {kind!r}")
+    return trigger_class(spec.trigger).build(spec, lm, stop_words)

@@ -119,10 +119,89 @@ def conservative_threshold(
     )
 
 
+def threshold_from_scores(
+    scores: Sequence[float], budget: float, *, confidence: float | None = None, batch: int | None = None
+) -> dict[str, Any]:
+    """tau for a retrieval ``budget`` from gate scores (no answers needed): the plain quantile, or with
+    ``confidence`` the :func:`conservative_threshold`. Returns tau, how it was chosen and the rate it gives on
+    these scores (the fields of :class:`ragate.pipeline.Calibration`). A bound the scores cannot give is a
+    :class:`RagateError` naming the fix."""
+    if batch is not None and confidence is None:
+        raise RagateError("batch needs confidence (e.g. 0.95): it bounds the rate of every batch of new questions")
+    try:
+        if confidence is None:
+            tau = threshold_for_budget(scores, budget)
+            found: dict[str, Any] = {"bound": "plain quantile F^-1(1 - budget) (TARG 3.3)"}
+        else:
+            bound = conservative_threshold(scores, budget, confidence, batch=batch)
+            tau = bound.tau
+            found = {
+                "bound": bound.bound, "confidence": confidence, "batch": batch, "k": bound.k,
+                "expected_rate": bound.expected_rate, "rate_interval": bound.rate_interval,
+            }  # fmt: skip
+    except ValueError as err:
+        raise RagateError(str(err)) from None
+    return found | {"tau": tau, "budget": budget, "n": len(scores), "retrieval_rate": retrieval_rate(scores, tau)}
+
+
+def read_calibration(path: str | Path) -> dict[str, Any]:
+    """A ``ragate calibrate`` file (method, tau, model, engine, how tau was chosen)."""
+    import json
+    import math
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        method, tau = data["method"], data["tau"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RagateError(
+            f"{path} is not a `ragate calibrate` file ({type(err).__name__}: {err}); rerun ragate calibrate"
+        ) from None
+    if not isinstance(method, str) or isinstance(tau, bool) or not isinstance(tau, int | float) or not math.isfinite(tau):
+        raise RagateError(f"{path}: 'method' must be a name and 'tau' a finite number; rerun ragate calibrate")
+    return data  # type: ignore[no-any-return]
+
+
+def check_calibration(
+    cal: dict[str, Any], path: str | Path, method: str | None, model: str | None, engine: str
+) -> None:
+    """A calibration belongs to one method and one model: refuse another's (``method`` None: any method)."""
+    if method is not None and cal["method"] != method:
+        raise RagateError(
+            f"{path} calibrates {cal['method']!r}, not {method!r}: pass the calibration of this method "
+            f"(ragate calibrate --gate {method} ...)"
+        )
+    for key, now in (("model", model), ("engine", engine)):
+        if key in cal and cal[key] != now:
+            said = repr(now) if now else f"the default {key}"
+            flag = "--model" if key == "model" else "--backend"
+            raise RagateError(
+                f"{path} was calibrated with {key} {cal[key]!r}, this run uses {said}: a gate's scores, and "
+                f"so its threshold, belong to one model; rerun ragate calibrate with this run's {flag}"
+            )
+
+
 def retrieval_rate(scores: Sequence[float], tau: float) -> float:
     """The share of ``scores`` above ``tau``: the rate a gate with that threshold retrieves at."""
     values = np.asarray(scores, dtype=np.float64)
     return float(np.mean(values > tau)) if values.size else 0.0
+
+
+def check_calibratable(spec: Any) -> None:
+    """A :class:`RagateError` for a method whose gate has no threshold to set from its scores."""
+    from ragate.gates.registry import get_gate
+
+    if spec.dynamic is not None or spec.crag is not None:
+        raise RagateError(
+            f"method {spec.name!r} has no single-shot gate to calibrate: "
+            + ("it decides while generating" if spec.dynamic is not None else "it grades what it retrieved")
+        )
+    gate = get_gate(spec.gate.kind)
+    if not gate.thresholded:
+        raise RagateError(
+            f"method {spec.name!r} has no gate threshold to calibrate (its gate is {spec.gate.kind!r})"
+        )
+    if gate.calibration_note:
+        raise RagateError(gate.calibration_note)
 
 
 def calibrate(
@@ -152,16 +231,7 @@ def calibrate(
     from ragate.methods import decide, get_method
 
     spec = get_method(method)
-    if spec.gate.kind in ("never", "always"):
-        raise RagateError(
-            f"method {method!r} has no gate threshold to calibrate (its gate is {spec.gate.kind!r})"
-        )
-    if spec.gate.kind == "skr":
-        raise RagateError(
-            "calibrate does not take SKR's label set: its score is the share of its k = 10 neighbours voting "
-            "'retrieve' (11 values), so sweep it instead (`ragate sweep --methods skr --skr-labels FILE ...`) and "
-            "read the threshold for a budget from sweep.json, or pass --threshold skr=TAU"
-        )
+    check_calibratable(spec)
     config = EvalConfig(dev, (method,), model, engine, index, limit, seed, base_url=base_url)
     examples = load_dataset(dev, limit=limit)
     if not examples:
@@ -188,22 +258,12 @@ def calibrate(
             ]
         finally:
             lm.close()
-        if confidence is None:
-            tau = threshold_for_budget(scores, budget)
-            bound: dict[str, Any] = {"bound": "plain quantile F^-1(1 - budget) (TARG 3.3)"}
-        else:
-            try:
-                found = conservative_threshold(scores, budget, confidence, batch=batch)
-            except ValueError as err:
-                raise RagateError(f"{err} (--limit sets how many dev questions are scored)") from None
-            tau = found.tau
-            bound = {
-                "bound": found.bound, "confidence": confidence, "batch": batch, "k": found.k,
-                "expected_rate": found.expected_rate, "rate_interval": list(found.rate_interval),
-            }  # fmt: skip
-        return (
-            result | bound | {"tau": tau, "dev_retrieval_rate": retrieval_rate(scores, tau), "dev_em": None}
-        )
+        found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
+        rate = found.pop("retrieval_rate")
+        found = {k: v for k, v in found.items() if k not in ("budget", "n")}
+        if "rate_interval" in found:
+            found["rate_interval"] = list(found["rate_interval"])
+        return result | found | {"dev_retrieval_rate": rate, "dev_em": None}
     from ragate.eval.sweep import frontier, sweep_pass
 
     work = (
@@ -212,3 +272,42 @@ def calibrate(
     records = sweep_pass(config, work, resume=True, progress=progress, examples=examples)
     best = frontier(records, method)["best_em"]
     return result | {"tau": best["tau"], "dev_retrieval_rate": best["retrieval_rate"], "dev_em": best["em"]}
+
+
+def calibrate_from_sweep(
+    run_dir: str | Path,
+    method: str,
+    budget: float | None,
+    *,
+    confidence: float | None = None,
+    batch: int | None = None,
+) -> dict[str, Any]:
+    """tau for a retrieval ``budget`` from the scores a ``ragate sweep`` already computed for ``method``'s gate
+    (no model call); the file records the sweep's model and engine, as a calibration of that model."""
+    import json
+
+    from ragate.eval.sweep import compact, method_records
+    from ragate.methods import get_method
+
+    if budget is None:
+        raise RagateError("--from-sweep sets tau for a budget: pass --budget RHO")
+    spec = get_method(method)
+    check_calibratable(spec)
+    run_dir = Path(run_dir)
+    try:
+        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise RagateError(f"{run_dir} is not a sweep directory ({err}): run `ragate sweep` first") from None
+    rows = [r for r in method_records(compact(run_dir / "sweep.jsonl"), method) if method in r["gates"]]
+    if not rows:
+        raise RagateError(f"the sweep in {run_dir} has not scored {method!r}: resume it with --methods {method}")
+    scores = [float(r["gates"][method]["score"]) for r in rows]
+    found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
+    rate, n = found.pop("retrieval_rate"), found.pop("n")
+    found.pop("budget")
+    if "rate_interval" in found:
+        found["rate_interval"] = list(found["rate_interval"])
+    return {
+        "method": method, "gate": spec.gate.kind, "objective": "budget", "budget": budget, "dev": str(run_dir),
+        "n": n, "model": config.get("model"), "engine": config.get("engine", "llama.cpp"), "source": "sweep",
+    } | found | {"dev_retrieval_rate": rate, "dev_em": None}  # fmt: skip

@@ -275,6 +275,35 @@ def load_dataset(
     return examples if limit is None else examples[:limit]
 
 
+def read_questions(source: str | Path) -> list[str]:
+    """Questions without answers, for calibration: a text file with one question a line (blank lines skipped), a
+    JSONL file of objects with "question" (``.jsonl``/``.jsonl.gz``; "answers" and other fields are ignored), or a
+    dataset name (its questions). Each problem names the file and line."""
+    path = Path(source)
+    if not path.is_file():
+        if isinstance(source, str) and (source == DEMO or source in DATASETS):
+            return [ex.question for ex in load_dataset(source)]
+        raise DataNotFoundError(
+            f"no questions file at {source}: give a text file (one question a line), a JSONL file with "
+            f'"question" fields, or a dataset name ({", ".join(DATASETS)})'
+        )
+    name = path.name.lower().removesuffix(".gz")
+    questions: list[str] = []
+    if name.endswith((".jsonl", ".json")):
+        fix = 'each line is a JSON object with a "question" string'
+        for line_no, row in json_lines(path, DatasetFormatError, fix):
+            question = row.get("question") if isinstance(row, dict) else None
+            if not isinstance(question, str) or not question.strip():
+                raise DatasetFormatError(f"{path}:{line_no}: no \"question\" string; {fix}")
+            questions.append(question.strip())
+    else:
+        text = utf8_text(path, DatasetFormatError, "save the file as UTF-8 text, one question a line")
+        questions = [line.strip() for line in text.splitlines() if line.strip()]
+    if not questions:
+        raise DatasetFormatError(f"{path} holds no questions: one question a line, or JSONL with \"question\"")
+    return questions
+
+
 def dataset_files(name_or_path: str | Path, *, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
     """The file(s) a dataset is read from, each with its resolved path, size and sha256, so that a run records
     *which* file it read: two files of the same name (another copy of ../shared/data, an edited JSONL) differ

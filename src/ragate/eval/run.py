@@ -42,7 +42,7 @@ from ragate.eval.summary import summarize, summary_markdown
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock, sha256_file
 from ragate.methods import MethodSpec, get_method, run_method
-from ragate.methods.needs import require
+from ragate.methods.needs import require, require_index
 from ragate.retrieval.types import Retriever
 
 RECALL_K = 3
@@ -199,7 +199,12 @@ def open_run(
 ) -> tuple[dict[str, Any], list[Example]]:
     """The checks every run directory (eval or sweep) passes before work: the files it reads, the resume
     (:func:`check_config`), its questions and SKR's no-leak rule. Returns what ``config.json`` records beside the
-    configuration, and the questions."""
+    configuration, and the questions. The demo index, when the run reads it, is built here, once: two workers that
+    each found it missing would both start building it, and the second would fail."""
+    if config.index is None and any(config.spec(m).retrieves for m in config.methods):
+        from ragate.retrieval.demo import demo_index
+
+        demo_index()
     identity = run_identity(config)
     rebuilds = check_config(
         config,
@@ -560,6 +565,16 @@ def _answer_jobs(
     needs_index = any(specs[m].retrieves for _, _, m in jobs)
     if retriever is None and needs_index:
         retriever = _open_retriever(config)
+    if retriever is not None:  # DPR-AIS over a BM25 index is refused now, not once per answer
+        try:
+            for spec in specs.values():
+                require_index(spec, retriever)
+        except RagateError:
+            if own_retriever:
+                retriever.close()
+            if own_lm:
+                lm.close()
+            raise
     if jobs and own_lm:  # a backend handed in is the caller's, warm or scripted
         _warm_up(lm, retriever, jobs[0][1].question)
     calls, opened = open_call_cache(lm, store, config, own=own_lm)

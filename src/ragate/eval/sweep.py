@@ -46,10 +46,16 @@ from ragate.eval.run import (
 )
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
+from ragate.gates.registry import get_gate
 from ragate.methods import GateSpec, MethodSpec, decide, run_method
+from ragate.methods.needs import require_index
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-UNSWEPT = ("never", "always")
+
+
+def unswept(spec: MethodSpec) -> bool:
+    """A gate whose decision ignores tau (never, always): the family's two answers are its only points."""
+    return not get_gate(spec.gate.kind).thresholded
 
 
 def family_key(spec: MethodSpec) -> str:
@@ -165,7 +171,7 @@ def _missing(record: dict[str, Any] | None, methods: Sequence[str], specs: dict[
     """Whether (question, family) still needs work: no record yet, or a gate of the family not scored in it."""
     if record is None:
         return True
-    return any(m not in record["gates"] for m in methods if specs[m].gate.kind not in UNSWEPT)
+    return any(m not in record["gates"] for m in methods if not unswept(specs[m]))
 
 
 def _families(specs: dict[str, MethodSpec]) -> dict[str, list[str]]:
@@ -192,6 +198,15 @@ def _sweep_jobs(
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
     retriever = retriever or _open_retriever(config)
+    try:  # DPR-AIS over a BM25 index is refused now, not at the first question
+        for spec in specs.values():
+            require_index(spec, retriever)
+    except RagateError:
+        if own_retriever:
+            retriever.close()
+        if own_lm:
+            lm.close()
+        raise
     calls, opened = open_call_cache(lm, store, config, own=own_lm)
     try:
         with RecordWriter(path) as writer:
@@ -217,7 +232,7 @@ def _sweep_jobs(
                     closed, opened_answer = stored["closed"], stored["open"]
                 gates: dict[str, Any] = dict(stored["gates"]) if stored else {}
                 for m in families[fam]:
-                    if specs[m].gate.kind in UNSWEPT or m in gates:
+                    if unswept(specs[m]) or m in gates:
                         continue
                     with calls.tally() as tally:
                         start = time.perf_counter()
@@ -380,7 +395,7 @@ def default_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     fixed = {
         name: (family_key(spec), spec.gate.kind == "always")
         for name, spec in METHODS.items()
-        if spec.gate.kind in UNSWEPT and spec.dynamic is None and spec.crag is None
+        if unswept(spec) and spec.dynamic is None and spec.crag is None
     }
     out: list[dict[str, Any]] = []
     for name, (family, retrieve) in fixed.items():

@@ -1,8 +1,26 @@
-"""The result every gate returns."""
+"""What every gate returns (:class:`GateDecision`), what it may ask of the model (:class:`GateContext`), and the
+class a gate is (:class:`Gate`): one object per gate, registered by name (:mod:`ragate.gates.registry`).
+
+A gate's formula stays a pure function in its module (``ugt.ugt``, ``targ.targ_margin``, ...); the gate object
+is the recipe around it: what it needs from the backend and the index, its default threshold and where that
+number comes from, and which generations it asks for before deciding. It asks through the context, never loads a
+model and never does I/O, so the same gate runs in ``ragate ask``, ``eval``, ``sweep``, ``calibrate``, ``serve``
+and :class:`ragate.Pipeline`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from ragate.types import Generation, GenerationRequest, Message
+
+if TYPE_CHECKING:
+    from ragate.methods.spec import GateSpec
 
 
 @dataclass(frozen=True)
@@ -17,3 +35,134 @@ class GateDecision:
     score: float
     threshold: float
     reason: str
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a gate or trigger reads from its generations.
+
+    ``token_logprobs``: the log-probability of each generated token (DTR's NLL, FLARE's token probability, and
+    the per-token output every dynamic loop cuts and replays). ``top_k``: alternatives per step (2 for TARG's
+    margin and the judge's P(yes)). ``entropy``: per-step entropies, exact with the full distribution and
+    approximate from the top-k otherwise. ``sampling``: seeded sampling (TARG's variance). ``text_fallback``: the
+    decision can still be read from the reply text when ``top_k`` is missing. ``tokens``: compares generated
+    tokens, and words where a text-only backend returns no per-token output (an approximation).
+    """
+
+    token_logprobs: bool = False
+    top_k: int = 0
+    entropy: bool = False
+    sampling: bool = False
+    text_fallback: bool = False
+    tokens: bool = False
+
+    def describe(self) -> str:
+        parts = []
+        if self.entropy:
+            parts.append("per-step entropies (full distribution; top-k logprobs give an approximation)")
+        elif self.top_k:
+            parts.append(f"top-{self.top_k} logprobs per token")
+        elif self.token_logprobs:
+            parts.append("token logprobs")
+        if self.sampling:
+            parts.append("seeded sampling")
+        return " and ".join(parts) or "text only"
+
+
+class GateContext(Protocol):
+    """What a gate may ask for while it decides on one question (implemented by the method runner).
+
+    Every generation is recorded as a stage of the question's trace. ``draft()`` is the greedy direct answer
+    (the method's own prompt, no documents); when the gate then says "no", that draft *is* the answer (continued
+    if it was cut at ``max_tokens``), so a gate that reads the draft costs nothing beyond it. A gate that asks for
+    no draft gets the direct answer generated after it decides "no".
+    """
+
+    question: str
+    seed: int
+    params: GateSpec  # the gate's settings: threshold, TARG's prefix k, beta, samples, the random rate, ...
+    lm: Any  # the backend (for its name and capabilities; generate through the methods below)
+    retriever: Any  # the index or search (None when the caller gave none)
+
+    @property
+    def prompts(self) -> Any: ...  # the method's PromptSet: direct, with_context, pseudo_context, system
+
+    def draft(self, max_tokens: int | None = None) -> Generation: ...
+
+    def one(
+        self,
+        name: str,
+        template: str,
+        *,
+        max_tokens: int | None = None,
+        overhead: bool = False,
+        top_logprobs: int = 5,
+        **fields: str,
+    ) -> Generation: ...
+
+    def messages(self, template: str, **fields: str) -> tuple[Message, ...]: ...
+
+    def generate(
+        self, name: str, requests: Sequence[GenerationRequest], *, overhead: bool = False
+    ) -> list[Generation]: ...
+
+    def pseudo_context(self) -> str: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def set_answer(self, text: str) -> None: ...
+
+    def timed(self, name: str, *, overhead: bool = False) -> contextlib.AbstractContextManager[None]: ...
+
+    def encoder_identity(self) -> dict[str, Any] | None: ...
+
+    def model_identity(self) -> dict[str, Any]: ...
+
+
+class Gate:
+    """A retrieval gate: decides once per question whether to retrieve.
+
+    Subclass it, set ``need`` (what it reads from the backend) and ``default_tau`` (with ``tau_source``: the paper
+    and model that number comes from), implement :meth:`score` (higher means "more reason to retrieve"; the gate
+    retrieves iff score > tau) or, for a rule of its own, :meth:`decide`, and register it::
+
+        @ragate.register_gate("min-prob")
+        class MinProb(ragate.Gate):
+            "Retrieve when the least likely token of the direct answer is below 1 - tau."
+            need = ragate.Need(token_logprobs=True)
+            default_tau = 0.7
+            tau_source = "ragate's choice (a starting point: calibrate it)"
+
+            def score(self, ctx):
+                return 1 - math.exp(min(ctx.draft().logprobs, default=0.0))
+
+    A registered gate also names a method (``ragate ask --method min-prob``): the method ``like`` names (default
+    ``standard-rag``: DTR's prompts, top-3 for the question) with this gate.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    need: ClassVar[Need] = Need()
+    default_tau: ClassVar[float] = 0.5
+    tau_source: ClassVar[str] = "ragate's choice, not a paper's: calibrate it to a budget"
+    needs_embeddings: ClassVar[bool] = False  # reads the index's encoder (question or answer embeddings)
+    thresholded: ClassVar[bool] = True  # False: the decision ignores tau (never, always): nothing to sweep
+    budget_control: ClassVar[bool] = True  # `serve --budget` can move its tau (a score that ranks questions)
+    calibration_note: ClassVar[str | None] = None  # why `ragate calibrate` does not take it, where it does not
+    like: ClassVar[str | None] = "standard-rag"  # the method whose selector and prompts its own method uses
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        """The decision for ``ctx.question`` at threshold ``tau``: retrieve iff :meth:`score` > tau."""
+        return threshold_decision(self.name, float(self.score(ctx)), tau)
+
+    def score(self, ctx: GateContext) -> float:
+        raise NotImplementedError(f"gate {self.name!r} must define score(ctx) or decide(ctx, tau)")
+
+
+def threshold_decision(name: str, score: float, tau: float, detail: str = "") -> GateDecision:
+    """``score > tau`` as a decision, with the comparison in words."""
+    retrieve = score > tau
+    return GateDecision(
+        retrieve, score, tau, f"{name} score {score:.4g} {'>' if retrieve else '<='} tau = {tau:g}{detail}"
+    )
+

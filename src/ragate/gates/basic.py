@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision
 
 
 def never() -> GateDecision:
@@ -30,3 +30,31 @@ def random_gate(key: str, rate: float, seed: int = 0) -> GateDecision:
     u = int.from_bytes(digest[:8], "big") / 2**64
     score, threshold = 1.0 - u, 1.0 - rate
     return GateDecision(score > threshold, score, threshold, f"random draw {u:.3f} vs rate {rate:g}")
+
+
+class Never(Gate):
+    description = "never retrieves: the answer comes from the model's parameters"
+    tau_source = "none: the decision ignores tau"
+    thresholded = False
+    budget_control = False
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        return never()
+
+
+class Always(Never):
+    description = "retrieves for every question"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        return always()
+
+
+class Random(Gate):
+    """The control: retrieve for a seeded share ``rate`` of questions (``GateSpec.rate``, default 0.5)."""
+
+    description = "retrieves for a seeded random share of questions (the control)"
+    default_tau = 0.5
+    tau_source = "the rate's complement: tau = 1 - rate (set the rate, not tau)"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        return random_gate(ctx.question, ctx.params.rate, ctx.seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision, Need
 from ragate.text import normalize_answer
 from ragate.types import Generation
 
@@ -82,3 +82,13 @@ def llm_judge(reply: Generation) -> GateDecision:
     return GateDecision(
         True, score, 0.5, f"unclear judge reply {reply.text.strip()[:40]!r}: retrieve to be safe ({how})"
     )
+
+
+class LLMJudge(Gate):
+    description = "ask the model whether it needs external information (DTR Fig. 15)"
+    need = Need(token_logprobs=True, top_k=2, text_fallback=True)  # P(yes); else the reply's first word
+    default_tau = 0.5
+    tau_source = "the reply's own verdict: 'Yes' retrieves (P(yes) is recorded as the score)"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        return llm_judge(ctx.one("judge", JUDGE_PROMPT, max_tokens=4, overhead=True))

@@ -10,8 +10,9 @@ model's agreeing answers are most often hallucinated.
 
 from __future__ import annotations
 
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision
 from ragate.text import extract_tagged_answer, has_digit, normalize_answer
+from ragate.types import Generation
 
 DEFAULT_EMBEDDING_AGREEMENT = 0.9  # ragate's choice: the paper gives no threshold
 
@@ -48,3 +49,48 @@ def pairs_embedding_agreement(
     return GateDecision(
         retrieve, score, limit, f"answers {verdict}: cosine {similarity:.3f} vs {threshold:g}"
     )
+
+
+class Pairs(Gate):
+    """PAIRS section 3.1: the direct answer a1 (the answer when they agree), a pseudo-context p (kept for DPR-AIS),
+    and the answer a2 from p. The score is 1 when the answers differ, 0 when they agree."""
+
+    description = "PAIRS: retrieve unless the direct and pseudo-context answers agree"
+    default_tau = 0.5
+    tau_source = "none: the score is 0 (agree) or 1 (differ)"
+    budget_control = False
+    like = "pairs"
+
+    def answers(self, ctx: GateContext) -> tuple[Generation, Generation]:
+        a1 = ctx.draft()
+        p = ctx.pseudo_context()
+        a2 = ctx.one("pseudo-answer", ctx.prompts.with_context, context=p, overhead=True)
+        return a1, a2
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        a1, a2 = self.answers(ctx)
+        return pairs_agreement(a1.text, a2.text)
+
+
+class PairsExcludeNumbers(Pairs):
+    description = "PAIRS, but answers with numbers always retrieve (Table 5)"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        a1, a2 = self.answers(ctx)
+        return pairs_agreement(a1.text, a2.text, exclude_numbers=True)
+
+
+class PairsEmbedding(Pairs):
+    """Semantic agreement: the two answers' cosine under the index's encoder. ``tau`` is the *similarity* at or
+    above which they agree (default 0.9), not a score threshold."""
+
+    description = "PAIRS with semantic agreement: the answers' embedding cosine >= tau"
+    default_tau = DEFAULT_EMBEDDING_AGREEMENT
+    tau_source = "ragate's choice (the paper gives no threshold): the cosine at which two answers agree"
+    needs_embeddings = True
+    budget_control = True
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        a1, a2 = self.answers(ctx)
+        v1, v2 = ctx.embed([extract_tagged_answer(a1.text) or "-", extract_tagged_answer(a2.text) or "-"])
+        return pairs_embedding_agreement(a1.text, a2.text, float(v1 @ v2), threshold=tau)

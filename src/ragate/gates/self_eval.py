@@ -8,7 +8,7 @@ logprobs it decides from the reply's first word. DTR's differently worded judge 
 
 from __future__ import annotations
 
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision, Need
 from ragate.gates.judge import yes_no_gate
 from ragate.types import Generation
 
@@ -27,3 +27,15 @@ def self_eval(reply: Generation, tau: float = DEFAULT_SELF_EVAL_TAU) -> GateDeci
         yes="the model says it needs to search",
         no="the model says it can answer without searching",
     )
+
+
+class SelfEval(Gate):
+    description = "TARG's Self-Eval gate: the model is asked 'do you need to search for this?'"
+    need = Need(token_logprobs=True, top_k=2, text_fallback=True)  # P(yes), as the judge
+    default_tau = DEFAULT_SELF_EVAL_TAU
+    tau_source = "P(yes) = 0.5: the reply's own verdict"
+    budget_control = False
+    like = "self-eval"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        return self_eval(ctx.one("self-eval", SELF_EVAL_PROMPT, max_tokens=MAX_TOKENS, overhead=True), tau)

@@ -9,7 +9,7 @@ evidence" (:func:`ragate.gates.judge.p_yes`); when the gate says no, the draft i
 
 from __future__ import annotations
 
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision, Need
 from ragate.gates.judge import yes_no_gate
 from ragate.types import Generation
 
@@ -27,3 +27,23 @@ def self_rag_lite(reply: Generation, tau: float = DEFAULT_SELF_RAG_TAU) -> GateD
     return yes_no_gate(
         reply, tau, yes="the model says its draft needs evidence", no="the model says its draft is supported"
     )
+
+
+class SelfRagLite(Gate):
+    description = "Self-RAG-lite: draft, one reflection on whether it needs evidence, retrieve once if so"
+    need = Need(token_logprobs=True, top_k=2, text_fallback=True)
+    default_tau = DEFAULT_SELF_RAG_TAU
+    tau_source = "P(yes) = 0.5: the reply's own verdict"
+    budget_control = False
+    like = "self-rag-lite"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        draft = ctx.draft()
+        reply = ctx.one(
+            "reflect",
+            SELF_RAG_LITE_PROMPT,
+            max_tokens=MAX_TOKENS,
+            overhead=True,
+            draft=ctx.prompts.answer_text(draft.text) or "(no answer)",
+        )
+        return self_rag_lite(reply, tau)

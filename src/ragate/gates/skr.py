@@ -33,7 +33,7 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.fileio import atomic_writer
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision
 
 FORMAT = "ragate-skr-labels"
 FORMAT_VERSION = 1
@@ -219,3 +219,36 @@ def check_model(labels: LabelSet, model: Mapping[str, Any]) -> None:
             f"this run uses {model.get('model')!r} ({model.get('engine')}): a sweep of this model gives its labels "
             "(`ragate sweep ... --model M` then `ragate skr fit`)"
         )
+
+
+class SKR(Gate):
+    """SKR's kNN vote with the label set ``GateSpec.labels`` names, checked against the index's encoder and this
+    model; the question never votes on itself. No generation: the direct answer follows a "no"."""
+
+    description = "SKR: the k = 10 nearest labelled training questions vote on retrieval (needs --skr-labels)"
+    default_tau = DEFAULT_SKR_TAU
+    tau_source = "SKR section 3.2: retrieve when 'unknown' neighbours outnumber 'known' ones"
+    needs_embeddings = True
+    budget_control = False
+    calibration_note = (
+        "calibrate does not take SKR's label set: its score is the share of its k = 10 neighbours voting "
+        "'retrieve' (11 values), so sweep it instead (`ragate sweep --methods skr --skr-labels FILE ...`) and "
+        "read the threshold for a budget from sweep.json, or pass --threshold skr=TAU"
+    )
+    like = "skr"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        p = ctx.params
+        if p.labels is None:
+            raise RagateError(
+                "skr needs a label set of training questions: run `ragate sweep` on a training split, then "
+                "`ragate skr fit --sweep DIR --out FILE`, and pass --skr-labels FILE"
+            )
+        labels = load_labels(p.labels)
+        check_encoder(labels, ctx.encoder_identity(), "this index")
+        check_model(labels, ctx.model_identity())
+        with ctx.timed("skr-vote", overhead=True):
+            share, voters, excluded = vote(
+                ctx.embed([ctx.question])[0], labels, p.neighbours, exclude=ctx.question
+            )
+        return skr_decision(share, tau, voters, excluded)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ragate.gates.base import GateDecision
-from ragate.types import Generation
+from ragate.gates.base import Gate, GateContext, GateDecision, Need
+from ragate.types import Generation, GenerationRequest
 from ragate.uncertainty import DEFAULT_MARGIN_BETA, disagreement, mean_entropy, mean_margin_uncertainty
 
 DEFAULT_PREFIX = 20
@@ -66,3 +66,52 @@ def targ_variance(samples: Sequence[Generation], tau: float, *, k: int = DEFAULT
         return _empty(tau)
     unit = " (words: no per-token output)" if by_words else ""
     return _decide(f"disagreement over {len(samples)} samples", disagreement(sequences, k), tau, unit)
+
+
+_TARG_TAU = "the middle of TARG Table 1's range for Qwen2.5-7B; model-specific: calibrate it to a budget (section 3.3)"
+
+
+class TargEntropy(Gate):
+    description = "TARG: mean entropy of a 20-token draft (Eq. 1)"
+    need = Need(token_logprobs=True, top_k=1, entropy=True)
+    default_tau = 0.8
+    tau_source = _TARG_TAU
+    like = "targ-entropy"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        return targ_entropy(ctx.draft(ctx.params.prefix), tau, k=ctx.params.prefix)
+
+
+class TargMargin(Gate):
+    description = "TARG: mean exp(-gap/beta) of a 20-token draft (Eq. 2)"
+    need = Need(token_logprobs=True, top_k=2)  # the top-1/top-2 gap is exact from the top-2 logprobs
+    default_tau = 0.25
+    tau_source = _TARG_TAU
+    like = "targ-margin"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        p = ctx.params
+        return targ_margin(ctx.draft(p.prefix), tau, k=p.prefix, beta=p.beta)
+
+
+class TargVariance(Gate):
+    description = "TARG: disagreement of N sampled 20-token drafts (Eq. 3)"
+    need = Need(sampling=True, tokens=True)  # sampled prefixes' tokens, else their words
+    default_tau = 0.5
+    tau_source = _TARG_TAU
+    like = "targ-variance"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        p = ctx.params
+        ctx.draft(p.prefix)  # the greedy draft: the answer when the gate says "no"
+        requests = [
+            GenerationRequest(
+                ctx.messages(ctx.prompts.direct),
+                max_tokens=p.prefix,
+                temperature=p.sample_temperature,
+                seed=ctx.seed * 1000 + i,
+                top_logprobs=0,
+            )
+            for i in range(p.samples)
+        ]
+        return targ_variance(ctx.generate("samples", requests, overhead=True), tau, k=p.prefix)

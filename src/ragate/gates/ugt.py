@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision, Need
 from ragate.types import Generation
 from ragate.uncertainty import normalised_nll
 
@@ -28,3 +28,15 @@ def ugt(draft: Generation, tau: float = DEFAULT_TAU, *, compare: Literal["gt", "
     retrieve = u > tau if compare == "gt" else u >= tau
     sign = (">" if compare == "gt" else ">=") if retrieve else ("<=" if compare == "gt" else "<")
     return GateDecision(retrieve, u, tau, f"normalised answer NLL u = {u:.4g} {sign} tau = {tau:g}")
+
+
+class UGT(Gate):
+    """DTR's gate: the normalised NLL of the greedy direct answer, which is also the answer when it says "no"."""
+
+    description = "DTR's UGT: normalised NLL of the model's own greedy answer (Eq. 3)"
+    need = Need(token_logprobs=True)  # Eq. 1: NLL of the greedy answer's own tokens
+    default_tau = DEFAULT_TAU
+    tau_source = "DTR section 4 and the authors' code (Qwen2.5-7B / Llama-3-8B); too low for small models"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        return ugt(ctx.draft(), tau, compare=ctx.params.compare)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from ragate.gates.base import GateDecision
+from ragate.gates.base import Gate, GateContext, GateDecision
 
 VERBAL_PROMPT = (  # Tian et al. 2023, Verb. 1S top-1 (the instruction in ragate's words)
     "Give your best guess for the question below and the probability that your guess is correct.\n"
@@ -88,3 +88,17 @@ def verbal_confidence(reply: str, tau: float = DEFAULT_VERBAL_TAU) -> GateDecisi
     return GateDecision(
         retrieve, u, tau, f"stated probability {p:.3g}: U = {u:.3g} {'>' if retrieve else '<='} tau = {tau:g}"
     )
+
+
+class VerbalConfidence(Gate):
+    """The model's stated probability; when it does not retrieve, its guess is the answer."""
+
+    description = "the model states P(its answer is right); retrieve below 0.5 (Tian et al. 2023)"
+    default_tau = DEFAULT_VERBAL_TAU
+    tau_source = "ragate's choice (retrieve below even odds); stated probabilities are overconfident: calibrate"
+    budget_control = False
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        reply = ctx.one("verbal", VERBAL_PROMPT, max_tokens=MAX_TOKENS, top_logprobs=0)
+        ctx.set_answer(parse_guess(reply.text))
+        return verbal_confidence(reply.text, tau)

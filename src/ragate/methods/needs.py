@@ -2,8 +2,8 @@
 
 A backend states what it returns (:class:`~ragate.backends.base.Capabilities`): the full next-token
 distribution (llama.cpp, transformers), the top-k log-probabilities of each step (OpenAI-style APIs, k <= 20),
-or text only (many hosted and reasoning models). A method states what its gate or trigger reads
-(:data:`GATE_NEEDS`, :data:`TRIGGER_NEEDS`). :func:`support` compares the two and says how the method runs:
+or text only (many hosted and reasoning models). A method states what its gate or trigger reads (the registered
+gate's or trigger's ``need``). :func:`support` compares the two and says how the method runs:
 
 - ``exact``: the score is the paper's;
 - ``approximate``: an entropy estimated from the top-k log-probabilities instead of the full distribution
@@ -17,12 +17,15 @@ or text only (many hosted and reasoning models). A method states what its gate o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.errors import CapabilityError
-from ragate.methods.spec import GATES, GateKind, GateSpec, MethodSpec, TriggerKind
+from ragate.errors import CapabilityError, IndexNeedError
+from ragate.gates.base import Need
+from ragate.gates.registry import gate_names, get_gate
+from ragate.methods.spec import GateSpec, MethodSpec
+from ragate.retrieval.types import Retriever
 
 Support = Literal["exact", "approximate", "text", "unavailable"]
 # the gate `ragate serve` falls back to when no method was named and the backend cannot serve the default's:
@@ -31,83 +34,22 @@ Support = Literal["exact", "approximate", "text", "unavailable"]
 DEFAULT_TEXT_GATE = "pairs"
 
 
-@dataclass(frozen=True)
-class Need:
-    """What a gate or trigger reads from its generations.
-
-    ``token_logprobs``: the log-probability of each generated token (DTR's NLL, FLARE's token probability, and
-    the per-token output every dynamic loop cuts and replays). ``top_k``: alternatives per step (2 for TARG's
-    margin and the judge's P(yes)). ``entropy``: per-step entropies, exact with the full distribution and
-    approximate from the top-k otherwise. ``sampling``: seeded sampling (TARG's variance). ``text_fallback``: the
-    decision can still be read from the reply text when ``top_k`` is missing. ``tokens``: compares generated
-    tokens, and words where a text-only backend returns no per-token output (an approximation).
-    """
-
-    token_logprobs: bool = False
-    top_k: int = 0
-    entropy: bool = False
-    sampling: bool = False
-    text_fallback: bool = False
-    tokens: bool = False
-
-    def describe(self) -> str:
-        parts = []
-        if self.entropy:
-            parts.append("per-step entropies (full distribution; top-k logprobs give an approximation)")
-        elif self.top_k:
-            parts.append(f"top-{self.top_k} logprobs per token")
-        elif self.token_logprobs:
-            parts.append("token logprobs")
-        if self.sampling:
-            parts.append("seeded sampling")
-        return " and ".join(parts) or "text only"
+def gate_need(kind: str) -> Need:
+    """What the gate named ``kind`` reads (its registered :class:`~ragate.gates.base.Gate`'s ``need``)."""
+    return get_gate(kind).need
 
 
-_TEXT = Need()
-GATE_NEEDS: dict[GateKind, Need] = {
-    "never": _TEXT,
-    "always": _TEXT,
-    "random": _TEXT,
-    "ugt": Need(token_logprobs=True),  # DTR Eq. 1: NLL of the greedy answer's own tokens
-    "pairs": _TEXT,  # PAIRS section 3.1: agreement of two answers' text
-    "pairs-exclude-num": _TEXT,
-    "pairs-embedding": _TEXT,
-    "targ-entropy": Need(token_logprobs=True, top_k=1, entropy=True),  # TARG Eq. 1
-    "targ-margin": Need(token_logprobs=True, top_k=2),  # TARG Eq. 2: the top-1/top-2 gap is exact from top-2
-    "targ-variance": Need(
-        sampling=True, tokens=True
-    ),  # TARG Eq. 3: sampled prefixes' tokens, else their words
-    "llm-judge": Need(
-        token_logprobs=True, top_k=2, text_fallback=True
-    ),  # P(yes); else the reply's first word
-    "verbal-confidence": _TEXT,  # the stated probability is text
-    "self-eval": Need(token_logprobs=True, top_k=2, text_fallback=True),  # P(yes), as the judge
-    "self-rag-lite": Need(token_logprobs=True, top_k=2, text_fallback=True),
-    "skr": _TEXT,  # a vote of labelled neighbours: no generation at all
-}
 _CRAG = Need(
     token_logprobs=True, top_k=2, text_fallback=True
 )  # each passage's grade is P(yes), else its word
-_STEPS = Need(token_logprobs=True)  # every dynamic loop watches tokens as they come
-TRIGGER_NEEDS: dict[TriggerKind, Need] = {
-    "none": _STEPS,
-    "etc": Need(token_logprobs=True, top_k=1, entropy=True),
-    "etc-1st": Need(token_logprobs=True, top_k=1, entropy=True),
-    "etc-no-smoothing": Need(token_logprobs=True, top_k=1, entropy=True),
-    "etc-fixed": Need(token_logprobs=True, top_k=1, entropy=True),
-    "etc-code": Need(token_logprobs=True, top_k=1, entropy=True),
-    "dragin": Need(token_logprobs=True, top_k=1, entropy=True),
-    "flare": _STEPS,
-    "ircot": _STEPS,
-    "ralm": _STEPS,
-    "targ-recheck": Need(token_logprobs=True, top_k=1, entropy=True),
-}
 
 
 def method_need(spec: MethodSpec) -> Need:
     if spec.dynamic is not None:
-        return TRIGGER_NEEDS[spec.dynamic.trigger]
-    return _CRAG if spec.crag is not None else GATE_NEEDS[spec.gate.kind]
+        from ragate.dynamic.triggers import trigger_need
+
+        return trigger_need(spec.dynamic.trigger)
+    return _CRAG if spec.crag is not None else gate_need(spec.gate.kind)
 
 
 def support(need: Need, caps: Capabilities) -> tuple[Support, str]:
@@ -145,27 +87,29 @@ def require(
     ``NAME:fallback=GATE`` (``rename``; an eval run records the fallback in its config instead) so that answers
     say which gate decided; else a :class:`CapabilityError` naming what is missing and the methods that would
     run."""
-    from ragate.methods.registry import METHODS  # the registry imports this module's users
+    from ragate.methods.registry import all_methods  # the registry imports this module's users
 
     status, why = method_support(spec, caps)
     if status != "unavailable":
         return spec
     need = method_need(spec)
     if fallback is not None:
-        if fallback not in GATES:
-            raise CapabilityError(f"unknown fallback gate {fallback!r}; choose one of: {', '.join(GATES)}")
+        if fallback not in gate_names():
+            raise CapabilityError(
+                f"unknown fallback gate {fallback!r}; choose one of: {', '.join(gate_names())}"
+            )
         if spec.dynamic is not None:
             raise CapabilityError(
                 f"{spec.name!r} is a dynamic method ({why}); --fallback replaces a single-shot gate, so run a "
                 f"single-shot method instead (e.g. --method pairs)"
             )
-        gate = GateSpec(fallback)  # type: ignore[arg-type]
-        fell, fell_why = support(GATE_NEEDS[gate.kind], caps)
+        gate = GateSpec(fallback)
+        fell, fell_why = support(gate_need(gate.kind), caps)
         if fell == "unavailable":
             raise CapabilityError(f"the fallback gate {fallback!r} cannot run either: {fell_why}")
         return replace(spec, name=f"{spec.name}:fallback={fallback}" if rename else spec.name, gate=gate)
-    would = runnable(METHODS.values(), caps)
-    gates = [g for g in GATES if support(GATE_NEEDS[g], caps)[0] != "unavailable"]
+    would = runnable(all_methods().values(), caps)
+    gates = [g for g in gate_names() if support(gate_need(g), caps)[0] != "unavailable"]
     raise CapabilityError(
         f"method {spec.name!r} needs {need.describe()}, but {why} (the {engine} backend). Methods that run on "
         f"it: {', '.join(would)}. Or keep this method's selector with another gate: --fallback GATE, one of "
@@ -183,7 +127,7 @@ def capability_report(caps: Capabilities) -> dict[str, object]:
         "top_k": caps.top_k,
         "attentions": caps.attentions,
         "sampling": caps.sampling,
-        "gates": {g: support(GATE_NEEDS[g], caps)[0] for g in GATES},
+        "gates": {g: support(gate_need(g), caps)[0] for g in gate_names()},
     }
 
 
@@ -192,3 +136,43 @@ def capability_summary(backend: Backend) -> dict[str, object]:
     report = capability_report(backend.capabilities)
     note = getattr(backend, "capability_note", "")
     return {**report, "note": note} if note else report
+
+
+# selectors that compare vectors of one encoder (DPR-AIS, PAIRS Eqs. 4-8) and the one that searches by a vector
+_EMBEDDING_SELECTORS = ("dpr-ais", "dpr-ais-question", "dpr-ais-pseudo", "dpr-ais-rerank")
+_VECTOR_SELECTORS = ("hyde",)
+
+
+def index_needs(spec: MethodSpec) -> list[str]:
+    """What ``spec`` needs from its index beyond search: ``"embeddings"`` (its selector or gate compares the
+    encoder's vectors) and ``"vector search"`` (HyDE searches with an averaged vector)."""
+    if spec.dynamic is not None or not spec.retrieves:
+        return []
+    sel = spec.selector
+    needs = []
+    if (sel.kind in _EMBEDDING_SELECTORS and not (sel.kind == "dpr-ais-rerank" and sel.cross_encoder)) or (
+        spec.crag is None and get_gate(spec.gate.kind).needs_embeddings
+    ):
+        needs.append("embeddings")
+    if sel.kind in _VECTOR_SELECTORS:
+        needs.append("vector search")
+    return needs
+
+
+def require_index(spec: MethodSpec, retriever: Retriever, *, where: str = "") -> None:
+    """An :class:`IndexNeedError` before any LM call when ``retriever`` cannot serve what ``spec`` reads from it
+    (DTR's and PAIRS's selection over a BM25 index, HyDE over a search that cannot take a vector)."""
+    where = where or f"the {retriever.kind} index"
+    for need in index_needs(spec):
+        if need == "embeddings" and not retriever.has_embeddings:
+            raise IndexNeedError(
+                f"method {spec.name!r} compares embeddings (its selector {spec.selector.kind!r} or gate "
+                f"{spec.gate.kind!r}), but {where} holds none: build a dense or hybrid index "
+                "(`ragate index build ... --kind hybrid`), or choose a method that only searches "
+                "(standard-rag, targ-margin, ... or --selector question)"
+            )
+        if need == "vector search" and not retriever.searches_by_vector:
+            raise IndexNeedError(
+                f"method {spec.name!r} searches with an averaged embedding (HyDE), but {where} cannot search by "
+                "vector: use a dense or hybrid index, or q2d (which searches with text)"
+            )

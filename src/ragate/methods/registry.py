@@ -1,13 +1,22 @@
 """Named methods with their papers' defaults. ``get_method("dtr")``; a typo gets "did you mean".
 
-Recipes are small frozen records; the modules that run them are imported only when a method runs.
+Recipes are small frozen records; the modules that run them are imported only when a method runs. Beside
+ragate's own methods (:data:`METHODS`), a registered gate or trigger names a method of its own (the method its
+``like`` names, with that gate or trigger), and :func:`register_method` adds any other recipe; all of them run
+in ``ragate ask``, ``eval``, ``sweep``, ``calibrate``, ``serve`` and :class:`ragate.Pipeline`.
 """
 
 from __future__ import annotations
 
 import difflib
+import threading
+from collections.abc import Callable
+from dataclasses import replace
 
+from ragate.dynamic.steps import Trigger
 from ragate.errors import RagateError
+from ragate.gates.base import Gate
+from ragate.gates.registry import GATE_REGISTRY, get_gate
 from ragate.methods.prompts import PAIRS, TARG
 from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, SelectorSpec
 
@@ -189,10 +198,106 @@ METHODS: dict[str, MethodSpec] = {m.name: m for m in _METHODS}
 DYNAMIC_METHODS: tuple[str, ...] = tuple(m.name for m in _METHODS if m.dynamic is not None)
 
 
+_registered: dict[str, MethodSpec] = {}  # register_method's recipes (added to, never changed)
+_lock = threading.Lock()
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    """Add a method recipe under ``spec.name`` (e.g. a registered gate with another selector); returns it."""
+    with _lock:
+        held = _registered.get(spec.name)
+        if spec.name in METHODS or (held is not None and held != spec):
+            raise RagateError(f"method name {spec.name!r} is taken: choose another name")
+        _registered[spec.name] = spec
+    return spec
+
+
+def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
+    """Class decorator: register a :class:`~ragate.gates.base.Gate` under ``name``; it also names a method (the
+    gate's ``like`` method with this gate), unless ``like`` is None."""
+    from ragate.gates.registry import register_gate as add_gate
+
+    if name in METHODS:
+        raise RagateError(f"{name!r} is the name of one of ragate's methods: choose another gate name")
+    return add_gate(name)
+
+
+def register_trigger(name: str) -> Callable[[type[Trigger]], type[Trigger]]:
+    """Class decorator: register a :class:`~ragate.dynamic.steps.Trigger` under ``name``; it also names a method
+    (the trigger's ``like`` method, its query, cut and limits, with this trigger)."""
+    from ragate.dynamic.triggers import register_trigger as add_trigger
+
+    if name in METHODS:
+        raise RagateError(f"{name!r} is the name of one of ragate's methods: choose another trigger name")
+    return add_trigger(name)
+
+
+def _gate_method(name: str) -> MethodSpec | None:
+    """The method a user's gate names: its ``like`` method with this gate (None when ``like`` is None)."""
+    gate = get_gate(name)
+    if gate.like is None:
+        return None
+    base = METHODS.get(gate.like)
+    if base is None or base.dynamic is not None or base.crag is not None:
+        raise RagateError(
+            f"gate {name!r} sets like = {gate.like!r}: name a single-shot method of ragate's whose selector and "
+            "prompts it takes (e.g. standard-rag, targ-margin, dtr)"
+        )
+    description = gate.description or f"{base.name}'s reader with the {name} gate"
+    return replace(base, name=name, description=description, gate=GateSpec(name))
+
+
+def _trigger_method(name: str) -> MethodSpec | None:
+    from ragate.dynamic.triggers import trigger_class
+
+    trigger = trigger_class(name)
+    base = METHODS.get(trigger.like) if trigger.like else None
+    if trigger.like is None:
+        return None
+    if base is None or base.dynamic is None:
+        raise RagateError(
+            f"trigger {name!r} sets like = {trigger.like!r}: name one of ragate's dynamic methods whose query, "
+            f"cut and limits it takes ({', '.join(DYNAMIC_METHODS)})"
+        )
+    dynamic = replace(base.dynamic, trigger=name, threshold=None)
+    return replace(base, name=name, description=f"{base.name}'s loop with the {name} trigger", dynamic=dynamic)
+
+
+def _plugin_names() -> tuple[list[str], list[str]]:
+    """Names of the gates and triggers that are not ragate's own (registered or installed)."""
+    from ragate.dynamic.triggers import TRIGGER_REGISTRY
+
+    gates = [g for g in GATE_REGISTRY.names() if not GATE_REGISTRY.is_builtin(g)]
+    triggers = [t for t in TRIGGER_REGISTRY.names() if not TRIGGER_REGISTRY.is_builtin(t)]
+    return gates, triggers
+
+
+def _extra_method(name: str) -> MethodSpec | None:
+    if name in _registered:
+        return _registered[name]
+    gates, triggers = _plugin_names()
+    if name in gates:
+        return _gate_method(name)
+    if name in triggers:
+        return _trigger_method(name)
+    return None
+
+
+def all_methods() -> dict[str, MethodSpec]:
+    """Every method by name: ragate's, then registered recipes and those of registered gates and triggers."""
+    out = dict(METHODS)
+    gates, triggers = _plugin_names()
+    for name in [*sorted(_registered), *gates, *triggers]:
+        if name not in out and (spec := _extra_method(name)) is not None:
+            out[name] = spec
+    return out
+
+
 def get_method(name: str) -> MethodSpec:
-    try:
-        return METHODS[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, METHODS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise RagateError(f"unknown method {name!r}.{hint} Methods: {', '.join(METHODS)}") from None
+    spec = METHODS.get(name) or _extra_method(name)
+    if spec is not None:
+        return spec
+    names = list(all_methods())
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise RagateError(f"unknown method {name!r}.{hint} Methods: {', '.join(names)}")

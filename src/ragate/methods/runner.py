@@ -7,9 +7,10 @@ the gate says "yes", the draft's tokens are counted as overhead in the trace.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,26 +18,45 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend
-from ragate.errors import ModelNotFoundError, RagateError
-from ragate.gates import basic, judge, pairs, self_eval, self_rag, skr, targ, ugt, verbal
+from ragate.errors import ModelNotFoundError
 from ragate.gates.base import GateDecision
+from ragate.gates.registry import get_gate
 from ragate.methods import prompts as P
-from ragate.methods.needs import require
-from ragate.methods.spec import GateSpec, MethodSpec, SelectorSpec
+from ragate.methods.needs import require, require_index
+from ragate.methods.spec import MethodSpec, SelectorSpec
 from ragate.methods.trace import Stage, Trace
 from ragate.retrieval.types import Hit, Retriever
 from ragate.selection.dpr import dpr_ais, fixed_split, merge_by_id, rerank_scores
-from ragate.text import extract_tagged_answer
 from ragate.types import Generation, GenerationRequest, Message
 
 
 class QuestionRun:
-    """The mutable bookkeeping of one question (stages, queries); not shared, not kept."""
+    """The mutable bookkeeping of one question (stages, queries, what the gate generated); not shared, not kept.
 
-    def __init__(self, spec: MethodSpec, question: str, lm: Backend, retriever: Retriever | None) -> None:
+    It is the :class:`~ragate.gates.base.GateContext` gates ask their generations through."""
+
+    def __init__(
+        self,
+        spec: MethodSpec,
+        question: str,
+        lm: Backend,
+        retriever: Retriever | None,
+        *,
+        seed: int = 0,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         self.spec, self.question, self.lm, self.retriever = spec, question, lm, retriever
+        self.seed, self.params = seed, spec.gate
         self.stages: list[Stage] = []
         self.queries: list[str] = []
+        self.progress = progress
+        self._draft: Generation | None = None
+        self._answer: str | None = None  # set by a gate whose own reply holds the answer (verbal confidence)
+        self.pseudo: str | None = None  # a pseudo-context the gate wrote, reused by the selector
+
+    @property
+    def prompts(self) -> P.PromptSet:
+        return self.spec.prompts
 
     def messages(self, template: str, **fields: str) -> tuple[Message, ...]:
         user = Message("user", template.format(question=self.question, **fields))
@@ -46,6 +66,8 @@ class QuestionRun:
     def generate(
         self, name: str, requests: Sequence[GenerationRequest], *, overhead: bool = False
     ) -> list[Generation]:
+        if self.progress is not None:
+            self.progress(name)
         gens = self.lm.generate(requests)
         self.stages.extend(Stage.of(name, g, overhead=overhead) for g in gens)
         return gens
@@ -69,8 +91,65 @@ class QuestionRun:
         )
         return self.generate(name, [request], overhead=overhead)[0]
 
+    def draft(self, max_tokens: int | None = None) -> Generation:
+        """The greedy direct answer, generated once (``max_tokens`` None: the method's answer length)."""
+        if self._draft is None:
+            self._draft = self.one("draft", self.spec.prompts.direct, max_tokens=max_tokens)
+        return self._draft
+
+    def pseudo_context(self) -> str:
+        """A pseudo-context (the method's prompt), generated once and kept for DPR-AIS."""
+        if self.pseudo is None:
+            self.pseudo = self.one(
+                "pseudo-context", self.spec.prompts.pseudo_context, max_tokens=self.spec.pseudo_max_tokens
+            ).text
+        return self.pseudo
+
+    def set_answer(self, text: str) -> None:
+        self._answer = text
+
+    def closed_book_answer(self) -> str:
+        """The answer when the gate says "no": what the gate set, else its draft (continued where it was cut at a
+        shorter length than the answer's), else the direct answer generated now."""
+        if self._answer is not None:
+            return self._answer
+        draft = self._draft
+        if draft is None:
+            return self.one("answer", self.spec.prompts.direct).text
+        text = draft.text
+        if len(draft) > self.spec.max_tokens and len(draft.offsets) == len(draft):  # a gate's draft is longer
+            return text[: draft.offsets[self.spec.max_tokens - 1][1]]  # than the answer may be: cut it there
+        if draft.finish_reason == "length" and self.spec.max_tokens > len(draft):
+            rest = GenerationRequest(
+                self.messages(self.spec.prompts.direct),
+                max_tokens=self.spec.max_tokens - len(draft),
+                assistant_prefix=draft.text,
+                top_logprobs=0,
+            )
+            text += self.generate("continue", [rest])[0].text
+        return text
+
+    @contextlib.contextmanager
+    def timed(self, name: str, *, overhead: bool = False) -> Iterator[None]:
+        """Record the time of a step that makes no LM call (a kNN vote) as a stage."""
+        start = time.perf_counter()
+        yield
+        self.stages.append(Stage(name, 0, 0, time.perf_counter() - start, overhead=overhead))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Texts embedded as queries by the index's encoder (L2-normalised)."""
+        return self.need_retriever().embed_queries(list(texts))
+
+    def encoder_identity(self) -> dict[str, Any] | None:
+        return encoder_identity(self.need_retriever())
+
+    def model_identity(self) -> dict[str, Any]:
+        return _model_identity(self.lm.model, self.lm.engine)
+
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         retriever = self.need_retriever()
+        if self.progress is not None:
+            self.progress("retrieve")
         start = time.perf_counter()
         hits = retriever.search(queries, k)
         self.stages.append(Stage("retrieve", 0, 0, time.perf_counter() - start))
@@ -91,29 +170,38 @@ def run_method(
     *,
     seed: int = 0,
     dataset: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Trace:
     """Answer ``question`` with ``spec``; ``retriever`` may be None only for methods that never retrieve.
 
     Dynamic methods (``spec.dynamic``) run :func:`ragate.dynamic.loop.run_dynamic`; ``dataset`` picks their
     few-shot exemplars (single-shot methods ignore it). A method the backend cannot serve (a logprob gate on a
-    text-only API) is a :class:`~ragate.errors.CapabilityError`, never a silent wrong score."""
+    text-only API) is a :class:`~ragate.errors.CapabilityError`, and one the index cannot serve (DPR-AIS over
+    an index without embeddings) an :class:`~ragate.errors.IndexNeedError`, both before any LM call.
+    ``progress`` is called with each stage's name as it starts (``ragate ask``'s status line)."""
     require(spec, lm.capabilities, engine=lm.engine)
+    if retriever is not None:
+        require_index(spec, retriever)
     if spec.dynamic is not None:
         from ragate.dynamic.loop import run_dynamic
 
+        if progress is not None:
+            progress("generate")
         return run_dynamic(spec, question, lm, retriever, dataset=dataset)
-    run = QuestionRun(spec, question, lm, retriever)
+    run = QuestionRun(spec, question, lm, retriever, seed=seed, progress=progress)
     if spec.crag is not None:
         from ragate.methods.crag_lite import run_crag_lite
 
         return run_crag_lite(run, spec.crag)
-    decision, answer, pseudo = _gate(run, spec.gate, seed)
+    decision = get_gate(spec.gate.kind).decide(run, spec.gate.tau)
     documents: tuple[Hit, ...] = ()
     if decision.retrieve:
         run.stages = [replace(s, overhead=True) for s in run.stages]  # the answer reuses none of it
-        documents = tuple(_select(run, spec.selector, pseudo))
+        documents = tuple(_select(run, spec.selector, run.pseudo))
         context = spec.prompts.format_passages([h.passage for h in documents])
         answer = run.one("answer", spec.prompts.with_context, context=context).text
+    else:
+        answer = run.closed_book_answer()
     answer = spec.prompts.answer_text(answer)
     return Trace(
         spec.name,
@@ -145,89 +233,8 @@ def decide(
             "so it is not swept or calibrated; evaluate it with `ragate eval`"
         )
     require(spec, lm.capabilities, engine=lm.engine)
-    return _gate(QuestionRun(spec, question, lm, retriever), spec.gate, seed, answer=False)[0]
-
-
-def _gate(
-    run: QuestionRun, gate: GateSpec, seed: int, *, answer: bool = True
-) -> tuple[GateDecision, str, str | None]:
-    """The decision, the answer if no retrieval follows (with ``answer``), and a pseudo-context the selector may
-    reuse."""
-    prompts, kind = run.spec.prompts, gate.kind
-    if kind == "always":
-        return basic.always(), "", None
-    if kind in ("never", "random"):
-        decision = basic.never() if kind == "never" else basic.random_gate(run.question, gate.rate, seed)
-        if decision.retrieve or not answer:
-            return decision, "", None
-        return decision, run.one("answer", prompts.direct).text, None
-    if kind == "ugt":
-        draft = run.one("draft", prompts.direct)
-        return ugt.ugt(draft, gate.tau, compare=gate.compare), draft.text, None
-    if kind.startswith("targ-"):
-        return _targ(run, gate, seed, answer=answer)
-    if kind.startswith("pairs"):
-        a1 = run.one("draft", prompts.direct)
-        p = run.one("pseudo-context", prompts.pseudo_context, max_tokens=run.spec.pseudo_max_tokens).text
-        a2 = run.one("pseudo-answer", prompts.with_context, context=p, overhead=True)
-        if kind == "pairs-embedding":
-            enc = run.need_retriever()
-            v1, v2 = enc.embed_queries(
-                [extract_tagged_answer(a1.text) or "-", extract_tagged_answer(a2.text) or "-"]
-            )
-            decision = pairs.pairs_embedding_agreement(a1.text, a2.text, float(v1 @ v2), threshold=gate.tau)
-        else:
-            decision = pairs.pairs_agreement(a1.text, a2.text, exclude_numbers=kind == "pairs-exclude-num")
-        return decision, a1.text, p
-    if kind == "verbal-confidence":
-        reply = run.one("verbal", P.VERBAL, max_tokens=verbal.MAX_TOKENS, top_logprobs=0)
-        return verbal.verbal_confidence(reply.text, gate.tau), verbal.parse_guess(reply.text), None
-    if kind in ("self-eval", "skr"):
-        if kind == "self-eval":
-            reply = run.one("self-eval", P.SELF_EVAL, max_tokens=self_eval.MAX_TOKENS, overhead=True)
-            decision = self_eval.self_eval(reply, gate.tau)
-        else:
-            decision = _skr(run, gate)
-        if decision.retrieve or not answer:
-            return decision, "", None
-        return decision, run.one("answer", prompts.direct).text, None
-    if kind == "self-rag-lite":
-        draft = run.one("draft", prompts.direct)
-        reply = run.one(
-            "reflect",
-            P.SELF_RAG_LITE,
-            max_tokens=self_rag.MAX_TOKENS,
-            overhead=True,
-            draft=prompts.answer_text(draft.text) or "(no answer)",
-        )
-        return self_rag.self_rag_lite(reply, gate.tau), draft.text, None
-    if kind == "llm-judge":
-        reply = run.one("judge", P.JUDGE, max_tokens=4, overhead=True)
-        decision = judge.llm_judge(reply)
-        if decision.retrieve or not answer:
-            return decision, "", None
-        return decision, run.one("answer", prompts.direct).text, None
-    raise ValueError(f"unknown gate {kind!r}")
-
-
-def _skr(run: QuestionRun, gate: GateSpec) -> GateDecision:
-    """SKR's kNN vote (gates/skr.py) with the label set the gate names, checked against this index's encoder
-    and this model; the question never votes on itself."""
-    if gate.labels is None:
-        raise RagateError(
-            "skr needs a label set of training questions: run `ragate sweep` on a training split, then "
-            "`ragate skr fit --sweep DIR --out FILE`, and pass --skr-labels FILE"
-        )
-    labels = skr.load_labels(gate.labels)
-    retriever = run.need_retriever()
-    skr.check_encoder(labels, encoder_identity(retriever), "this index")
-    skr.check_model(labels, _model_identity(run.lm.model, run.lm.engine))
-    start = time.perf_counter()
-    share, voters, excluded = skr.vote(
-        retriever.embed_queries([run.question])[0], labels, gate.neighbours, exclude=run.question
-    )
-    run.stages.append(Stage("skr-vote", 0, 0, time.perf_counter() - start, overhead=True))
-    return skr.skr_decision(share, gate.tau, voters, excluded)
+    run = QuestionRun(spec, question, lm, retriever, seed=seed)
+    return get_gate(spec.gate.kind).decide(run, spec.gate.tau)
 
 
 def encoder_identity(retriever: Retriever) -> dict[str, Any] | None:
@@ -243,43 +250,6 @@ def _model_identity(model: str, engine: str) -> dict[str, Any]:
     from ragate.eval.provenance import model_identity
 
     return model_identity(model, engine)
-
-
-def _targ(
-    run: QuestionRun, gate: GateSpec, seed: int, *, answer: bool
-) -> tuple[GateDecision, str, str | None]:
-    prompts = run.spec.prompts
-    draft = run.one("draft", prompts.direct, max_tokens=gate.prefix)
-    if gate.kind == "targ-variance":
-        requests = [
-            GenerationRequest(
-                run.messages(prompts.direct),
-                max_tokens=gate.prefix,
-                temperature=gate.sample_temperature,
-                seed=seed * 1000 + i,
-                top_logprobs=0,
-            )
-            for i in range(gate.samples)
-        ]
-        decision = targ.targ_variance(
-            run.generate("samples", requests, overhead=True), gate.tau, k=gate.prefix
-        )
-    elif gate.kind == "targ-entropy":
-        decision = targ.targ_entropy(draft, gate.tau, k=gate.prefix)
-    else:
-        decision = targ.targ_margin(draft, gate.tau, k=gate.prefix, beta=gate.beta)
-    text = draft.text
-    if not answer:
-        return decision, text, None
-    if not decision.retrieve and draft.finish_reason == "length" and run.spec.max_tokens > len(draft):
-        rest = GenerationRequest(
-            run.messages(prompts.direct),
-            max_tokens=run.spec.max_tokens - len(draft),
-            assistant_prefix=draft.text,
-            top_logprobs=0,
-        )
-        text += run.generate("continue", [rest])[0].text
-    return decision, text, None
 
 
 def _select(run: QuestionRun, sel: SelectorSpec, pseudo: str | None) -> list[Hit]:

@@ -8,35 +8,26 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
+from ragate.gates.registry import get_gate
 from ragate.gates.targ import DEFAULT_PREFIX, DEFAULT_SAMPLE_TEMPERATURE, DEFAULT_SAMPLES
-from ragate.gates.ugt import DEFAULT_TAU
 from ragate.methods.prompts import DTR, PromptSet
 from ragate.selection.ais import AISScore
 from ragate.uncertainty import DEFAULT_MARGIN_BETA
 
-GateKind = Literal[
-    "never", "always", "random", "ugt", "pairs", "pairs-exclude-num", "pairs-embedding",
-    "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "verbal-confidence", "self-eval",
-    "self-rag-lite", "skr",
-]  # fmt: skip
 SelectorKind = Literal[
     "question", "hyde", "q2d", "cot", "dpr-ais", "dpr-ais-question", "dpr-ais-pseudo",
     "fixed-2q1p", "fixed-1q2p", "dpr-ais-rerank",
 ]  # fmt: skip
 
-GATES: tuple[GateKind, ...] = get_args(GateKind)
 SELECTORS: tuple[SelectorKind, ...] = get_args(SelectorKind)
-
-# TARG's thresholds are model-specific and should be calibrated to a budget (TARG section 3.3); these defaults
-# are the middle of the ranges TARG reports for Qwen2.5-7B (Table 1) and only a starting point.
-DEFAULT_TARG_TAU = {"targ-entropy": 0.8, "targ-margin": 0.25, "targ-variance": 0.5}
 
 
 @dataclass(frozen=True)
 class GateSpec:
-    """Which gate and its parameters (``threshold`` None: the gate's paper default)."""
+    """Which gate (a name in :mod:`ragate.gates.registry`) and its parameters (``threshold`` None: the gate's
+    default, ``Gate.default_tau``, with the paper and model it comes from in ``Gate.tau_source``)."""
 
-    kind: GateKind
+    kind: str
     threshold: float | None = None
     prefix: int = DEFAULT_PREFIX  # TARG's draft length k
     beta: float = DEFAULT_MARGIN_BETA
@@ -51,11 +42,7 @@ class GateSpec:
     def tau(self) -> float:
         if self.threshold is not None:
             return self.threshold
-        if self.kind == "ugt":
-            return DEFAULT_TAU
-        if self.kind == "pairs-embedding":
-            return 0.9
-        return DEFAULT_TARG_TAU.get(self.kind, 0.5)
+        return get_gate(self.kind).default_tau
 
 
 @dataclass(frozen=True)
@@ -71,10 +58,6 @@ class SelectorSpec:
     cross_encoder: str | None = None  # dpr-ais-rerank: a sentence-transformers CrossEncoder path
 
 
-TriggerKind = Literal[
-    "none", "etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "ircot", "ralm",
-    "targ-recheck",
-]  # fmt: skip
 QueryForm = Literal["auto", "attention", "masked", "sentence", "chunk", "question"]
 Cut = Literal["word", "sentence", "none"]
 
@@ -83,14 +66,15 @@ Cut = Literal["word", "sentence", "none"]
 class DynamicSpec:
     """A dynamic-RAG method (ragate.dynamic): what watches the generation, how it asks, where it cuts.
 
-    ``threshold`` None is the trigger's default (see :mod:`ragate.dynamic.triggers`). ``query`` "auto" is DRAGIN's
+    ``trigger`` names a registered trigger (:mod:`ragate.dynamic.triggers`; "none": no trigger) and
+    ``threshold`` None is its default. ``query`` "auto" is DRAGIN's
     attention query when the backend returns attentions, else FLARE's masked sentence. ``cut`` is where the output
     is cut back when the trigger fires: at the word that fired ("word"), at the start of its sentence
     ("sentence"), or nowhere ("none": IRCoT, RALM and the re-check keep what they wrote). ``initial`` retrieves
     with the question before generating (Single RAG, IRCoT, RALM). ``every`` is RALM's n and the re-check's m.
     """
 
-    trigger: TriggerKind
+    trigger: str
     threshold: float | None = None
     query: QueryForm = "auto"
     cut: Cut = "word"

@@ -138,6 +138,10 @@ class DenseRetriever(Retriever):
         return self.passages.get(passage_id)
 
     @property
+    def searches_by_vector(self) -> bool:
+        return True
+
+    @property
     def has_embeddings(self) -> bool:
         return True
 

@@ -53,6 +53,10 @@ class HybridRetriever(Retriever):
         return self.passages.get(passage_id)
 
     @property
+    def searches_by_vector(self) -> bool:
+        return True
+
+    @property
     def has_embeddings(self) -> bool:
         return True
 

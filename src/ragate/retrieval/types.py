@@ -13,12 +13,17 @@ from ragate.types import Closeable
 
 @dataclass(frozen=True)
 class Passage:
-    """One retrievable unit of the corpus: a Wikipedia paragraph or a chunk of a longer document."""
+    """One retrievable unit of the corpus: a Wikipedia paragraph or a chunk of a longer document.
+
+    ``source`` names where it came from (a QA file, a document's path); ``span`` is the chunk's character range
+    ``[start, end)`` in its document's extracted text, when it was cut from one (``ragate index build --docs``).
+    """
 
     id: str
     title: str
     text: str
     source: str | None = None
+    span: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -65,6 +70,11 @@ class Retriever(Closeable, ABC):
 
     @property
     def has_embeddings(self) -> bool:
+        return False
+
+    @property
+    def searches_by_vector(self) -> bool:
+        """Whether :meth:`search_by_vectors` works (HyDE needs it)."""
         return False
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:

@@ -1,17 +1,11 @@
-"""Shared state behind the service's requests: admission slots, each request's ticket for its slot, and a
-retriever that one thread uses at a time."""
+"""Shared state behind the service's requests: admission slots and each request's ticket for its slot."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import numpy as np
-
-from ragate.retrieval.types import Hit, Passage, Retriever
+from collections.abc import Callable
 
 
 class Slots:
@@ -88,48 +82,3 @@ class Ticket:
                 return
             self._freed = True
         self._slots.give(None)
-
-
-class SerialRetriever(Retriever):
-    """A retriever used by one thread at a time (a fast tokenizer shared across threads raises "Already
-    borrowed"; FAISS and bm25s are fine, but one lock is simpler than knowing which)."""
-
-    def __init__(self, inner: Retriever) -> None:
-        self.inner, self.kind, self._lock = inner, inner.kind, threading.Lock()
-
-    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        with self._lock:
-            return self.inner.search(queries, k)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def passage(self, passage_id: str) -> Passage:
-        with self._lock:
-            return self.inner.passage(passage_id)
-
-    @property
-    def has_embeddings(self) -> bool:
-        return self.inner.has_embeddings
-
-    @property
-    def encoder(self) -> Any:
-        """The inner retriever's query encoder (dense, or hybrid's dense half), for identity checks (SKR)."""
-        return getattr(self.inner, "encoder", None) or getattr(
-            getattr(self.inner, "dense", None), "encoder", None
-        )
-
-    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
-        with self._lock:
-            return self.inner.embed_queries(queries)
-
-    def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
-        with self._lock:
-            return self.inner.passage_embeddings(passage_ids)
-
-    def search_by_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
-        with self._lock:
-            return self.inner.search_by_vectors(vectors, k)
-
-    def close(self) -> None:
-        self.inner.close()

@@ -21,10 +21,9 @@ import contextlib
 import hmac
 import logging
 import math
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,14 +37,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragate import __version__
-from ragate.backends import Backend, load_backend
+from ragate.backends import Backend
 from ragate.errors import BackendError, BackendTimeoutError, BackendUnavailableError, RagateError
-from ragate.methods import METHODS, MethodSpec, get_method, run_method
-from ragate.methods.needs import capability_summary, method_support, require
+from ragate.methods import MethodSpec, all_methods, get_method
+from ragate.methods.needs import capability_summary, method_support
 from ragate.methods.trace import Trace
+from ragate.pipeline import Pipeline
 from ragate.retrieval.types import Hit, Retriever
 from ragate.service import openai_api
-from ragate.service.admission import SerialRetriever, Slots, Ticket
+from ragate.service.admission import Slots, Ticket
 from ragate.service.budget import BudgetController
 from ragate.service.guard import ApiError, Guard, error_response
 from ragate.service.metrics import ServiceMetrics
@@ -84,27 +84,40 @@ class SearchRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Runtime:
-    """Everything a request needs, built once per process and kept on ``app.state.runtime``."""
+    """Everything a request needs, built once per process and kept on ``app.state.runtime``: the
+    :class:`~ragate.pipeline.Pipeline` that answers, and the service's own limits and counters."""
 
     settings: ServiceSettings
-    lm: Backend
-    retriever: Retriever
+    pipeline: Pipeline
     index_name: str
     metrics: ServiceMetrics
     slots: Slots
-    lm_lock: threading.Lock | None  # None: the LM is a server that takes concurrent requests
     passages: int  # counted once: a Milvus count is a network call /healthz should not depend on
     owned: bool  # whether the app loaded (and so closes) the model and the index
     started: float
-    served: MethodSpec  # the served method as the backend can run it (with its fallback gate, if any)
-    budget: BudgetController | None = None  # --budget: the served method's tau, kept at a retrieval rate
+    closers: tuple[Callable[[], None], ...] = ()  # what else the app opened and closes (a Milvus connection)
+
+    @property
+    def lm(self) -> Backend:
+        return self.pipeline.lm
+
+    @property
+    def retriever(self) -> Retriever:
+        return self.pipeline.retriever
+
+    @property
+    def served(self) -> MethodSpec:
+        """The served method as the backend can run it (with its fallback gate, if any)."""
+        return self.pipeline.spec
+
+    @property
+    def budget(self) -> BudgetController | None:
+        """``--budget``: the served method's tau, kept at a retrieval rate."""
+        return self.pipeline.budget
 
     def controls(self, method: str | None, options: AnswerOptions | None = None) -> bool:
         """Whether the budget controller sets this request's threshold: the served method, no threshold asked."""
-        asked = options is not None and options.threshold is not None
-        return (
-            self.budget is not None and (method or self.settings.method) == self.settings.method and not asked
-        )
+        return self.pipeline.controls(method, options.threshold if options is not None else None)
 
     async def work(self, fn: Callable[[Callable[[], bool]], T]) -> T:
         """Run ``fn(wanted)`` in a worker thread within a slot and the timeout, mapping ragate's errors to HTTP
@@ -148,18 +161,21 @@ class Runtime:
         """A 504 naming the server's time limit and what to ask for instead."""
         return ApiError(
             504,
-            f"{what} {self.settings.request_timeout:g} s (ragate serve --timeout): ask for fewer tokens "
-            "(options.max_tokens) or a cheaper method",
+            f"{what} {self.settings.request_timeout:g} s, queueing included: the operator can raise it with "
+            "`ragate serve --timeout SECONDS`; or ask for fewer tokens (options.max_tokens) or a cheaper method",
         )
 
-    def model_lock(self) -> contextlib.AbstractContextManager[Any]:
-        return self.lm_lock if self.lm_lock is not None else contextlib.nullcontext()
-
     def spec(self, method: str | None, options: AnswerOptions) -> MethodSpec:
-        """The method with the request's options, within the server's limits."""
+        """The method with the request's options, within the server's limits (checked before the request waits)."""
         s = self.settings
+        if options.max_tokens is not None and options.max_tokens > s.max_tokens:
+            raise ApiError(400, f"options.max_tokens is {options.max_tokens}; this server allows {s.max_tokens}")
+        if options.k is not None and options.k > s.max_k:
+            raise ApiError(400, f"options.k is {options.k}; this server allows at most {s.max_k} documents")
         try:
-            spec = self.served if method in (None, s.method) else get_method(method)
+            spec = self.pipeline.spec_for(
+                method, threshold=options.threshold, k=options.k, max_tokens=options.max_tokens
+            )
         except RagateError as err:
             raise ApiError(400, str(err)) from None
         if spec.gate.kind == "skr" and spec.gate.labels is None:
@@ -168,22 +184,6 @@ class Runtime:
                 "this server has no SKR label set: it answers skr when started with --method skr "
                 "--skr-labels FILE",
             )
-        if options.max_tokens is not None:
-            if options.max_tokens > s.max_tokens:
-                raise ApiError(
-                    400, f"options.max_tokens is {options.max_tokens}; this server allows {s.max_tokens}"
-                )
-            spec = spec.with_(max_tokens=options.max_tokens)
-        if options.threshold is not None:
-            spec = spec.with_(gate=replace(spec.gate, threshold=options.threshold))
-        elif self.budget is not None and self.controls(method, options):
-            spec = spec.with_(gate=replace(spec.gate, threshold=self.budget.tau))
-        if options.k is not None:
-            if options.k > s.max_k:
-                raise ApiError(
-                    400, f"options.k is {options.k}; this server allows at most {s.max_k} documents"
-                )
-            spec = spec.with_(selector=replace(spec.selector, k=options.k, n=max(spec.selector.n, options.k)))
         return spec
 
     def question(self, text: str) -> str:
@@ -210,22 +210,27 @@ class Runtime:
         return question
 
     async def answer(
-        self, question: str, spec: MethodSpec, *, controlled: bool = False
+        self, question: str, method: str | None, options: AnswerOptions
     ) -> tuple[Trace, dict[str, Any]]:
-        """Run the method; the trace and the timings (queueing = time not spent in a stage)."""
+        """Run the method through the pipeline; the trace and the timings (queueing = time not spent in a stage)."""
+        self.spec(method, options)  # a bad method or option is a 400 before the request takes a slot
         start = time.perf_counter()
 
         def go(wanted: Callable[[], bool]) -> Trace:
-            with self.model_lock():
-                if not wanted():  # timed out while waiting for the model: nobody reads the answer
-                    raise TimeoutError("given up while waiting for the model")
-                return run_method(spec, question, self.lm, self.retriever)
+            # a request that timed out while waiting for the model gives up there: nobody reads the answer
+            return self.pipeline.answer(
+                question,
+                method=method,
+                threshold=options.threshold,
+                k=options.k,
+                max_tokens=options.max_tokens,
+                still_wanted=wanted,
+            ).trace
 
         trace = await self.work(go)
         total = time.perf_counter() - start
         self.metrics.observe_trace(trace)
-        if controlled and self.budget is not None:
-            self.budget.observe(trace.gate.score, trace.retrieved)
+        if self.budget is not None and self.controls(method, options):  # the pipeline observed it
             self.metrics.observe_budget(self.budget.budget, self.budget.tau, self.budget.rate())
         stage = {s.name: 0.0 for s in trace.stages}
         for s in trace.stages:
@@ -304,7 +309,15 @@ class Runtime:
 
 
 def _hit(h: Hit) -> dict[str, Any]:
-    return {"id": h.id, "title": h.passage.title, "text": h.passage.text, "score": h.score, "rank": h.rank}
+    """A document as an answer or a search returns it, with the file it was cut from where the index knows it."""
+    p = h.passage
+    out = {"id": h.id, "title": p.title, "text": p.text, "score": h.score, "rank": h.rank}
+    if p.source is not None:
+        out["source"] = p.source
+    span = getattr(p, "span", None)
+    if span is not None:
+        out["span"] = list(span)
+    return out
 
 
 def _finite(value: Any) -> Any:
@@ -354,43 +367,54 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 # -- the app ----------------------------------------------------------------------------------------------------
-def load_pipeline(settings: ServiceSettings) -> tuple[Backend, Retriever, str]:
-    """The model and the index ``settings`` name, loaded once (the method name is checked first)."""
+def load_pipeline(
+    settings: ServiceSettings, lm: Backend | None = None, retriever: Retriever | None = None
+) -> tuple[Pipeline, str, tuple[Callable[[], None], ...]]:
+    """The :class:`Pipeline` ``settings`` describe (model and index loaded once, method and needs checked first),
+    its index's name, and what else to close at shutdown. Given ``lm`` and ``retriever`` stay the caller's."""
     get_method(settings.method)
-    retriever: Retriever
-    if settings.milvus_uri:
+    closers: tuple[Callable[[], None], ...] = ()
+    if retriever is not None:
+        index, name = None, f"(a given {retriever.kind} retriever)"
+    elif settings.milvus_uri:
         from ragate.retrieval.milvus import MilvusRetriever
 
         retriever = MilvusRetriever.open(settings.milvus_uri, collection=settings.milvus_collection)
-        name = f"milvus:{settings.milvus_uri}#{settings.milvus_collection}"
+        index, name, closers = None, f"milvus:{settings.milvus_uri}#{settings.milvus_collection}", (retriever.close,)
     else:
         from ragate.retrieval.demo import demo_index
-        from ragate.retrieval.index import open_index
 
-        path = settings.index or demo_index()
-        retriever, name = open_index(path), str(path)
+        index = settings.index or demo_index()
+        name = str(index)
+    state = settings.budget_state
+    if settings.budget is not None and state is None:
+        from ragate.models import ragate_home
+
+        state = str(ragate_home() / "service" / f"budget-{settings.method}.json")
     try:
-        lm = load_backend(settings.model, settings.engine, **settings.backend_options)
+        pipeline = Pipeline(
+            settings.method,
+            model=settings.model,
+            backend=settings.engine,
+            base_url=settings.openai_base_url,
+            index=index,
+            retriever=retriever,
+            calibration=settings.calibration,
+            budget=settings.budget,
+            window=settings.budget_window,
+            budget_gain=settings.budget_gain,
+            budget_state=state,
+            fallback=settings.fallback,
+            skr_labels=settings.skr_labels,
+            lm=lm,
+            backend_options=settings.backend_options,
+            max_question_chars=settings.max_question_chars,
+        )
     except BaseException:
-        retriever.close()
+        for close in closers:
+            close()
         raise
-    return lm, retriever, name
-
-
-def _budget(settings: ServiceSettings, lm: Backend, served: MethodSpec) -> BudgetController | None:
-    if settings.budget is None:
-        return None
-    from ragate.models import ragate_home
-
-    state = settings.budget_state or ragate_home() / "service" / f"budget-{settings.method}.json"
-    return BudgetController(
-        settings.budget,
-        settings.budget_window,
-        served,
-        Path(state),
-        model=str(lm.model),
-        gain=settings.budget_gain,
-    )
+    return pipeline, name, closers
 
 
 def create_app(
@@ -399,48 +423,28 @@ def create_app(
     """The service for ``settings``. Without ``lm`` and ``retriever`` it loads both (and closes them at shutdown);
     given ones stay the caller's."""
     owned = lm is None and retriever is None
-    index_name = f"(a given {retriever.kind} retriever)" if retriever is not None else ""
-    if lm is None or retriever is None:
-        if not owned:
-            raise ValueError("give both lm and retriever, or neither")
-        lm, retriever, index_name = load_pipeline(settings)
-    try:
-        method = get_method(settings.method)
-        if settings.skr_labels is not None:
-            method = method.with_(gate=replace(method.gate, labels=settings.skr_labels))
-        served = require(method, lm.capabilities, engine=lm.engine, fallback=settings.fallback)
-        budget = _budget(settings, lm, served)  # the gate that decides: a fallback's, where one stands in
-    except RagateError:
-        if owned:
-            lm.close()
-            retriever.close()
-        raise
+    if not owned and (lm is None or retriever is None):
+        raise ValueError("give both lm and retriever, or neither")
+    pipeline, index_name, closers = load_pipeline(settings, lm, retriever)
     metrics = ServiceMetrics.create()
     runtime = Runtime(
         settings=settings,
-        lm=lm,
-        retriever=SerialRetriever(retriever),
+        pipeline=pipeline,
         index_name=index_name,
         metrics=metrics,
         slots=Slots(settings.max_concurrency, metrics.in_progress.set),
-        lm_lock=None if lm.engine == "openai" else threading.Lock(),
-        passages=len(retriever),
+        passages=len(pipeline.retriever),
         owned=owned,
         started=time.time(),
-        budget=budget,
-        served=served,
+        closers=closers,
     )
     if runtime.budget is not None:
         metrics.observe_budget(runtime.budget.budget, runtime.budget.tau, runtime.budget.rate())
 
     def close() -> None:  # a request abandoned at its timeout may still be using the model: wait for it
-        held = runtime.lm_lock.acquire(timeout=settings.request_timeout) if runtime.lm_lock else False
-        try:
-            runtime.lm.close()
-            runtime.retriever.close()
-        finally:
-            if held and runtime.lm_lock is not None:
-                runtime.lm_lock.release()
+        runtime.pipeline.close(wait=settings.request_timeout)
+        for closer in runtime.closers:
+            closer()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -464,8 +468,8 @@ def create_app(
 def _routes(app: FastAPI, rt: Runtime) -> None:
     @app.post("/v1/answer")
     async def answer(body: AnswerRequest) -> Response:
-        question, spec = rt.question(body.question), rt.spec(body.method, body.options)
-        trace, timings = await rt.answer(question, spec, controlled=rt.controls(body.method, body.options))
+        question = rt.question(body.question)
+        trace, timings = await rt.answer(question, body.method, body.options)
         payload = {"answer": trace.answer, "question": question, **rt.extension(trace, timings)}
         payload["trace"] = trace.to_json()
         return JSONResponse(_finite(payload))
@@ -490,10 +494,9 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
             text = body.question()
         except ValueError as err:
             raise ApiError(400, str(err)) from None
-        method = body.model if body.model in METHODS else rt.settings.method
+        method = body.model if body.model in all_methods() else rt.settings.method
         question = rt.question(text)
-        spec = rt.spec(method, AnswerOptions(max_tokens=body.token_limit()))
-        trace, timings = await rt.answer(question, spec, controlled=rt.controls(method))
+        trace, timings = await rt.answer(question, method, AnswerOptions(max_tokens=body.token_limit()))
         extension = _finite(rt.extension(trace, timings))
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -505,7 +508,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return JSONResponse(openai_api.model_list(list(METHODS), int(rt.started)))
+        return JSONResponse(openai_api.model_list(list(all_methods()), int(rt.started)))
 
     @app.get("/healthz")
     async def healthz(request: Request) -> Response:

@@ -32,12 +32,17 @@ from typing import Any
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.fileio import atomic_writer
+from ragate.gates.registry import gate_names, get_gate
 from ragate.methods import MethodSpec
 
-CONTROLLED = ("ugt", "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "pairs-embedding", "random")
 MIN_WINDOW = 10
 DEFAULT_GAIN = 16.0
 LEVEL_BOUNDS = (0.001, 0.999)
+
+
+def controlled_gates() -> list[str]:
+    """The gates whose threshold the controller can move: a score that ranks questions (``Gate.budget_control``)."""
+    return [g for g in gate_names() if get_gate(g).budget_control]
 
 
 def control_level(budget: float, rate: float, gain: float) -> float:
@@ -58,7 +63,7 @@ def check_budget(budget: float, window: int, spec: MethodSpec, gain: float = DEF
         raise RagateError(
             f"--window {window} is too short to estimate a rate: use at least {MIN_WINDOW} (default 200)"
         )
-    if spec.gate.kind not in CONTROLLED:
+    if not get_gate(spec.gate.kind).budget_control:
         stand_in = (
             " (a fallback gate stands in for the method's own, which this backend cannot serve)"
             if ":fallback=" in spec.name
@@ -66,7 +71,7 @@ def check_budget(budget: float, window: int, spec: MethodSpec, gain: float = DEF
         )
         raise RagateError(
             f"method {spec.name!r} decides with its {spec.gate.kind!r} gate{stand_in}, which has no threshold "
-            f"to control; serve a thresholded gate with --budget ({', '.join(CONTROLLED)})"
+            f"to control; serve a thresholded gate with --budget ({', '.join(controlled_gates())})"
         )
 
 

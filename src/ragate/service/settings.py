@@ -47,7 +47,7 @@ class ServiceSettings:
     max_tokens: int = 512  # the largest options.max_tokens a request may ask for
     max_k: int = 20  # the most documents a request may ask for (options.k, /v1/search k)
     max_concurrency: int = 8
-    request_timeout: float = 120.0
+    request_timeout: float = 300.0  # queueing included: DTR with the 1.5B model on 2 cores takes ~45-90 s a request
     read_timeout: float = 10.0  # a client sending its request body slower than this gets 408 and is cut off
     backend_timeout: float = 60.0  # one HTTP exchange with an OpenAI-compatible LM server
     backend_retries: int = 2
@@ -59,6 +59,7 @@ class ServiceSettings:
     fallback: str | None = None  # the gate served where the backend cannot serve the method's own
     openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate votes with
+    calibration: str | None = None  # a `ragate calibrate` file: the served method's threshold
 
     def __post_init__(self) -> None:
         positive = {

@@ -1,0 +1,61 @@
+"""Gates by name: ragate's own (imported on first use) and any a user registers.
+
+``register_gate("name")`` is a class decorator; an installed package can instead declare an entry point in the
+group ``ragate.gates`` (``my-gate = "my_package.gates:MyGate"``), found the first time ragate meets the name.
+Either way the gate runs in ``ragate ask``, ``eval``, ``sweep``, ``calibrate``, ``serve`` (and its budget
+controller) and :class:`ragate.Pipeline`, as a gate (``--gate NAME``) and as a method of its own name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ragate.gates.base import Gate
+from ragate.plugins import Registry
+
+ENTRY_POINT_GROUP = "ragate.gates"
+
+# the order is the one reports and /healthz list them in
+_BUILTIN = {
+    "never": "ragate.gates.basic:Never",
+    "always": "ragate.gates.basic:Always",
+    "random": "ragate.gates.basic:Random",
+    "ugt": "ragate.gates.ugt:UGT",
+    "pairs": "ragate.gates.pairs:Pairs",
+    "pairs-exclude-num": "ragate.gates.pairs:PairsExcludeNumbers",
+    "pairs-embedding": "ragate.gates.pairs:PairsEmbedding",
+    "targ-entropy": "ragate.gates.targ:TargEntropy",
+    "targ-margin": "ragate.gates.targ:TargMargin",
+    "targ-variance": "ragate.gates.targ:TargVariance",
+    "llm-judge": "ragate.gates.judge:LLMJudge",
+    "verbal-confidence": "ragate.gates.verbal:VerbalConfidence",
+    "self-eval": "ragate.gates.self_eval:SelfEval",
+    "self-rag-lite": "ragate.gates.self_rag:SelfRagLite",
+    "skr": "ragate.gates.skr:SKR",
+}
+GATE_REGISTRY: Registry[Gate] = Registry("gate", ENTRY_POINT_GROUP, _BUILTIN, Gate)
+
+
+def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
+    """Class decorator: register a :class:`~ragate.gates.base.Gate` subclass under ``name``."""
+
+    def add(cls: type[Gate]) -> type[Gate]:
+        GATE_REGISTRY.register(name, cls)
+        if not cls.name:
+            cls.name = name
+        return cls
+
+    return add
+
+
+def get_gate(name: str) -> Gate:
+    """The gate named ``name`` (an unknown name is a RagateError with the closest one)."""
+    cls = GATE_REGISTRY.get(name)
+    if not cls.name:  # registered through an entry point without the decorator
+        cls.name = name
+    return cls()  # gates hold no state: an instance costs nothing
+
+
+def gate_names(*, builtin_only: bool = False) -> tuple[str, ...]:
+    """Every gate name: ragate's, then registered and installed ones."""
+    return GATE_REGISTRY.names(builtin_only=builtin_only)

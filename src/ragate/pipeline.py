@@ -1,0 +1,469 @@
+"""``ragate.Pipeline``: one method, one model and one index (or your own search), answering questions.
+
+    with ragate.Pipeline(method="targ-margin", index="my-index/") as rag:
+        ans = rag.answer("When does the support contract renew?")
+        ans.text, ans.retrieved, ans.decision.score, ans.decision.threshold, ans.documents, ans.stages
+
+``ragate ask --method``, ``ragate calibrate --questions`` and ``ragate serve`` are built on this class. It checks
+what the method needs (a backend with logprobs, an index with embeddings, ...) before it loads the model, loads
+the model and the index once, and frees them on ``close()`` (or at the end of a ``with`` block). It is safe to
+share between threads: a local model answers one question at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Self
+
+from tqdm.auto import tqdm
+
+from ragate.backends import Backend, load_backend
+from ragate.errors import RagateError
+from ragate.gates.base import GateDecision
+from ragate.methods import MethodSpec, get_method, run_method
+from ragate.methods.needs import require, require_index
+from ragate.methods.runner import decide
+from ragate.methods.trace import Stage, Trace
+from ragate.retrieval.types import Hit, Retriever
+
+MAX_QUESTION_CHARS = 4000
+DEMO_INDEX = "the demo index (built on first use)"
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document the answer read: its id, title, text, score and rank, and where it came from (``source``: the
+    file a passage of your documents was cut from, ``span``: its character range there)."""
+
+    id: str
+    title: str
+    text: str
+    score: float
+    rank: int
+    source: str | None = None
+    span: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, hit: Hit) -> Document:
+        p = hit.passage
+        return cls(p.id, p.title, p.text, hit.score, hit.rank, p.source, getattr(p, "span", None))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answered question: the answer, the gate's decision (score, threshold, reason), the documents read and
+    the cost of every stage. ``trace`` is the full record (what ``ragate eval`` stores)."""
+
+    question: str
+    text: str
+    method: str
+    retrieved: bool
+    decision: GateDecision
+    documents: tuple[Document, ...]
+    stages: tuple[Stage, ...]
+    trace: Trace
+
+    @classmethod
+    def of(cls, trace: Trace) -> Answer:
+        docs = tuple(Document.of(h) for h in trace.documents)
+        return cls(trace.question, trace.answer, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace)
+
+    @property
+    def seconds(self) -> float:
+        return self.trace.seconds
+
+    @property
+    def tokens(self) -> int:
+        return self.trace.tokens
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.trace.to_json()
+        for doc, record in zip(self.documents, out["documents"], strict=True):
+            record |= {"text": doc.text, "source": doc.source, "span": list(doc.span) if doc.span else None}
+        return out
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A threshold set from the gate scores of questions without answers (``Pipeline.calibrate``, ``ragate
+    calibrate --questions``): ``tau`` keeps the share that retrieves at ``budget`` (at most, with ``confidence``).
+    ``to_json()`` is the file ``ragate ask/eval/serve --calibration`` and ``Pipeline(calibration=)`` read."""
+
+    method: str
+    gate: str
+    tau: float
+    budget: float
+    n: int
+    retrieval_rate: float  # on the questions it was set on
+    model: str | None
+    engine: str
+    confidence: float | None = None
+    batch: int | None = None
+    bound: str = "plain quantile F^-1(1 - budget) (TARG 3.3)"
+    expected_rate: float | None = None
+    rate_interval: tuple[float, float] | None = None
+    source: str = "questions"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": self.method, "gate": self.gate, "objective": "budget", "budget": self.budget,
+            "dev": self.source, "n": self.n, "model": self.model, "engine": self.engine, "tau": self.tau,
+            "dev_retrieval_rate": self.retrieval_rate, "dev_em": None, "bound": self.bound,
+        }  # fmt: skip
+        if self.confidence is not None:
+            out |= {
+                "confidence": self.confidence, "batch": self.batch, "expected_rate": self.expected_rate,
+                "rate_interval": list(self.rate_interval) if self.rate_interval else None,
+            }  # fmt: skip
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        import json
+
+        from ragate.fileio import atomic_writer
+
+        with atomic_writer(path) as f:
+            f.write(json.dumps(self.to_json(), indent=2).encode())
+        return Path(path)
+
+
+def check_question(question: str, max_chars: int = MAX_QUESTION_CHARS) -> str:
+    """The question stripped; empty, over-long or not valid Unicode is a :class:`RagateError`."""
+    if not isinstance(question, str):
+        raise RagateError(f"a question is a string, not {type(question).__name__}")
+    question = question.strip()
+    if not question:
+        raise RagateError('the question is empty: pass it in quotes, e.g. ragate ask "Who wrote Hamlet?"')
+    if len(question) > max_chars:
+        raise RagateError(
+            f"the question is {len(question)} characters; ragate takes at most {max_chars} "
+            "(put documents in an index, not in the question)"
+        )
+    try:
+        question.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RagateError(
+            f"the question holds a lone surrogate ({question[err.start]!r} at character {err.start}) or bytes "
+            "that are not UTF-8: pass valid text"
+        ) from None
+    return question
+
+
+class Pipeline:
+    """Answer questions with one adaptive-retrieval method (see the module docstring).
+
+    ``method``: a method name (``ragate.all_methods()``; a registered gate's name works too). ``model`` /
+    ``backend`` / ``base_url``: the LM (default SmolLM2-135M on llama.cpp; ``base_url`` of an OpenAI-compatible
+    server implies ``backend="openai"``). ``index``: an index directory; or ``search``: your own search, a function
+    ``(query, k) -> list of str | dict(text, title?, id?, score?, source?)`` or an object with ``search(query, k)``
+    (ragate embeds what DTR/PAIRS selection needs with ``encoder``); neither: the demo index. ``threshold`` or
+    ``calibration`` (a ``ragate calibrate`` file) set the gate's tau; ``budget`` holds the share of calls that
+    retrieve at that rate over the last ``window`` answers instead (the live controller of ``ragate serve
+    --budget``). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
+    replace the method's own; ``fallback`` names a gate to run where the backend cannot serve the method's.
+    ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close.
+    """
+
+    def __init__(
+        self,
+        method: str = "dtr",
+        *,
+        model: str | None = None,
+        backend: str | None = None,
+        base_url: str | None = None,
+        index: str | Path | None = None,
+        search: Any = None,
+        encoder: Any = None,
+        threshold: float | None = None,
+        calibration: str | Path | None = None,
+        budget: float | None = None,
+        window: int = 200,
+        budget_gain: float = 16.0,
+        budget_state: str | Path | None = None,
+        max_tokens: int | None = None,
+        k: int | None = None,
+        gate: str | None = None,
+        selector: str | None = None,
+        fallback: str | None = None,
+        skr_labels: str | Path | None = None,
+        seed: int = 0,
+        lm: Backend | None = None,
+        retriever: Retriever | None = None,
+        backend_options: dict[str, Any] | None = None,
+        max_question_chars: int = MAX_QUESTION_CHARS,
+    ) -> None:
+        engine = backend or ("openai" if base_url else "llama.cpp")
+        if base_url and engine != "openai":
+            raise RagateError(f"base_url goes with backend='openai', not {engine!r}")
+        if sum(x is not None for x in (index, search, retriever)) > 1:
+            raise RagateError("give one of index=, search= or retriever=")
+        if threshold is not None and calibration is not None:
+            raise RagateError("give threshold= or calibration=, not both: a calibration file sets the threshold")
+        self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
+        self.max_question_chars = max_question_chars
+        spec = configure_method(get_method(method), gate, selector, skr_labels, max_tokens, k)
+        self.calibration: dict[str, Any] | None = None
+        if calibration is not None:
+            from ragate.eval.calibrate import check_calibration, read_calibration
+
+            self.calibration = read_calibration(calibration)
+            check_calibration(self.calibration, calibration, method, model, engine)
+            threshold = float(self.calibration["tau"])
+        spec = _with_threshold(spec, threshold)
+        self._owned: list[Any] = []
+        self._lock = threading.RLock()
+        self._encoder = encoder
+        try:
+            self.index_name, self._retriever = self._open_retriever(index, search, encoder, retriever)
+            if self._retriever is not None:
+                require_index(spec, self._retriever, where=self.index_name)
+            if lm is None:
+                options = dict(backend_options or {})
+                if engine == "openai":
+                    options.setdefault("base_url", base_url)
+                lm = load_backend(model, engine, **options)
+                self._owned.append(lm)
+            self.lm: Backend = lm
+            self.spec: MethodSpec = require(spec, lm.capabilities, engine=lm.engine, fallback=fallback)
+            self.budget = None
+            if budget is not None:
+                from ragate.service.budget import BudgetController
+
+                self.budget = BudgetController(
+                    budget,
+                    window,
+                    self.spec,
+                    Path(budget_state) if budget_state is not None else None,
+                    model=str(lm.model),
+                    gain=budget_gain,
+                )
+        except BaseException:
+            self.close()
+            raise
+        self._local = lm.engine != "openai"  # a local model runs one call at a time
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def _open_retriever(
+        self, index: Any, search: Any, encoder: Any, retriever: Retriever | None
+    ) -> tuple[str, Retriever | None]:
+        """The index's name and the retriever; None for the demo index, which opens on first use."""
+        from ragate.retrieval.serial import SerialRetriever
+
+        if retriever is not None:
+            return f"a given {retriever.kind} retriever", SerialRetriever(retriever)
+        if search is not None:
+            from ragate.retrieval.function import FunctionRetriever
+
+            function = FunctionRetriever(search, encoder=encoder)
+            self._owned.append(function)
+            return f"search function {function.name!r}", SerialRetriever(function)
+        if index is None:
+            return DEMO_INDEX, None
+        from ragate.retrieval.index import open_index
+
+        opened = open_index(index, encoder=encoder)
+        self._owned.append(opened)
+        return str(index), SerialRetriever(opened)
+
+    @property
+    def retriever(self) -> Retriever:
+        """The index (or search) this pipeline reads; the demo index is built and opened on first use."""
+        with self._lock:
+            if self._retriever is None:
+                from ragate.retrieval.demo import demo_index
+                from ragate.retrieval.index import open_index
+                from ragate.retrieval.serial import SerialRetriever
+
+                path = demo_index()
+                opened = open_index(path, encoder=self._encoder)
+                self._owned.append(opened)
+                self._retriever, self.index_name = SerialRetriever(opened), f"the demo index ({path})"
+            return self._retriever
+
+    # -- answering ----------------------------------------------------------------------------------------------
+    def spec_for(
+        self,
+        method: str | None = None,
+        *,
+        threshold: float | None = None,
+        k: int | None = None,
+        max_tokens: int | None = None,
+    ) -> MethodSpec:
+        """The method a call runs: this pipeline's (``method`` None or its name) or another, with the call's
+        threshold, number of documents and answer length; checked against the backend and the index."""
+        if method is None or method == self.method:
+            spec = self.spec
+            if threshold is None and self.budget is not None:
+                threshold = self.budget.tau
+        else:  # another method: served as it is or refused (the fallback stands in for this pipeline's only)
+            spec = require(get_method(method), self.lm.capabilities, engine=self.lm.engine)
+        spec = _with_threshold(configure_method(spec, None, None, None, max_tokens, k), threshold)
+        if self._retriever is not None:  # the demo index serves every method
+            require_index(spec, self._retriever, where=self.index_name)
+        return spec
+
+    def controls(self, method: str | None, threshold: float | None) -> bool:
+        """Whether the budget controller sets this call's threshold: this pipeline's method, no threshold given."""
+        return self.budget is not None and method in (None, self.method) and threshold is None
+
+    def model_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """Held while a local model answers (one question at a time); a no-op for a model server."""
+        return self._lock if self._local else contextlib.nullcontext()
+
+    def answer(
+        self,
+        question: str,
+        *,
+        method: str | None = None,
+        threshold: float | None = None,
+        k: int | None = None,
+        max_tokens: int | None = None,
+        progress: Callable[[str], None] | None = None,
+        still_wanted: Callable[[], bool] | None = None,
+    ) -> Answer:
+        """Answer ``question``: the gate decides, documents are read if it says so, the model answers.
+
+        ``method``, ``threshold``, ``k`` and ``max_tokens`` change this call only. ``progress`` is called with
+        each stage's name as it starts. ``still_wanted`` is asked once the model is free; False gives up before
+        any work (a caller that timed out)."""
+        question = check_question(question, self.max_question_chars)
+        spec = self.spec_for(method, threshold=threshold, k=k, max_tokens=max_tokens)
+        with self.model_lock():
+            if still_wanted is not None and not still_wanted():
+                raise TimeoutError("given up while waiting for the model")
+            retriever = self.retriever if spec.retrieves else self._retriever
+            trace = run_method(spec, question, self.lm, retriever, seed=self.seed, progress=progress)
+        if self.controls(method, threshold) and self.budget is not None:
+            self.budget.observe(trace.gate.score, trace.retrieved)
+        return Answer.of(trace)
+
+    def decide(self, question: str, *, seed: int | None = None) -> GateDecision:
+        """Only the gate's decision and score for ``question`` (no answer is written)."""
+        question = check_question(question, self.max_question_chars)
+        from ragate.gates.registry import get_gate
+
+        needs_index = get_gate(self.spec.gate.kind).needs_embeddings
+        with self.model_lock():
+            retriever = self.retriever if needs_index else self._retriever
+            return decide(self.spec, question, self.lm, retriever, seed=self.seed if seed is None else seed)
+
+    def scores(self, questions: Iterable[str], *, progress: bool = False) -> list[GateDecision]:
+        """The gate's decisions for many questions (question i with seed ``seed + i``, as ``ragate eval``)."""
+        items = list(questions)
+        return [
+            self.decide(q, seed=self.seed + i)
+            for i, q in enumerate(tqdm(items, desc=f"score {self.spec.name}", unit="q", disable=not progress))
+        ]
+
+    def calibrate(
+        self,
+        questions: Iterable[str] | str | Path,
+        budget: float,
+        *,
+        confidence: float | None = None,
+        batch: int | None = None,
+        progress: bool = False,
+        source: str | None = None,
+    ) -> Calibration:
+        """Set this pipeline's threshold so that a share ``budget`` of questions like ``questions`` retrieves.
+
+        ``questions``: a list of questions, or a file (one question a line, or JSONL with "question"; answers are
+        not needed). Without ``confidence``, tau = F^-1(1 - budget) over their scores (TARG section 3.3); with it,
+        the order statistic that keeps the rate on *new* questions at most ``budget`` with that probability
+        (``batch``: over every ``batch`` new questions). It holds only while new questions are like these: for
+        live traffic, ``budget=`` (the controller) holds the rate as the mix drifts."""
+        from ragate.eval.calibrate import check_calibratable, threshold_from_scores
+
+        check_calibratable(self.spec)
+        if isinstance(questions, str | Path):
+            from ragate.eval.datasets import read_questions
+
+            source = source or str(questions)
+            questions = read_questions(questions)
+        scores = [d.score for d in self.scores(questions, progress=progress)]
+        found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
+        calibration = Calibration(
+            method=self.method,  # the name asked for (a fallback gate renames the spec)
+            gate=self.spec.gate.kind,
+            model=self.model_name,
+            engine=self.engine,
+            source=source or "questions",
+            **found,
+        )
+        self.spec = _with_threshold(self.spec, calibration.tau)
+        return calibration
+
+    # -- lifetime -----------------------------------------------------------------------------------------------
+    def close(self, *, wait: float | None = None) -> None:
+        """Free the model and the index this pipeline opened (ready-made ones stay open). A question being
+        answered finishes first; ``wait`` bounds how many seconds to wait for it."""
+        held = self._lock.acquire(timeout=-1 if wait is None else wait)
+        try:
+            while self._owned:
+                self._owned.pop().close()
+        finally:
+            if held:
+                self._lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def configure_method(
+    spec: MethodSpec,
+    gate: str | None,
+    selector: str | None,
+    skr_labels: str | Path | None,
+    max_tokens: int | None,
+    k: int | None,
+) -> MethodSpec:
+    """``spec`` with another gate or selector, SKR's label set, an answer length or a number of documents."""
+    from ragate.gates.registry import get_gate
+    from ragate.methods.spec import SELECTORS, GateSpec
+
+    if gate is not None:
+        get_gate(gate)  # an unknown name fails here, with "did you mean"
+        spec = spec.with_(gate=GateSpec(gate))
+    if selector is not None:
+        if selector not in SELECTORS:
+            import difflib
+
+            close = difflib.get_close_matches(selector, SELECTORS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise RagateError(f"unknown selector {selector!r}.{hint} Choose one of: {', '.join(SELECTORS)}")
+        spec = spec.with_(selector=replace(spec.selector, kind=selector))
+    if skr_labels is not None:
+        if spec.gate.kind != "skr":
+            raise RagateError(f"--skr-labels goes with the skr gate (--method skr), not {spec.name!r}")
+        spec = spec.with_(gate=replace(spec.gate, labels=str(skr_labels)))
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise RagateError(f"max_tokens must be at least 1, got {max_tokens}")
+        spec = spec.with_(max_tokens=max_tokens)
+        if spec.dynamic is not None:
+            spec = spec.with_(dynamic=replace(spec.dynamic, max_tokens=max_tokens))
+    if k is not None:
+        if k < 1:
+            raise RagateError(f"k must be at least 1, got {k}")
+        spec = spec.with_(selector=replace(spec.selector, k=k, n=max(spec.selector.n, k)))
+        if spec.dynamic is not None:
+            spec = spec.with_(dynamic=replace(spec.dynamic, k=k))
+    return spec
+
+
+def _with_threshold(spec: MethodSpec, threshold: float | None) -> MethodSpec:
+    if threshold is None:
+        return spec
+    if spec.dynamic is not None:
+        return spec.with_(dynamic=replace(spec.dynamic, threshold=threshold))
+    return spec.with_(gate=replace(spec.gate, threshold=threshold))
