@@ -1,12 +1,23 @@
-"""``ragate index`` (build an index directory, show its verified manifest) and ``ragate search`` (query one)."""
+"""``ragate index`` (build, add to and inspect index directories) and ``ragate search`` (query one).
+
+``index build`` reads a corpus file of passages (``--corpus``) or your own documents (``--docs``, chunked; see
+:mod:`ragate.retrieval.documents`), then warns on stderr when passages are longer than the encoder (or the
+reader's prompt) takes (:mod:`ragate.retrieval.lengths`). ``index add`` adds new and changed documents to an
+index built with ``--docs``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ragate.retrieval.types import Passage
 
 SNIPPET_CHARS = 150
 
@@ -18,10 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = parser.add_subparsers(dest="index_command", metavar="ACTION", required=True)
 
     build = commands.add_parser(
-        "build", help="index a corpus file as BM25, dense or hybrid (BM25 + dense, RRF)"
+        "build", help="index a corpus file or your own documents as BM25, dense or hybrid (BM25 + dense, RRF)"
     )
-    build.add_argument(
-        "--corpus", type=Path, required=True, help="passages: ragate/FlashRAG JSONL or DPR TSV"
+    source = build.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", type=Path, help="passages: ragate/FlashRAG JSONL or DPR TSV")
+    source.add_argument(
+        "--docs",
+        nargs="+",
+        metavar="PATH",
+        help="your own documents: files, folders (recursive) or globs of .txt .md .html .jsonl .pdf; chunked",
     )
     build.add_argument("--kind", choices=("bm25", "dense", "hybrid"), required=True)
     build.add_argument("--out", type=Path, required=True, help="index directory to create")
@@ -37,11 +53,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--ef-construction", type=int, default=200, help="HNSW build beam (default 200)")
     build.add_argument("--ef-search", type=int, default=128, help="HNSW search beam (default 128)")
     build.add_argument("--format", default="auto", choices=("auto", "jsonl", "flashrag", "tsv"))
-    build.add_argument("--skip-bad", action="store_true", help="skip and count malformed corpus lines")
+    _chunk_flags(build)
+    build.add_argument(
+        "--skip-bad", action="store_true", help="skip and count malformed corpus lines or damaged documents"
+    )
     build.add_argument("--force", action="store_true", help="replace an existing non-empty --out directory")
     build.add_argument("--batch-size", type=int, default=32, help="encoder batch size (default 32)")
     build.add_argument("--quiet", action="store_true", help="no progress bars")
     build.set_defaults(run=run_build)
+
+    add = commands.add_parser(
+        "add",
+        help="add new and changed documents to an index built with --docs (old passages kept as encoded)",
+    )
+    add.add_argument("dir", type=Path, help="index directory built by `ragate index build --docs`")
+    add.add_argument("--docs", nargs="+", metavar="PATH", required=True, help="files, folders or globs")
+    add.add_argument(
+        "--encoder", default=None, help="the index's encoder, if it moved (default: as recorded)"
+    )
+    add.add_argument("--skip-bad", action="store_true", help="skip and count damaged documents")
+    add.add_argument("--batch-size", type=int, default=32, help="encoder batch size (default 32)")
+    add.add_argument("--quiet", action="store_true", help="no progress bars")
+    add.set_defaults(run=run_add)
 
     info = commands.add_parser("info", help="print an index's manifest after verifying its files")
     info.add_argument("dir", type=Path)
@@ -59,39 +92,196 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     search.set_defaults(run=run_search)
 
 
+def _chunk_flags(parser: argparse.ArgumentParser) -> None:
+    chunk = parser.add_argument_group(
+        "chunking (TARG's chunker; always on with --docs, on with --corpus only when a flag is given)"
+    )
+    chunk.add_argument("--chunk-size", type=int, default=None, help="characters per chunk (default 1000)")
+    chunk.add_argument("--chunk-overlap", type=int, default=None, help="characters of overlap (default 100)")
+    chunk.add_argument(
+        "--min-chunk", "--chunk-min", dest="min_chunk", type=int, default=None,
+        help="no chunk shorter than this: a shorter tail joins the chunk before it (default 200)",
+    )  # fmt: skip
+
+
+def _chunking(args: argparse.Namespace) -> Any:
+    """The chunk settings the flags ask for; ``None`` for ``--corpus`` without any chunk flag."""
+    from ragate.errors import RagateError
+    from ragate.retrieval.documents import check_chunking
+    from ragate.retrieval.pooled import ChunkSettings
+
+    flags = (args.chunk_size, args.chunk_overlap, args.min_chunk)
+    if args.corpus is not None and flags == (None, None, None):
+        return None
+    default = ChunkSettings()
+    chunking = ChunkSettings(
+        default.size if args.chunk_size is None else args.chunk_size,
+        default.overlap if args.chunk_overlap is None else args.chunk_overlap,
+        default.min_size if args.min_chunk is None else args.min_chunk,
+    )
+    try:
+        check_chunking(chunking)
+    except ValueError as err:
+        raise RagateError(str(err)) from None
+    return chunking
+
+
 def run_build(args: argparse.Namespace) -> int:
-    from ragate.retrieval.corpus import ReadStats, read_passages
+    from ragate.errors import RagateError
     from ragate.retrieval.dense import HNSWParams
-    from ragate.retrieval.index import build_index
+    from ragate.retrieval.index import build_encoder
+    from ragate.retrieval.lengths import check_passage_lengths
+    from ragate.retrieval.store import PASSAGES, iter_passage_file
 
     if args.hnsw and args.kind == "bm25":
-        from ragate.errors import RagateError
-
         raise RagateError("--hnsw applies to --kind dense or hybrid, not bm25")
-    stats = ReadStats()
-    passages = read_passages(args.corpus, format=args.format, skip_bad=args.skip_bad, stats=stats)
+    if args.docs and args.format != "auto":
+        raise RagateError("--format applies to --corpus; --docs reads each file by its extension")
+    chunking = _chunking(args)
+    encoder = build_encoder(args.kind, args.encoder)
+    common: dict[str, Any] = {
+        "encoder": encoder,
+        "hnsw": args.hnsw,
+        "hnsw_params": HNSWParams(args.hnsw_m, args.ef_construction, args.ef_search),
+        "batch_size": args.batch_size,
+        "overwrite": args.force,
+        "progress": not args.quiet,
+    }
     start = time.perf_counter()
-    out = build_index(
-        passages,
-        args.out,
-        args.kind,
-        encoder=args.encoder,
-        hnsw=args.hnsw,
-        hnsw_params=HNSWParams(args.hnsw_m, args.ef_construction, args.ef_search),
-        batch_size=args.batch_size,
-        overwrite=args.force,
-        progress=not args.quiet,
-        corpus=str(args.corpus),
-    )
+    if args.docs:
+        out, count, report = _build_from_documents(args, chunking, common)
+    else:
+        out, count, report = _build_from_corpus(args, chunking, common)
     seconds = time.perf_counter() - start
-    rate = stats.passages / seconds if seconds > 0 else float("inf")
-    print(f"indexed {stats.passages:,} passages ({args.kind}) in {seconds:.1f} s: {rate:,.0f} passages/s")
+    rate = count / seconds if seconds > 0 else float("inf")
+    print(f"indexed {count:,} passages ({args.kind}) in {seconds:.1f} s: {rate:,.0f} passages/s")
+    for line in report:
+        print(line)
+    check = check_passage_lengths(iter_passage_file(out / PASSAGES), encoder, progress=not args.quiet)
+    if check.should_warn:
+        print(f"ragate: warning: {check.warning()}", file=sys.stderr)
+    print(out)
+    return 0
+
+
+def _build_from_corpus(
+    args: argparse.Namespace, chunking: Any, common: dict[str, Any]
+) -> tuple[Path, int, list[str]]:
+    from ragate.retrieval.corpus import ReadStats, chunk_passages, read_passages
+    from ragate.retrieval.index import build_index
+
+    stats = ReadStats()
+    passages: Iterable[Passage] = read_passages(
+        args.corpus, format=args.format, skip_bad=args.skip_bad, stats=stats
+    )
+    counted: list[int] = [0]
+    if chunking is not None:
+        passages = _counting(
+            chunk_passages(passages, chunking.size, chunking.overlap, chunking.min_size), counted
+        )
+    out = build_index(passages, args.out, args.kind, corpus=str(args.corpus), chunking=chunking, **common)
+    report = []
+    if chunking is not None:
+        report.append(
+            f"chunked {stats.passages:,} corpus passages into {counted[0]:,} ({_describe(chunking)})"
+        )
     if stats.skipped:
-        print(
+        report.append(
             f"skipped {stats.malformed:,} malformed lines and {stats.duplicates:,} duplicate ids; first problems:"
         )
-        for example in stats.examples:
-            print(f"  {example}")
+        report += [f"  {example}" for example in stats.examples]
+    return out, counted[0] if chunking is not None else stats.passages, report
+
+
+def _counting(passages: Iterable[Passage], counter: list[int]) -> Iterator[Passage]:
+    for passage in passages:
+        counter[0] += 1
+        yield passage
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def _describe(chunking: Any) -> str:
+    return f"chunks of ~{chunking.size:,} characters, {chunking.overlap:,} overlap, min {chunking.min_size:,}"
+
+
+def _build_from_documents(
+    args: argparse.Namespace, chunking: Any, common: dict[str, Any]
+) -> tuple[Path, int, list[str]]:
+    from ragate.retrieval.documents import DocumentStats, index_documents
+
+    stats = DocumentStats()
+    out = index_documents(
+        args.docs,
+        args.out,
+        args.kind,
+        chunk_size=chunking.size,
+        chunk_overlap=chunking.overlap,
+        min_chunk=chunking.min_size,
+        skip_bad=args.skip_bad,
+        stats=stats,
+        **common,
+    )
+    summary = (
+        f"read {_count(stats.files, 'file')}: {_count(stats.documents, 'document')}, "
+        f"{_count(stats.passages, 'passage')} "
+        f"({_describe(chunking)})"
+    )
+    return out, stats.passages, [summary, *_document_problems(stats)]
+
+
+def _document_problems(stats: Any) -> list[str]:
+    lines = []
+    if stats.unsupported:
+        kinds = ", ".join(f"{suffix} {n:,}" for suffix, n in sorted(stats.unsupported.items()))
+        lines.append(
+            f"skipped {_count(sum(stats.unsupported.values()), 'file')} of unsupported types ({kinds}); "
+            "ragate reads .txt .md .markdown .html .htm .jsonl .pdf"
+        )
+    if stats.empty or stats.bad:
+        lines.append(
+            f"skipped {_count(stats.empty, 'empty document')} and {stats.bad:,} damaged files or lines; "
+            "first problems:"
+        )
+        lines += [f"  {example}" for example in stats.examples]
+    return lines
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from ragate.retrieval.documents import DocumentStats, add_documents
+    from ragate.retrieval.store import read_manifest
+
+    stats = DocumentStats()
+    start = time.perf_counter()
+    out = add_documents(
+        args.dir,
+        args.docs,
+        encoder=args.encoder,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        skip_bad=args.skip_bad,
+        stats=stats,
+    )
+    seconds = time.perf_counter() - start
+    new = stats.files - stats.replaced
+    if stats.files or stats.bad:
+        print(
+            f"added {_count(new, 'new file')} and {_count(stats.replaced, 'changed file')} in {seconds:.1f} s: "
+            f"{_count(stats.documents, 'document')}, {_count(stats.passages, 'passage')}; "
+            f"{_count(stats.unchanged, 'file')} unchanged"
+        )
+    else:
+        print(f"nothing to add: {_count(stats.unchanged, 'file')} unchanged")
+    for line in _document_problems(stats):
+        print(line)
+    manifest = read_manifest(out)
+    documents = manifest["documents"]
+    print(
+        f"the index holds {_count(manifest['passages'], 'passage')} of "
+        f"{_count(documents['documents'], 'document')} in {_count(documents['files'], 'file')}"
+    )
     print(out)
     return 0
 
@@ -119,7 +309,18 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"encoder    {encoder['name']} ({encoder['dim']}-d, from {encoder['source']})")
         print(f"prefixes   query {encoder['query_prefix']!r}, passage {encoder['document_prefix']!r}")
     print(f"params     {json.dumps(manifest['params'])}")
-    print(f"corpus     {manifest.get('corpus') or '-'}")
+    documents = manifest.get("documents")
+    if documents:
+        paths = " ".join(documents.get("paths") or [])
+        print(f"documents  {documents['documents']:,} in {documents['files']:,} files (from {paths})")
+    else:
+        print(f"corpus     {manifest.get('corpus') or '-'}")
+    if manifest.get("chunking"):
+        chunking = manifest["chunking"]
+        print(
+            f"chunking   ~{chunking['size']:,} characters a chunk, {chunking['overlap']:,} overlap, "
+            f"min {chunking['min_size']:,}"
+        )
     print(f"built      {manifest['created_at']} by ragate {manifest['ragate_version']}")
     print(f"format     {manifest['format']} v{manifest['format_version']}")
     check = "size checked" if args.no_verify else "size and sha256 verified"

@@ -195,13 +195,31 @@ def _str_field(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
 
 
 def _from_jsonl(obj: dict[str, Any]) -> Passage:
-    """ragate's form ``{"id", "title", "text", "source"?}``; a missing or null title reads as ``""``."""
+    """ragate's form ``{"id", "title", "text", "source"?, "span"?}``; a missing or null title reads as ``""``."""
     text = _str_field(obj, "text", required=True)
     assert text is not None
     title = _str_field(obj, "title", required=False) or ""
     return Passage(
-        id=_id(obj.get("id")), title=title, text=text, source=_str_field(obj, "source", required=False)
+        id=_id(obj.get("id")),
+        title=title,
+        text=text,
+        source=_str_field(obj, "source", required=False),
+        span=_span(obj.get("span")),
     )
+
+
+def _span(value: object) -> tuple[int, int] | None:
+    """``"span": [start, end]`` (characters of the source document), or ``None`` when absent."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        and value[0] <= value[1]
+    ):
+        return value[0], value[1]
+    raise _BadLine(f'"span" must be [start, end] with 0 <= start <= end, not {value!r}')
 
 
 def _from_flashrag(obj: dict[str, Any]) -> Passage:
@@ -242,10 +260,12 @@ def _from_tsv(fields: list[str]) -> Passage:
 
 
 def passage_json(passage: Passage) -> str:
-    """One line of ragate's JSONL form (``source`` only when set)."""
-    obj: dict[str, str] = {"id": passage.id, "title": passage.title, "text": passage.text}
+    """One line of ragate's JSONL form (``source`` and ``span`` only when set)."""
+    obj: dict[str, Any] = {"id": passage.id, "title": passage.title, "text": passage.text}
     if passage.source is not None:
         obj["source"] = passage.source
+    if passage.span is not None:
+        obj["span"] = list(passage.span)
     return json.dumps(obj, ensure_ascii=False)
 
 

@@ -4,12 +4,13 @@ Every index directory holds::
 
     manifest.json           format version, kind, encoder identity, passage count, build params, created-at,
                             ragate version, and the size and sha256 of every other file
-    passages.jsonl          one passage per line: {"id", "title", "text", "source"}, in row order
+    passages.jsonl          one passage per line: {"id", "title", "text", "source"?, "span"?}, in row order
     passages.offsets.npy    int64 (n + 1,) byte offsets of the lines (memory-mapped)
     ids.sorted.npy          the ids as UTF-8 bytes (numpy ``S`` dtype), sorted (memory-mapped)
     ids.rows.npy            int64 row of each sorted id (memory-mapped)
 
-plus the files of its kind (``bm25/`` arrays, ``embeddings.npy``, ``hnsw.faiss``). Nothing is pickled: arrays are
+plus the files of its kind (``bm25/`` arrays, ``embeddings.npy``, ``hnsw.faiss``), and ``documents.json`` when it
+was built from documents (:mod:`ragate.retrieval.documents`). Nothing is pickled: arrays are
 ``.npy`` files read with ``allow_pickle=False``, metadata is JSON. A directory is written under a temporary name
 beside the target, fsynced, then renamed into place, so a crash never leaves a half index under the final name.
 """
@@ -21,6 +22,7 @@ import glob
 import json
 import mmap
 import os
+import shlex
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -53,9 +55,19 @@ def rebuild_hint(
 ) -> str:
     """The exact ``ragate index build`` command that rebuilds this index (placeholders where unknown)."""
     manifest = manifest or {}
-    corpus = manifest.get("corpus") or "CORPUS"
+    documents = manifest.get("documents") or {}
+    if documents:
+        source = "--docs " + " ".join(shlex.quote(p) for p in documents.get("paths") or ["PATH"])
+    else:
+        source = f"--corpus {manifest.get('corpus') or 'CORPUS'}"
     kind = manifest.get("kind") if manifest.get("kind") in KINDS else "bm25|dense|hybrid"
-    parts = ["ragate index build", f"--corpus {corpus}", f"--kind {kind}", f"--out {index_dir}"]
+    parts = ["ragate index build", source, f"--kind {kind}", f"--out {index_dir}"]
+    chunking = manifest.get("chunking")
+    if isinstance(chunking, dict):
+        parts.append(
+            f"--chunk-size {chunking.get('size')} --chunk-overlap {chunking.get('overlap')} "
+            f"--min-chunk {chunking.get('min_size')}"
+        )
     encoder = encoder or (manifest.get("encoder") or {}).get("source")
     if encoder:
         parts.append(f"--encoder {encoder}")
@@ -215,7 +227,14 @@ def load_array(path: Path, *, mmap_mode: Literal["r"] | None = "r") -> np.ndarra
 
 def passage_from_json(line: bytes | str) -> Passage:
     record = json.loads(line)
-    return Passage(id=record["id"], title=record["title"], text=record["text"], source=record.get("source"))
+    span = record.get("span")
+    return Passage(
+        id=record["id"],
+        title=record["title"],
+        text=record["text"],
+        source=record.get("source"),
+        span=(span[0], span[1]) if span is not None else None,
+    )
 
 
 def write_passage_store(passages: Iterable[Passage], root: Path, *, progress: bool = True) -> int:

@@ -1,0 +1,433 @@
+"""Your own documents: find files, extract their text, chunk it, and index it (or add it to an index).
+
+``index_documents(["notes/", "papers/*.pdf"], "idx/notes")`` finds the files (folders walked, globs expanded:
+:mod:`ragate.retrieval.files`), reads ``.txt``, ``.md``/``.markdown``, ``.html``/``.htm``, ``.jsonl`` (one document
+a line: ``{"text", "title"?, "id"?}``) and ``.pdf`` (with pypdf; text extraction in :mod:`ragate.retrieval.extract`),
+chunks every document with TARG's chunker (:func:`~ragate.retrieval.corpus.chunk_spans`: ~1000 characters,
+100 overlap, min 200) and builds a ``bm25``/``dense``/``hybrid`` index of the chunks.
+
+Each passage keeps the document's title, its file (``Passage.source``: the path relative to a folder argument,
+as given for a file or a glob match) and its span ``[start, end)`` in the extracted text
+(:mod:`ragate.retrieval.extract`). Passage ids are ``"{doc}#{n}"`` for chunk n, where ``doc`` is a JSONL line's
+``id`` when it has one, else ``"d"`` + 12 hex digits of the sha1 of the source (and, in a JSONL file, the line
+number): stable across rebuilds, and :func:`~ragate.retrieval.corpus.document_id` maps a chunk to its document.
+
+The index directory also holds ``documents.json`` (each file's source, size, sha256 and passage ids), so that
+:func:`add_documents` skips unchanged files, re-chunks changed ones and adds new ones without re-encoding the
+passages it keeps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import CorpusFormatError, DataNotFoundError, IndexFormatError
+from ragate.retrieval.corpus import MAX_EXAMPLES, chunk_spans, document_id
+from ragate.retrieval.dense import HNSWParams
+from ragate.retrieval.encoders import Encoder
+from ragate.retrieval.extract import (
+    DamagedFile,
+    Extracted,
+    decode_text,
+    extract_html,
+    extract_markdown,
+    extract_pdf,
+    extract_text,
+)
+from ragate.retrieval.files import SUFFIXES, DocumentFile, find_files
+from ragate.retrieval.index import (
+    IndexKind,
+    build_encoder,
+    index_encoder,
+    index_info,
+    index_manifest,
+    write_index_files,
+    write_updated_index,
+)
+from ragate.retrieval.pooled import ChunkSettings
+from ragate.retrieval.store import staged_directory, write_manifest
+from ragate.retrieval.types import Passage
+
+DOCUMENTS = "documents.json"
+SKIP_BAD = "pass --skip-bad (skip_bad=True) to skip and count damaged files and lines"
+
+
+class _BadLine(Exception):
+    """A JSONL line that is not a document; the reader adds file and line number."""
+
+
+@dataclass
+class DocumentStats:
+    """What one :func:`index_documents` / :func:`add_documents` call saw. Mutable on purpose, like
+    :class:`~ragate.retrieval.corpus.ReadStats`: the reader fills it in as it goes."""
+
+    files: int = 0  # files read
+    documents: int = 0  # documents with text
+    passages: int = 0
+    empty: int = 0  # documents with no text, skipped
+    bad: int = 0  # damaged files and JSONL lines, skipped (skip_bad)
+    unchanged: int = 0  # files already in the index with the same content (add)
+    replaced: int = 0  # files in the index whose content changed, re-chunked (add)
+    unsupported: dict[str, int] = field(default_factory=dict)  # suffix -> files skipped
+    examples: list[str] = field(default_factory=list)  # the first few problems, "file[:line]: reason"
+
+    def note(self, problem: str) -> None:
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(problem)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: ``key`` is the document part of its passage ids."""
+
+    key: str
+    source: str
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One line of ``documents.json``: a file the index holds and the passages it gave."""
+
+    source: str
+    size: int
+    sha256: str
+    documents: int
+    passages: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "passages": list(self.passages)}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> FileRecord:
+        return cls(obj["source"], obj["size"], obj["sha256"], obj["documents"], tuple(obj["passages"]))
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+
+def _key(*parts: object) -> str:
+    return "d" + hashlib.sha1(":".join(map(str, parts)).encode("utf-8")).hexdigest()[:12]
+
+
+def read_file(
+    doc_file: DocumentFile,
+    data: bytes,
+    *,
+    skip_bad: bool = False,
+    stats: DocumentStats | None = None,
+    seen: dict[str, str] | None = None,
+) -> list[Document]:
+    """The documents of one file's bytes (one, or one a line for JSONL); empty ones are counted, not returned.
+
+    ``DamagedFile`` for a file that cannot be read as its type; a bad JSONL line raises
+    :class:`CorpusFormatError` naming file and line unless ``skip_bad``. ``seen`` maps the document keys read so
+    far to where they came from (JSONL ids must be unique across files).
+    """
+    stats = stats if stats is not None else DocumentStats()
+    seen = seen if seen is not None else {}
+    kind = SUFFIXES[doc_file.path.suffix.lower()]
+    stem = doc_file.path.stem
+    if kind == "jsonl":
+        docs = _read_jsonl(doc_file, decode_text(data), skip_bad=skip_bad, stats=stats, seen=seen)
+    else:
+        extracted: Extracted
+        if kind == "pdf":
+            extracted = extract_pdf(data, stem)
+        elif kind == "html":
+            extracted = extract_html(decode_text(data), stem)
+        elif kind == "markdown":
+            extracted = extract_markdown(decode_text(data), stem)
+        else:
+            extracted = extract_text(decode_text(data), stem)
+        key = _key(doc_file.source)
+        docs = [Document(key, doc_file.source, extracted.title, extracted.text)]
+    kept = [doc for doc in docs if doc.text.strip()]
+    stats.empty += len(docs) - len(kept)
+    if len(kept) < len(docs):
+        stats.note(f"{doc_file.path}: {len(docs) - len(kept)} empty document(s) skipped")
+    return kept
+
+
+def _read_jsonl(
+    doc_file: DocumentFile, text: str, *, skip_bad: bool, stats: DocumentStats, seen: dict[str, str]
+) -> list[Document]:
+    docs = []
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{doc_file.path}:{line_no}"
+        try:
+            doc = _jsonl_document(line, doc_file.source, line_no)
+            if doc.key in seen:
+                raise _BadLine(f"duplicate id {doc.key!r} (first at {seen[doc.key]})")
+        except _BadLine as bad:
+            if not skip_bad:
+                raise CorpusFormatError(
+                    f'{where}: {bad}. Each line must be {{"text": ..., "title"?: ..., "id"?: ...}}; fix the '
+                    f"line, or {SKIP_BAD}"
+                ) from None
+            stats.bad += 1
+            stats.note(f"{where}: {bad}")
+            continue
+        seen[doc.key] = where
+        docs.append(doc)
+    return docs
+
+
+def _jsonl_document(line: str, source: str, line_no: int) -> Document:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise _BadLine(f"not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(obj, dict):
+        raise _BadLine(f"expected a JSON object, found {type(obj).__name__}")
+    text, title, doc_id = obj.get("text"), obj.get("title"), obj.get("id")
+    if not isinstance(text, str):
+        raise _BadLine('missing "text"' if text is None else '"text" must be a string')
+    if title is not None and not isinstance(title, str):
+        raise _BadLine('"title" must be a string')
+    if doc_id is not None and (
+        isinstance(doc_id, bool) or not isinstance(doc_id, str | int) or not str(doc_id)
+    ):
+        raise _BadLine('"id" must be a non-empty string or an integer')
+    key = str(doc_id) if doc_id is not None else _key(source, line_no)
+    return Document(key, source, title or "", text)
+
+
+def document_passages(doc: Document, chunking: ChunkSettings) -> list[Passage]:
+    """The chunks of a document: TARG's chunker, each span trimmed of white space at its ends, so that
+    ``doc.text[start:end] == passage.text``; ids ``"{key}#{n}"``."""
+    out: list[Passage] = []
+    for start, end in chunk_spans(doc.text, chunking.size, chunking.overlap, chunking.min_size):
+        piece = doc.text[start:end]
+        start += len(piece) - len(piece.lstrip())
+        end -= len(piece) - len(piece.rstrip())
+        if start < end:
+            out.append(
+                Passage(
+                    id=f"{doc.key}#{len(out)}",
+                    title=doc.title,
+                    text=doc.text[start:end],
+                    source=doc.source,
+                    span=(start, end),
+                )
+            )
+    return out
+
+
+def check_chunking(chunking: ChunkSettings) -> None:
+    """``ValueError`` naming the flags unless 1 <= overlap < size and 0 <= min <= size."""
+    try:
+        chunk_spans("", chunking.size, chunking.overlap, chunking.min_size)
+    except ValueError:
+        raise ValueError(
+            "chunk settings need --chunk-size >= 1, 0 <= --chunk-overlap < --chunk-size and "
+            f"0 <= --min-chunk <= --chunk-size; got {chunking.size}, {chunking.overlap}, {chunking.min_size}"
+        ) from None
+
+
+def _read_all(
+    files: Sequence[DocumentFile],
+    chunking: ChunkSettings,
+    records: list[FileRecord],
+    *,
+    skip_bad: bool,
+    stats: DocumentStats,
+    seen: dict[str, str],
+    need_text: bool = True,
+) -> Iterator[Passage]:
+    """Stream the passages of ``files``, appending each file's record to ``records`` once it is read;
+    ``need_text``: no passage at all is an error."""
+    for doc_file in files:
+        data = doc_file.path.read_bytes()
+        try:
+            docs = read_file(doc_file, data, skip_bad=skip_bad, stats=stats, seen=seen)
+        except DamagedFile as bad:
+            if not skip_bad:
+                raise CorpusFormatError(f"{doc_file.path}: {bad}; or {SKIP_BAD}") from None
+            stats.bad += 1
+            stats.note(f"{doc_file.path}: {bad}")
+            continue
+        stats.files += 1
+        ids: list[str] = []
+        for doc in docs:
+            stats.documents += 1
+            for passage in document_passages(doc, chunking):
+                ids.append(passage.id)
+                stats.passages += 1
+                yield passage
+        sha = hashlib.sha256(data).hexdigest()
+        records.append(FileRecord(doc_file.source, len(data), sha, len(docs), tuple(ids)))
+    if need_text and not stats.passages:
+        raise DataNotFoundError(
+            f"no text in the documents ({stats.files} files read, {stats.empty} empty documents, "
+            f"{stats.bad} skipped as damaged); check the paths given to --docs"
+        )
+
+
+# ----------------------------------------------------------------------------------------------- indexing
+
+
+def _find(paths: Sequence[str], stats: DocumentStats) -> list[DocumentFile]:
+    found = find_files(paths)
+    for suffix, n in found.unsupported.items():
+        stats.unsupported[suffix] = stats.unsupported.get(suffix, 0) + n
+    return list(found.files)
+
+
+def _path_list(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
+    if isinstance(paths, str | os.PathLike):
+        return [os.fspath(paths)]
+    return [os.fspath(p) for p in paths]
+
+
+def _documents_entry(records: Sequence[FileRecord], paths: Sequence[str]) -> dict[str, Any]:
+    return {"files": len(records), "documents": sum(r.documents for r in records), "paths": list(paths)}
+
+
+def _write_records(root: Path, records: Sequence[FileRecord]) -> None:
+    with open(root / DOCUMENTS, "w", encoding="utf-8") as f:
+        json.dump({"files": [r.to_json() for r in records]}, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+def read_records(index_dir: Path) -> list[FileRecord]:
+    """The files an index built from documents holds (``documents.json``), in the order they were added."""
+    try:
+        data = json.loads((Path(index_dir) / DOCUMENTS).read_text(encoding="utf-8"))
+        return [FileRecord.from_json(obj) for obj in data["files"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise IndexFormatError(
+            f"{Path(index_dir) / DOCUMENTS} cannot be read ({err}); rebuild the index"
+        ) from None
+
+
+def index_documents(
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    out_dir: str | Path,
+    kind: IndexKind = "hybrid",
+    *,
+    chunk_size: int = 1000,
+    chunk_overlap: int = 100,
+    min_chunk: int = 200,
+    encoder: Encoder | str | Path | None = None,
+    hnsw: bool = False,
+    hnsw_params: HNSWParams | None = None,
+    batch_size: int = 32,
+    overwrite: bool = False,
+    progress: bool = True,
+    skip_bad: bool = False,
+    stats: DocumentStats | None = None,
+) -> Path:
+    """Index the documents under ``paths`` (files, folders, globs) in ``out_dir`` (atomically); returns it.
+
+    Chunks are about ``chunk_size`` characters, overlap by ``chunk_overlap`` and are never under ``min_chunk``
+    (TARG's defaults). A damaged file (not UTF-8, a bad JSONL line, an unreadable PDF) raises
+    :class:`CorpusFormatError` naming it unless ``skip_bad``; ``stats`` receives the counts. Check the passage
+    lengths against the encoder with :func:`ragate.retrieval.lengths.check_passage_lengths`.
+    """
+    chunking = ChunkSettings(chunk_size, chunk_overlap, min_chunk)
+    check_chunking(chunking)
+    path_list = _path_list(paths)
+    stats = stats if stats is not None else DocumentStats()
+    files = _find(path_list, stats)
+    enc = build_encoder(kind, encoder)
+    records: list[FileRecord] = []
+    out_dir = Path(out_dir)
+    with staged_directory(out_dir, overwrite=overwrite) as root:
+        passages = _read_all(files, chunking, records, skip_bad=skip_bad, stats=stats, seen={})
+        n, params = write_index_files(
+            root,
+            passages,
+            kind,
+            enc,
+            hnsw=hnsw,
+            hnsw_params=hnsw_params,
+            batch_size=batch_size,
+            progress=progress,
+        )
+        _write_records(root, records)
+        extra = {"documents": _documents_entry(records, path_list), "chunking": asdict(chunking)}
+        write_manifest(root, index_manifest(kind, n, enc, params, extra=extra))
+    return out_dir
+
+
+def add_documents(
+    index_dir: str | Path,
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    *,
+    encoder: Encoder | str | Path | None = None,
+    batch_size: int = 32,
+    progress: bool = True,
+    skip_bad: bool = False,
+    stats: DocumentStats | None = None,
+) -> Path:
+    """Add the files under ``paths`` to an index built by :func:`index_documents`, in place and atomically.
+
+    A file whose source name and sha256 the index already holds is skipped; a changed one replaces its old
+    passages; a new one is added. Kept passages keep their embedding rows (copied, not re-encoded); BM25 and
+    HNSW are rebuilt over the whole store. Chunking is the index's. Files the index holds but ``paths`` do not
+    name stay. Nothing is written when nothing changed.
+    """
+    index_dir = Path(index_dir)
+    stats = stats if stats is not None else DocumentStats()
+    manifest = index_info(index_dir)
+    if not manifest.get("documents") or not manifest.get("chunking"):
+        raise IndexFormatError(
+            f"{index_dir} was not built from documents (ragate index build --docs): only such an index records "
+            "its files; build one with `ragate index build --docs PATH ... --out DIR`"
+        )
+    chunking = ChunkSettings(**manifest["chunking"])
+    enc = index_encoder(index_dir, manifest, encoder) if manifest["kind"] != "bm25" else None
+    old = read_records(index_dir)
+    by_source = {r.source: r for r in old}
+    path_list = _path_list(paths)
+    todo: list[DocumentFile] = []
+    replaced: set[str] = set()
+    for doc_file in _find(path_list, stats):
+        record = by_source.get(doc_file.source)
+        if record is not None and record.sha256 == hashlib.sha256(doc_file.path.read_bytes()).hexdigest():
+            stats.unchanged += 1
+        else:
+            todo.append(doc_file)
+            if record is not None:
+                replaced.add(record.source)
+    if not todo:
+        return index_dir
+    seen = {
+        document_id(p): f"{r.source} (in the index)"
+        for r in old
+        if r.source not in replaced
+        for p in r.passages
+    }
+    records: list[FileRecord] = []
+    new = list(_read_all(todo, chunking, records, skip_bad=skip_bad, stats=stats, seen=seen, need_text=False))
+    if not records:  # every new or changed file was damaged and skipped
+        return index_dir
+    replaced &= {r.source for r in records}  # a changed file skipped as damaged keeps its old passages
+    stats.replaced = len(replaced)
+    kept = [r for r in old if r.source not in replaced]
+    keep_ids = [pid for r in kept for pid in r.passages]
+    with staged_directory(index_dir, overwrite=True) as root:
+        if index_info(index_dir, verify=False) != manifest:
+            raise IndexFormatError(f"{index_dir} changed while files were being added; run the add again")
+        n, params = write_updated_index(
+            root, index_dir, manifest, keep_ids, new, enc, batch_size=batch_size, progress=progress
+        )
+        all_records = kept + records
+        _write_records(root, all_records)
+        paths_before = manifest["documents"].get("paths") or []
+        documents = _documents_entry(
+            all_records, [*paths_before, *(p for p in path_list if p not in paths_before)]
+        )
+        extra = {"documents": documents, "chunking": manifest["chunking"]}
+        write_manifest(root, index_manifest(manifest["kind"], n, enc, params, extra=extra))
+    return index_dir

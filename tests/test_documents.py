@@ -1,0 +1,424 @@
+"""Your own documents: finding files, extracting text, chunking with spans, the over-long passage warning, named
+errors and ``--skip-bad``, ``ragate index build --docs`` + ``ragate search``, and ``ragate index add``.
+
+Real components throughout: the fixture documents in tests/fixtures/docs (see its README), all-MiniLM-L6-v2,
+bm25s and FAISS.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragate.cli.main import main
+from ragate.errors import CorpusFormatError, DataNotFoundError, IndexFormatError, RagateError
+from ragate.retrieval.corpus import document_id, passage_json, read_passages
+from ragate.retrieval.documents import (
+    DOCUMENTS,
+    DocumentStats,
+    add_documents,
+    index_documents,
+    read_file,
+    read_records,
+)
+from ragate.retrieval.encoders import Encoder
+from ragate.retrieval.files import DocumentFile, find_files
+from ragate.retrieval.index import index_info, open_index
+from ragate.retrieval.lengths import check_passage_lengths
+from ragate.retrieval.store import PASSAGES, iter_passage_file, passage_from_json
+from ragate.retrieval.types import Passage
+
+FIXTURES = Path(__file__).parent / "fixtures" / "docs"
+# a folder's files are named by the folder as given joined with their path below it
+SOURCES = {
+    "docs/birds.jsonl",
+    "docs/green-tea.md",
+    "docs/long.txt",
+    "docs/sourdough.txt",
+    "docs/tidepools.pdf",
+    "docs/web/lighthouse.html",
+}
+
+pytest.importorskip("pypdf", reason="PDF fixtures need pypdf (pip install 'ragate[docs]')")
+
+
+class CountingEncoder(Encoder):
+    """The real MiniLM encoder, counting the texts it embeds (to show which passages were encoded)."""
+
+    def __init__(self, inner: Encoder) -> None:
+        self.inner = inner
+        self.model = getattr(inner, "model", None)
+        self.name, self.source, self.dim = inner.name, inner.source, inner.dim
+        self.query_prefix, self.document_prefix = inner.query_prefix, inner.document_prefix
+        self.texts: list[str] = []
+
+    def _embed(self, texts: Sequence[str], *, prefix: str, batch_size: int, progress: bool) -> np.ndarray:
+        self.texts += list(texts)
+        return self.inner._embed(texts, prefix=prefix, batch_size=batch_size, progress=progress)
+
+
+@pytest.fixture()
+def docs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the fixture documents that a test may change, named ``docs`` from the working folder (as a
+    user passes ``--docs docs``)."""
+    shutil.copytree(FIXTURES, tmp_path / "docs")
+    monkeypatch.chdir(tmp_path)
+    return Path("docs")
+
+
+def stored(index_dir: Path) -> list[Passage]:
+    return list(iter_passage_file(index_dir / PASSAGES))
+
+
+def extracted_texts(folder: Path) -> dict[str, str]:
+    """Document key -> extracted text, read again with the reader the index used."""
+    out = {}
+    for doc_file in find_files([folder]).files:
+        for doc in read_file(doc_file, doc_file.path.read_bytes()):
+            out[doc.key] = doc.text
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+
+def test_mixed_files_give_passages_with_source_and_span(docs: Path, tmp_path: Path) -> None:
+    stats = DocumentStats()
+    out = index_documents(docs, tmp_path / "ix", "bm25", progress=False, stats=stats)
+    passages = stored(out)
+    assert {p.source for p in passages} == SOURCES
+    assert (stats.files, stats.documents, stats.passages) == (6, 7, len(passages))
+    texts = extracted_texts(docs)
+    for passage in passages:
+        assert passage.span is not None
+        start, end = passage.span
+        assert texts[document_id(passage.id)][start:end] == passage.text
+    titles = {p.source: p.title for p in passages}
+    assert titles["docs/green-tea.md"] == "Brewing green tea"
+    assert titles["docs/web/lighthouse.html"] == "How a lighthouse lens works"
+    assert titles["docs/tidepools.pdf"] == "Life in tide pools"
+    assert titles["docs/sourdough.txt"] == "sourdough"
+    by_id = {p.id: p for p in passages}
+    assert by_id["arctic-tern#0"].title == "Arctic tern" and by_id["arctic-tern#0"].source == "docs/birds.jsonl"
+    swift = [p for p in passages if p.title == "Common swift"]
+    assert len(swift) == 1 and swift[0].id.startswith("d") and swift[0].id.endswith("#0")
+    html = next(p.text for p in passages if p.source == "docs/web/lighthouse.html")
+    assert "Augustin Fresnel's lens, first lit in 1823" in html
+    assert "analyticsQueue" not in html and "font-family" not in html and "lighthouse lens works" not in html
+    assert "Flashing lenses turn on a bed of mercury" in html.split("\n")[-1]
+    pdf = next(p.text for p in passages if p.source == "docs/tidepools.pdf")
+    assert "Ochre sea stars pry mussels open" in pdf
+
+
+def test_long_document_is_chunked_and_ids_are_stable(tmp_path: Path) -> None:
+    a = index_documents([FIXTURES / "long.txt"], tmp_path / "a", "bm25", progress=False)
+    b = index_documents([str(FIXTURES / "long.txt")], tmp_path / "b", "bm25", progress=False)
+    passages = stored(a)
+    assert len(passages) >= 10
+    key = document_id(passages[0].id)
+    assert [p.id for p in passages] == [f"{key}#{n}" for n in range(len(passages))]
+    assert all(len(p.text) <= 1000 + 200 - 1 for p in passages)
+    assert passages[0].span is not None and passages[0].span[0] == 0
+    for before, after in itertools.pairwise(passages):
+        assert before.span is not None and after.span is not None
+        assert after.span[0] < before.span[1]  # chunks overlap
+    assert (a / PASSAGES).read_bytes() == (b / PASSAGES).read_bytes()  # same ids and text on a rebuild
+
+
+def test_span_is_stored_only_when_set(tmp_path: Path) -> None:
+    plain = Passage("a", "T", "text", "s")
+    assert passage_json(plain) == '{"id": "a", "title": "T", "text": "text", "source": "s"}'
+    chunk = Passage("a#0", "T", "text", "s", span=(10, 14))
+    assert json.loads(passage_json(chunk))["span"] == [10, 14]
+    assert passage_from_json(passage_json(chunk)) == chunk
+    assert passage_from_json(passage_json(plain)) == plain
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(passage_json(chunk) + "\n" + passage_json(plain) + "\n", encoding="utf-8")
+    assert list(read_passages(corpus)) == [chunk, plain]
+    corpus.write_text('{"id": "x", "title": "", "text": "t", "span": [5, 2]}\n', encoding="utf-8")
+    with pytest.raises(CorpusFormatError, match=r"c.jsonl:1: .*span"):
+        list(read_passages(corpus))
+
+
+def test_folders_globs_hidden_and_unsupported_files(docs: Path, tmp_path: Path) -> None:
+    (docs / ".hidden.txt").write_text("hidden text", encoding="utf-8")
+    (docs / ".git").mkdir()
+    (docs / ".git" / "notes.md").write_text("# hidden folder", encoding="utf-8")
+    (docs / "photo.png").write_bytes(b"\x89PNG\r\n")
+    (docs / "web" / "data.csv").write_text("a,b\n", encoding="utf-8")
+    found = find_files([docs])
+    assert {f.source for f in found.files} == SOURCES
+    assert found.unsupported == {".png": 1, ".csv": 1}
+    assert [f.source for f in found.files] == sorted(f.source for f in found.files)
+    # a quoted glob is expanded by ragate; matches keep the path as matched
+    globbed = find_files([f"{docs}/**/*.html", str(docs / "*.md")])
+    assert [f.source for f in globbed.files] == [f"{docs}/web/lighthouse.html", f"{docs}/green-tea.md"]
+    # the same file twice is read once
+    assert len(find_files([docs, docs / "green-tea.md"]).files) == 6
+    with pytest.raises(
+        CorpusFormatError, match=r"photo.png: unsupported file type '.png'; ragate reads .txt"
+    ):
+        find_files([docs / "photo.png"])
+    with pytest.raises(DataNotFoundError, match="no such file or folder"):
+        find_files([docs / "missing.txt"])
+    with pytest.raises(DataNotFoundError, match="no file matches"):
+        find_files([str(docs / "*.docx")])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "green-tea.md").write_text("# Another tea", encoding="utf-8")
+    both = find_files([docs, other]).files  # the same file name in two folders: two sources
+    assert {"docs/green-tea.md", f"{other.as_posix()}/green-tea.md"} <= {f.source for f in both}
+
+
+def test_an_index_inside_the_folder_is_not_read_as_documents(docs: Path) -> None:
+    index_documents(docs, docs / "idx", "bm25", progress=False)
+    assert {f.source for f in find_files([docs]).files} == SOURCES
+
+
+def test_damaged_files_are_named_and_skip_bad_counts_them(docs: Path, tmp_path: Path) -> None:
+    (docs / "latin1.txt").write_bytes("Caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(
+        CorpusFormatError, match=r"latin1.txt: not valid UTF-8 \(byte 0xe9 at offset 3\).*--skip-bad"
+    ):
+        index_documents(docs, tmp_path / "ix", "bm25", progress=False)
+    (docs / "latin1.txt").unlink()
+
+    with open(docs / "birds.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"title": "no text"}\n{"id": "arctic-tern", "text": "a second tern"}\n')
+    with pytest.raises(CorpusFormatError, match=r'birds.jsonl:3: missing "text".*--skip-bad'):
+        index_documents(docs, tmp_path / "ix", "bm25", progress=False)
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.4\nthis is not a PDF body\n")
+    (docs / "empty.md").write_text("\n\n", encoding="utf-8")
+    (docs / "latin1.txt").write_bytes("Caf\xe9".encode("latin-1"))
+
+    stats = DocumentStats()
+    out = index_documents(docs, tmp_path / "ix", "bm25", progress=False, skip_bad=True, stats=stats)
+    assert stats.bad == 4  # two JSONL lines (no text, a duplicate id), the PDF, the latin-1 file
+    assert stats.empty == 1 and stats.files == 7  # the six fixtures and the empty Markdown file
+    problems = "\n".join(stats.examples)
+    assert "birds.jsonl:3: missing" in problems and "birds.jsonl:4: duplicate id 'arctic-tern'" in problems
+    assert "broken.pdf: not a readable PDF" in problems and "latin1.txt: not valid UTF-8" in problems
+    assert {p.source for p in stored(out)} == SOURCES
+    with pytest.raises(DataNotFoundError, match="no text in the documents"):
+        index_documents(docs / "empty.md", tmp_path / "none", "bm25", progress=False)
+
+
+def test_a_pdf_without_pypdf_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "pypdf", None)  # as if pypdf were not installed
+    with pytest.raises(RagateError, match=r"pip install 'ragate\[docs\]'"):
+        index_documents(FIXTURES / "tidepools.pdf", tmp_path / "ix", "bm25", progress=False)
+
+
+def test_bad_chunk_settings(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--chunk-overlap < --chunk-size"):
+        index_documents(FIXTURES, tmp_path / "ix", "bm25", chunk_size=100, chunk_overlap=100)
+
+
+# ----------------------------------------------------------------------------------------------- lengths
+
+
+def test_length_check_by_tokens(tmp_path: Path, minilm: Encoder) -> None:
+    long_chunks = index_documents(
+        FIXTURES / "long.txt", tmp_path / "big", "bm25", chunk_size=3000, progress=False
+    )
+    check = check_passage_lengths(stored(long_chunks), minilm)
+    assert check.unit == "word pieces" and check.limit == 256 and check.passages == len(stored(long_chunks))
+    assert check.over >= check.passages - 1 and check.longest > 500 and check.should_warn
+    assert 500 <= check.suggested_chunk_size <= 1200
+    message = check.warning()
+    assert "all-MiniLM-L6-v2 reads the first 256" in message
+    assert f"--chunk-size {check.suggested_chunk_size}" in message
+
+    default = index_documents(FIXTURES, tmp_path / "default", "bm25", progress=False)
+    fine = check_passage_lengths(stored(default), minilm)
+    assert not fine.should_warn and fine.longest <= 256 * 5 // 4
+
+
+def test_length_check_by_characters() -> None:
+    text = (FIXTURES / "long.txt").read_text(encoding="utf-8")
+    whole = [Passage("long", "long", text), Passage("short", "", "a short passage")]
+    check = check_passage_lengths(whole)
+    assert (check.unit, check.limit, check.over, check.longest_id) == ("characters", 2000, 1, "long")
+    assert check.should_warn and "--chunk-size 1000" in check.warning()
+    assert not check_passage_lengths(whole[1:]).should_warn
+
+
+def test_cli_warns_for_over_long_passages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "big"
+    argv = ["index", "build", "--docs", str(FIXTURES / "long.txt"), "--kind", "dense", "--out", str(out)]
+    assert main([*argv, "--chunk-size", "3000", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "read 1 file: 1 document, 5 passages (chunks of ~3,000 characters" in captured.out
+    assert "ragate: warning: " in captured.err and "longer than 256 word pieces" in captured.err
+    assert "rebuild with --chunk-size" in captured.err
+
+    # a corpus of whole documents: the bm25 rule, by characters
+    corpus = tmp_path / "whole.jsonl"
+    text = (FIXTURES / "long.txt").read_text(encoding="utf-8")
+    corpus.write_text(passage_json(Passage("long", "Long", text)) + "\n", encoding="utf-8")
+    argv = ["index", "build", "--corpus", str(corpus), "--kind", "bm25", "--out", str(tmp_path / "c")]
+    assert main([*argv, "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "ragate: warning: 1 of 1 passages is longer than 2,000 characters" in err
+    assert "--chunk-size 1000" in err
+
+    # the same corpus chunked with a chunk flag: no warning, chunking recorded
+    assert main([*argv[:-1], str(tmp_path / "chunked"), "--chunk-size", "1000", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "chunked 1 corpus passages into" in captured.out
+    manifest = index_info(tmp_path / "chunked")
+    assert manifest["chunking"] == {"size": 1000, "overlap": 100, "min_size": 200}
+    assert "chunking" not in index_info(tmp_path / "c") and "documents" not in index_info(tmp_path / "c")
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_build_info_search(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (docs / "photo.png").write_bytes(b"\x89PNG\r\n")
+    out = tmp_path / "ix"
+    assert (
+        main(["index", "build", "--docs", str(docs), "--kind", "hybrid", "--out", str(out), "--quiet"]) == 0
+    )
+    captured = capsys.readouterr()
+    assert "read 6 files: 7 documents" in captured.out and "indexed" in captured.out
+    assert "skipped 1 file of unsupported types (.png 1)" in captured.out
+    assert "warning" not in captured.err  # TARG's default chunks fit MiniLM's window
+
+    assert main(["index", "info", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"documents  7 in 6 files (from {docs})" in printed
+    assert "chunking   ~1,000 characters a chunk, 100 overlap, min 200" in printed and DOCUMENTS in printed
+
+    questions = [
+        "What water temperature should green tea be brewed at?",
+        "How do sea stars open mussels?",
+        "Which animal makes the longest migration?",
+        "Who invented the lens with rings of glass prisms used in lighthouses?",
+    ]
+    assert main(["search", str(out), *questions, "--json", "-k", "3"]) == 0
+    firsts = [json.loads(line)["hits"][0] for line in capsys.readouterr().out.splitlines()]
+    by_id = {p.id: p for p in stored(out)}
+    assert [by_id[hit["id"]].source for hit in firsts] == [
+        "docs/green-tea.md",
+        "docs/tidepools.pdf",
+        "docs/birds.jsonl",
+        "docs/web/lighthouse.html",
+    ]
+    assert firsts[2]["id"] == "arctic-tern#0"
+
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.4\nnot a pdf\n")
+    argv = ["index", "build", "--docs", str(docs), "--kind", "bm25", "--out", str(tmp_path / "b"), "--quiet"]
+    assert main(argv) == 2
+    assert "broken.pdf: not a readable PDF" in capsys.readouterr().err
+    assert main([*argv, "--skip-bad"]) == 0
+    assert "skipped 0 empty documents and 1 damaged files or lines" in capsys.readouterr().out
+    both = ["index", "build", "--docs", str(docs), "--corpus", "c.jsonl", "--kind", "bm25", "--out", "x"]
+    with pytest.raises(SystemExit):
+        main(both)
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- adding
+
+
+def _split_docs(root: Path) -> tuple[Path, Path]:
+    """``first``: the fixtures without birds.jsonl and with an older sourdough.txt; ``final``: all fixtures."""
+    first = Path(shutil.copytree(FIXTURES, root / "first"))
+    (first / "birds.jsonl").unlink()
+    sourdough = first / "sourdough.txt"
+    sourdough.write_text(sourdough.read_text(encoding="utf-8")[:300], encoding="utf-8")
+    return first, Path(shutil.copytree(FIXTURES, root / "final"))
+
+
+def test_add_equals_a_fresh_build_without_re_encoding(
+    tmp_path: Path, minilm: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    first, final = _split_docs(Path("."))
+    counting = CountingEncoder(minilm)
+    index = index_documents(first, tmp_path / "ix", "hybrid", encoder=counting, hnsw=True, progress=False)
+    built_first = {p.id: p for p in stored(index)}
+    assert len(counting.texts) == len(built_first)
+
+    # the user copies the new and changed files into the folder and adds the folder again
+    shutil.copy(final / "birds.jsonl", first / "birds.jsonl")
+    shutil.copy(final / "sourdough.txt", first / "sourdough.txt")
+    counting.texts.clear()
+    stats = DocumentStats()
+    assert add_documents(index, [first], encoder=counting, progress=False, stats=stats) == index
+    assert (stats.unchanged, stats.replaced, stats.files) == (4, 1, 2)
+    new_ids = {p.id for p in stored(index) if p.source in ("first/sourdough.txt", "first/birds.jsonl")}
+    assert len(counting.texts) == len(new_ids) == 3  # only the new and changed files' passages were encoded
+    assert sorted(counting.texts) == sorted(p.contents for p in stored(index) if p.id in new_ids)
+
+    # a fresh build of the folder as it is now (source names, and so ids, come from the folder's name)
+    fresh = index_documents(first, tmp_path / "fresh", "hybrid", encoder=minilm, hnsw=True, progress=False)
+    added, rebuilt = stored(index), stored(fresh)
+    assert sorted(added, key=lambda p: p.id) == sorted(rebuilt, key=lambda p: p.id)
+    with open_index(index, encoder=minilm) as a, open_index(fresh, encoder=minilm) as b:  # verifies the files
+        ids = [p.id for p in rebuilt]
+        np.testing.assert_allclose(a.passage_embeddings(ids), b.passage_embeddings(ids), atol=1e-6)
+        question = ["Which animal makes the longest migration?"]
+        assert [h.id for h in a.search(question, 5)[0]] == [h.id for h in b.search(question, 5)[0]]
+        assert a.search(question, 1)[0][0].id == "arctic-tern#0"
+    records = {r.source: r for r in read_records(index)}
+    assert records == {r.source: r for r in read_records(fresh)}
+    manifest = index_info(index)
+    assert manifest["documents"]["files"] == 6 and manifest["documents"]["documents"] == 7
+    assert (index / "hnsw.faiss").is_file() and manifest["params"]["hnsw"]
+
+    # nothing changed: nothing is encoded or written
+    counting.texts.clear()
+    stats = DocumentStats()
+    add_documents(index, [first], encoder=counting, progress=False, stats=stats)
+    assert stats.unchanged == 6 and counting.texts == [] and index_info(index) == manifest
+
+
+def test_cli_add(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first, final = _split_docs(tmp_path)
+    out = tmp_path / "ix"
+    assert main(["index", "build", "--docs", str(first), "--kind", "bm25", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["index", "add", str(out), "--docs", str(final / "birds.jsonl"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "added 1 new file and 0 changed files" in printed and "2 documents, 2 passages" in printed
+    assert "the index holds" in printed and "of 7 documents in 6 files" in printed
+    assert main(["index", "add", str(out), "--docs", str(final / "birds.jsonl"), "--quiet"]) == 0
+    assert "nothing to add: 1 file unchanged" in capsys.readouterr().out
+    assert main(["search", str(out), "swifts sleep while gliding", "-k", "1"]) == 0
+    assert "Common swift" in capsys.readouterr().out
+
+    corpus_index = tmp_path / "corpus"
+    corpus = Path(__file__).parent / "data" / "wiki_passages.jsonl"
+    assert (
+        main(["index", "build", "--corpus", str(corpus), "--kind", "bm25", "--out", str(corpus_index)]) == 0
+    )
+    capsys.readouterr()
+    assert main(["index", "add", str(corpus_index), "--docs", str(final / "birds.jsonl")]) == 2
+    assert "was not built from documents" in capsys.readouterr().err
+
+
+def test_rebuild_hint_names_the_documents(tmp_path: Path) -> None:
+    out = index_documents(FIXTURES / "green-tea.md", tmp_path / "ix", "bm25", chunk_size=500, progress=False)
+    with open(out / PASSAGES, "ab") as f:
+        f.write(b" ")
+    with pytest.raises(IndexFormatError) as info:
+        open_index(out)
+    message = str(info.value)
+    assert f"--docs {FIXTURES / 'green-tea.md'}" in message
+    assert "--chunk-size 500 --chunk-overlap 100 --min-chunk 200" in message
+
+
+def test_document_file_reading_is_exact() -> None:
+    doc_file = DocumentFile(FIXTURES / "green-tea.md", "green-tea.md")
+    (doc,) = read_file(doc_file, doc_file.path.read_bytes())
+    assert doc.title == "Brewing green tea"  # the first '# ' heading; the one in the code block is not it
+    assert doc.text == (FIXTURES / "green-tea.md").read_text(encoding="utf-8")
