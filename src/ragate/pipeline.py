@@ -209,6 +209,7 @@ class Pipeline:
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
         spec = configure_method(get_method(method), gate, selector, skr_labels, max_tokens, k)
+        self._max_tokens, self._k = max_tokens, k
         self.calibration: dict[str, Any] | None = None
         if calibration is not None:
             from ragate.eval.calibrate import check_calibration, read_calibration
@@ -304,6 +305,8 @@ class Pipeline:
                 threshold = self.budget.tau
         else:  # another method: served as it is or refused (the fallback stands in for this pipeline's only)
             spec = require(get_method(method), self.lm.capabilities, engine=self.lm.engine)
+            max_tokens = self._max_tokens if max_tokens is None else max_tokens  # the pipeline's limits hold
+            k = self._k if k is None else k
         spec = _with_threshold(configure_method(spec, None, None, None, max_tokens, k), threshold)
         if self._retriever is not None:  # the demo index serves every method
             require_index(spec, self._retriever, where=self.index_name)
