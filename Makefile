@@ -3,8 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ragate-installed
 DEMO_QUESTION ?= Who wrote the novel Pride and Prejudice?
-# a question whose evidence is in the demo corpus (src/ragate/data/demo: NQ-open oracle passages)
-DEMO_RAG_QUESTION ?= who got the first nobel prize in physics
+# the gate's two cases, picked from the 80 demo questions by scripts/pick_demo_questions.py (README: "make demo"):
+# one it answers without retrieval (right closed-book), one it retrieves for (the documents fix the answer)
+DEMO_SKIP_QUESTION ?= what is the main mineral in lithium batteries
+DEMO_RAG_QUESTION ?= where do the greasers live in the outsiders
+# TARG-margin's tau for a 50% retrieval budget over SmolLM2's scores of the demo questions
+DEMO_CALIBRATION ?= src/ragate/data/demo/targ-margin-smollm2-135m-budget-0.5.json
 
 .PHONY: install demo test bench lint clean
 
@@ -26,7 +30,8 @@ install: $(STAMP)
 
 demo: install
 	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)"
-	$(VENV)/bin/ragate ask "$(DEMO_RAG_QUESTION)" --method dtr
+	$(VENV)/bin/ragate ask "$(DEMO_SKIP_QUESTION)" --method targ-margin --calibration $(DEMO_CALIBRATION) --quiet
+	$(VENV)/bin/ragate ask "$(DEMO_RAG_QUESTION)" --method targ-margin --calibration $(DEMO_CALIBRATION) --quiet
 
 test: install
 	$(PY) -m pytest

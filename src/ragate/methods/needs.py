@@ -146,16 +146,21 @@ _VECTOR_SELECTORS = ("hyde",)
 def index_needs(spec: MethodSpec) -> list[str]:
     """What ``spec`` needs from its index beyond search: ``"embeddings"`` (its selector or gate compares the
     encoder's vectors) and ``"vector search"`` (HyDE searches with an averaged vector)."""
+    return [need for need, _ in _index_needs(spec)]
+
+
+def _index_needs(spec: MethodSpec) -> list[tuple[str, str]]:
+    """(need, what in the method has it) pairs."""
     if spec.dynamic is not None or not spec.retrieves:
         return []
     sel = spec.selector
     needs = []
-    if (sel.kind in _EMBEDDING_SELECTORS and not (sel.kind == "dpr-ais-rerank" and sel.cross_encoder)) or (
-        spec.crag is None and get_gate(spec.gate.kind).needs_embeddings
-    ):
-        needs.append("embeddings")
+    if sel.kind in _EMBEDDING_SELECTORS and not (sel.kind == "dpr-ais-rerank" and sel.cross_encoder):
+        needs.append(("embeddings", f"its selector {sel.kind!r} compares embeddings"))
+    if spec.crag is None and get_gate(spec.gate.kind).needs_embeddings:
+        needs.append(("embeddings", f"its gate {spec.gate.kind!r} embeds with the index's encoder"))
     if sel.kind in _VECTOR_SELECTORS:
-        needs.append("vector search")
+        needs.append(("vector search", f"its selector {sel.kind!r} searches with an averaged embedding"))
     return needs
 
 
@@ -163,16 +168,15 @@ def require_index(spec: MethodSpec, retriever: Retriever, *, where: str = "") ->
     """An :class:`IndexNeedError` before any LM call when ``retriever`` cannot serve what ``spec`` reads from it
     (DTR's and PAIRS's selection over a BM25 index, HyDE over a search that cannot take a vector)."""
     where = where or f"the {retriever.kind} index"
-    for need in index_needs(spec):
+    for need, why in _index_needs(spec):
         if need == "embeddings" and not retriever.has_embeddings:
             raise IndexNeedError(
-                f"method {spec.name!r} compares embeddings (its selector {spec.selector.kind!r} or gate "
-                f"{spec.gate.kind!r}), but {where} holds none: build a dense or hybrid index "
-                "(`ragate index build ... --kind hybrid`), or choose a method that only searches "
-                "(standard-rag, targ-margin, ... or --selector question)"
+                f"method {spec.name!r} needs passage embeddings ({why}), but {where} is a {retriever.kind} index "
+                "and holds none: build a dense or hybrid index (`ragate index build ... --kind hybrid`), or "
+                "choose a method that only searches (standard-rag, targ-margin, ... or --selector question)"
             )
         if need == "vector search" and not retriever.searches_by_vector:
             raise IndexNeedError(
-                f"method {spec.name!r} searches with an averaged embedding (HyDE), but {where} cannot search by "
-                "vector: use a dense or hybrid index, or q2d (which searches with text)"
+                f"method {spec.name!r} cannot run on {where} ({why}), which cannot search by vector: use a dense "
+                "or hybrid index, or q2d (which searches with text)"
             )
