@@ -149,6 +149,13 @@ def test_ask_refuses_dtr_on_a_bm25_index_before_any_lm_call(
     assert "compares embeddings" in proc.stderr and "--kind hybrid" in proc.stderr
     assert "ragate: draft" not in proc.stderr  # no stage started
     print(f"refused in {time.perf_counter() - start:.1f} s")
+    from ragate.cli.main import main
+
+    run = tmp_path / "run"
+    argv = ["eval", "--dataset", "demo", "--methods", "no-retrieval,dtr", "--index", str(bm25), "--limit", "2",
+            "--out", str(run), "--quiet", "--no-call-cache"]  # fmt: skip
+    assert main(argv) == 2  # the whole run is refused, not one error record per answer
+    assert not (run / "questions.jsonl").exists() or not (run / "questions.jsonl").read_text().strip()
 
 
 def test_max_tokens_reaches_every_answer_stage(smollm2_path: Path, wiki_dense: Any) -> None:

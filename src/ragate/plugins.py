@@ -52,6 +52,8 @@ class Registry(Generic[T]):
                 )
             self._registered[name] = cls
             self._loaded.pop(name, None)  # the same class re-imported (a test module loaded twice)
+        if not getattr(cls, "name", ""):  # a class says its own name in messages and traces
+            cls.name = name  # type: ignore[attr-defined]
         return cls
 
     def decorator(self, name: str) -> Callable[[type[T]], type[T]]:

@@ -37,14 +37,7 @@ TRIGGER_REGISTRY: Registry[Trigger] = Registry("trigger", ENTRY_POINT_GROUP, _BU
 
 def register_trigger(name: str) -> Callable[[type[Trigger]], type[Trigger]]:
     """Class decorator: register a :class:`~ragate.dynamic.steps.Trigger` subclass under ``name``."""
-
-    def add(cls: type[Trigger]) -> type[Trigger]:
-        TRIGGER_REGISTRY.register(name, cls)
-        if not cls.name:
-            cls.name = name
-        return cls
-
-    return add
+    return TRIGGER_REGISTRY.decorator(name)
 
 
 def trigger_class(name: str) -> type[Trigger]:

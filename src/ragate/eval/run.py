@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -565,16 +565,9 @@ def _answer_jobs(
     needs_index = any(specs[m].retrieves for _, _, m in jobs)
     if retriever is None and needs_index:
         retriever = _open_retriever(config)
-    if retriever is not None:  # DPR-AIS over a BM25 index is refused now, not once per answer
-        try:
-            for spec in specs.values():
-                require_index(spec, retriever)
-        except RagateError:
-            if own_retriever:
-                retriever.close()
-            if own_lm:
-                lm.close()
-            raise
+    if retriever is not None:
+        owned = [x for x, own in ((retriever, own_retriever), (lm, own_lm)) if own]
+        check_index(specs.values(), retriever, close=owned)
     if jobs and own_lm:  # a backend handed in is the caller's, warm or scripted
         _warm_up(lm, retriever, jobs[0][1].question)
     calls, opened = open_call_cache(lm, store, config, own=own_lm)
@@ -619,6 +612,18 @@ def _answer_jobs(
             retriever.close()
         if own_lm:
             lm.close()
+
+
+def check_index(specs: Iterable[MethodSpec], retriever: Retriever, *, close: Sequence[Any] = ()) -> None:
+    """Every method's needs of the index (DPR-AIS over a BM25 index is refused before any answer, not once per
+    answer); on a refusal, ``close`` what the caller opened."""
+    try:
+        for spec in specs:
+            require_index(spec, retriever)
+    except RagateError:
+        for opened in close:
+            opened.close()
+        raise
 
 
 def cost_totals(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from ragate.eval.run import (
     _open_retriever,
     _save_config,
     answer_fields,
+    check_index,
     default_call_cache,
     open_call_cache,
     open_run,
@@ -48,7 +49,6 @@ from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
 from ragate.gates.registry import get_gate
 from ragate.methods import GateSpec, MethodSpec, decide, run_method
-from ragate.methods.needs import require_index
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -198,15 +198,8 @@ def _sweep_jobs(
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
     retriever = retriever or _open_retriever(config)
-    try:  # DPR-AIS over a BM25 index is refused now, not at the first question
-        for spec in specs.values():
-            require_index(spec, retriever)
-    except RagateError:
-        if own_retriever:
-            retriever.close()
-        if own_lm:
-            lm.close()
-        raise
+    owned = [x for x, own in ((retriever, own_retriever), (lm, own_lm)) if own]
+    check_index(specs.values(), retriever, close=owned)
     calls, opened = open_call_cache(lm, store, config, own=own_lm)
     try:
         with RecordWriter(path) as writer:

@@ -38,22 +38,12 @@ GATE_REGISTRY: Registry[Gate] = Registry("gate", ENTRY_POINT_GROUP, _BUILTIN, Ga
 
 def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
     """Class decorator: register a :class:`~ragate.gates.base.Gate` subclass under ``name``."""
-
-    def add(cls: type[Gate]) -> type[Gate]:
-        GATE_REGISTRY.register(name, cls)
-        if not cls.name:
-            cls.name = name
-        return cls
-
-    return add
+    return GATE_REGISTRY.decorator(name)
 
 
 def get_gate(name: str) -> Gate:
     """The gate named ``name`` (an unknown name is a RagateError with the closest one)."""
-    cls = GATE_REGISTRY.get(name)
-    if not cls.name:  # registered through an entry point without the decorator
-        cls.name = name
-    return cls()  # gates hold no state: an instance costs nothing
+    return GATE_REGISTRY.get(name)()  # gates hold no state: an instance costs nothing
 
 
 def gate_names(*, builtin_only: bool = False) -> tuple[str, ...]:
