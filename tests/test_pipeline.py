@@ -177,6 +177,9 @@ def test_calibrate_on_unlabelled_questions_sets_the_threshold(smollm2_path: Path
         assert rag.spec.gate.tau == cal.tau and cal.n == 30 and cal.retrieval_rate <= 0.3
         assert rag.index_name.startswith("the demo index (built on first use)")
         path = cal.save(tmp_path / "cal.json")
+        bounded = rag.calibrate(questions, budget=0.3, confidence=0.9)  # 30 questions can bound 0.3 at 0.9
+        assert bounded.k is not None and bounded.tau >= cal.tau and bounded.retrieval_rate <= cal.retrieval_rate
+        assert bounded.to_json()["rate_interval"] == list(bounded.rate_interval or ())
     data = json.loads(path.read_text())
     assert data["method"] == "targ-margin" and data["tau"] == cal.tau and data["model"] is None
     with ragate.Pipeline(method="targ-margin", calibration=path) as again:

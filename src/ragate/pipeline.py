@@ -107,6 +107,7 @@ class Calibration:
     confidence: float | None = None
     batch: int | None = None
     bound: str = "plain quantile F^-1(1 - budget) (TARG 3.3)"
+    k: int | None = None  # with confidence: tau is the k-th smallest score
     expected_rate: float | None = None
     rate_interval: tuple[float, float] | None = None
     source: str = "questions"
@@ -119,7 +120,7 @@ class Calibration:
         }  # fmt: skip
         if self.confidence is not None:
             out |= {
-                "confidence": self.confidence, "batch": self.batch, "expected_rate": self.expected_rate,
+                "confidence": self.confidence, "batch": self.batch, "k": self.k, "expected_rate": self.expected_rate,
                 "rate_interval": list(self.rate_interval) if self.rate_interval else None,
             }  # fmt: skip
         return out
