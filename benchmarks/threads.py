@@ -1,11 +1,17 @@
-"""llama.cpp right after the torch encoder, with OpenMP's wait policy active (spinning) or passive (ragate's).
+"""llama.cpp right after the torch encoder, with OpenMP's wait policy passive (sleeping) or active (spinning).
 
     .venv/bin/python benchmarks/threads.py [--tokens 30] [--rounds 3] [--busy]
 
 Each policy runs in a fresh process (OpenMP reads the policy once, when it loads): load all-MiniLM-L6-v2 and
-SmolLM2 on llama.cpp, then ``--rounds`` times: embed 20 texts, generate ``--tokens`` tokens, and time the
-generation. ``--busy`` keeps one core busy with another process meanwhile (what a second worker, an index build
-or any other job does on a 2-core machine). Prints seconds per round for each policy and their ratio.
+SmolLM2 on llama.cpp (which runs its layers on the system's libgomp), then ``--rounds`` times: embed 20 texts,
+generate ``--tokens`` tokens, and time the generation. ``--busy`` keeps one core busy with another process
+meanwhile. Prints seconds per round for each policy and their ratio.
+
+Why it exists: on this 2-core machine, with another process running llama.cpp and the encoder at the same time,
+a process that also runs both sometimes slowed down about 100x (30 SmolLM2 tokens in 87-110 s instead of
+0.3-1 s), and ``OMP_WAIT_POLICY=PASSIVE`` avoided it in every run tried. But PASSIVE makes llama.cpp's own
+threads sleep at every barrier: on an idle machine generation falls from ~135 to ~36 tokens/s (this script: 0.22
+against 0.87 s). ragate therefore leaves the policy to the operator; results in benchmarks/results/threads.txt.
 """
 
 from __future__ import annotations

