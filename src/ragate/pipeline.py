@@ -218,12 +218,12 @@ class Pipeline:
             self.calibration = read_calibration(calibration)
             check_calibration(self.calibration, calibration, method, model, engine)
             threshold = float(self.calibration["tau"])
-        spec = _with_threshold(spec, threshold)
+        spec = spec.with_threshold(threshold)
         self._owned: list[Any] = []
         self._lock = threading.RLock()
         self._encoder = encoder
         try:
-            self.index_name, self._retriever = self._open_retriever(index, search, encoder, retriever)
+            self.index_name, self._retriever = self._open_retriever(index, search, retriever)
             if self._retriever is not None:
                 require_index(spec, self._retriever, where=self.index_name)
             if lm is None:
@@ -253,7 +253,7 @@ class Pipeline:
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def _open_retriever(
-        self, index: Any, search: Any, encoder: Any, retriever: Retriever | None
+        self, index: Any, search: Any, retriever: Retriever | None
     ) -> tuple[str, Retriever | None]:
         """The index's name and the retriever; None for the demo index, which opens on first use."""
         from ragate.retrieval.serial import SerialRetriever
@@ -263,16 +263,21 @@ class Pipeline:
         if search is not None:
             from ragate.retrieval.function import FunctionRetriever
 
-            function = FunctionRetriever(search, encoder=encoder)
+            function = FunctionRetriever(search, encoder=self._encoder)
             self._owned.append(function)
             return f"search function {function.name!r}", SerialRetriever(function)
         if index is None:
             return DEMO_INDEX, None
-        from ragate.retrieval.index import open_index
+        return str(index), self._open_index(index)
 
-        opened = open_index(index, encoder=encoder)
+    def _open_index(self, path: str | Path) -> Retriever:
+        """An index directory opened (verified) for this pipeline, which closes it."""
+        from ragate.retrieval.index import open_index
+        from ragate.retrieval.serial import SerialRetriever
+
+        opened = open_index(path, encoder=self._encoder)
         self._owned.append(opened)
-        return str(index), SerialRetriever(opened)
+        return SerialRetriever(opened)
 
     @property
     def retriever(self) -> Retriever:
@@ -280,13 +285,9 @@ class Pipeline:
         with self._lock:
             if self._retriever is None:
                 from ragate.retrieval.demo import demo_index
-                from ragate.retrieval.index import open_index
-                from ragate.retrieval.serial import SerialRetriever
 
                 path = demo_index()
-                opened = open_index(path, encoder=self._encoder)
-                self._owned.append(opened)
-                self._retriever, self.index_name = SerialRetriever(opened), f"the demo index ({path})"
+                self._retriever, self.index_name = self._open_index(path), f"the demo index ({path})"
             return self._retriever
 
     # -- answering ----------------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ class Pipeline:
             spec = require(get_method(method), self.lm.capabilities, engine=self.lm.engine)
             max_tokens = self._max_tokens if max_tokens is None else max_tokens  # the pipeline's limits hold
             k = self._k if k is None else k
-        spec = _with_threshold(configure_method(spec, None, None, None, max_tokens, k), threshold)
+        spec = configure_method(spec, None, None, None, max_tokens, k).with_threshold(threshold)
         if self._retriever is not None:  # the demo index serves every method
             require_index(spec, self._retriever, where=self.index_name)
         return spec
@@ -401,7 +402,7 @@ class Pipeline:
             source=source or "questions",
             **found,
         )
-        self.spec = _with_threshold(self.spec, calibration.tau)
+        self.spec = self.spec.with_threshold(calibration.tau)
         return calibration
 
     # -- lifetime -----------------------------------------------------------------------------------------------
@@ -464,10 +465,3 @@ def configure_method(
             spec = spec.with_(dynamic=replace(spec.dynamic, k=k))
     return spec
 
-
-def _with_threshold(spec: MethodSpec, threshold: float | None) -> MethodSpec:
-    if threshold is None:
-        return spec
-    if spec.dynamic is not None:
-        return spec.with_(dynamic=replace(spec.dynamic, threshold=threshold))
-    return spec.with_(gate=replace(spec.gate, threshold=threshold))

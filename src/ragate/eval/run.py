@@ -86,12 +86,7 @@ class EvalConfig:
         spec = get_method(method)
         if spec.gate.kind == "skr" and spec.dynamic is None and spec.crag is None:
             spec = spec.with_(gate=replace(spec.gate, labels=self.skr_labels))
-        tau = dict(self.thresholds).get(method)
-        if tau is None:
-            return spec
-        if spec.dynamic is not None:
-            return spec.with_(dynamic=replace(spec.dynamic, threshold=tau))
-        return spec.with_(gate=replace(spec.gate, threshold=tau))
+        return spec.with_threshold(dict(self.thresholds).get(method))
 
 
 def check_config(

@@ -124,6 +124,14 @@ class MethodSpec:
     def with_(self, **changes: object) -> MethodSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def with_threshold(self, tau: float | None) -> MethodSpec:
+        """This method with its gate's threshold (a dynamic method: its trigger's) set to ``tau`` (None: as is)."""
+        if tau is None:
+            return self
+        if self.dynamic is not None:
+            return replace(self, dynamic=replace(self.dynamic, threshold=tau))
+        return replace(self, gate=replace(self.gate, threshold=tau))
+
     @property
     def retrieves(self) -> bool:
         """Whether the method can ever read the index (and so needs one)."""
