@@ -223,6 +223,90 @@ def test_loop_keeps_the_text_before_an_etc_hit_and_asks_for_the_answer_when_miss
     assert [s.name for s in trace.stages] == ["generate", "retrieve", "generate", "answer-is"]
 
 
+def _capitals_script(*blocks: Generation) -> tuple[Any, list[GenerationRequest]]:
+    calls: list[GenerationRequest] = []
+
+    def script(request: GenerationRequest) -> Generation:
+        calls.append(request)
+        return blocks[min(len(calls), len(blocks)) - 1]
+
+    return ScriptedBackend(script), calls
+
+
+@pytest.mark.parametrize("method", ["etc", "dragin"])
+def test_etc_and_dragin_ask_with_the_question_whenever_they_fire_without_attention(
+    method: str, demo_retriever: Any
+) -> None:
+    """ETC section 3.3 forms the query as DRAGIN does, over the question and the text so far: without attention
+    both put the question in front of the masked sentence, however many words the hit has before it (on main
+    before issue M, ETC's masked query dropped the question once three words were written)."""
+    tokens = ["Paris", " Rome", " Oslo", " Bern", " Kyiv", ".", " Riga"]
+    first = block(tokens, entropies=[1.0, 1.0, 1.0, 1.0, 9.0, 0.1, 1.0])
+    lm, _ = _capitals_script(first, block([" Vienna", ".", " So", " the", " answer", " is", " Vienna", "."]))
+    spec = get_method(method).with_threshold(2.0)
+    trace = run_method(spec, "Which capital?", lm, demo_retriever)
+    assert trace.dynamic is not None and trace.dynamic.retrievals
+    for event in trace.dynamic.retrievals:
+        assert event.query_form == "question-masked"
+        assert event.query.startswith("Which capital? Paris Rome Oslo Bern"), event.query
+
+
+def test_etc_signed_does_not_fire_on_a_drop_of_entropy() -> None:
+    tokens = ["Paris", " Rome", " Oslo", " Bern", " Kyiv", " Riga", " Baku"]
+    gen = block(tokens, entropies=[3.0, 3.0, 3.0, 3.0, 0.0, 3.0, 3.0])  # a dip: Δ² = -3 at Kyiv, +6 after it
+    paper = first_fire(EtcWatch(EtcConfig(variant="etc-no-smoothing", alpha=2.5), STOP), gen)
+    signed = first_fire(EtcWatch(EtcConfig(variant="etc-no-smoothing", alpha=2.5, signed=True), STOP), gen)
+    assert paper is not None and paper.hit == (4, 5) and paper.score == pytest.approx(-3.0)
+    assert signed is not None and signed.hit == (5, 6) and signed.score == pytest.approx(6.0)
+    assert "trend >= alpha" in signed.reason
+    assert get_method("etc-signed").dynamic.signed  # type: ignore[union-attr]
+    assert not get_method("etc").dynamic.signed  # type: ignore[union-attr]
+
+
+def test_etc_code_cuts_just_before_the_firing_word_as_the_authors_generate_py() -> None:
+    tokens = ["Paris", " Rome", " Oslo", " Bern", " Kyiv", " Riga", "."]
+    gen = block(tokens, entropies=[1.0, 2.0, 3.0, 4.0, 9.0, 1.0, 0.1])  # the code skips zero differences
+    spec = get_method("etc-code").dynamic
+    assert spec is not None and spec.cut == "word" and spec.passages == "sentence"
+    fire = first_fire(EtcWatch(EtcConfig(variant="etc-code", alpha=1.3), STOP, cut=spec.cut), gen)
+    assert fire is not None and fire.keep == fire.hit[0] > 0
+
+
+def test_passages_serve_one_sentence_then_the_prompt_has_none(demo_retriever: Any) -> None:
+    first = block(["Paris", " Rome", " Oslo", " Bern", " Kyiv", " Riga"], entropies=[1.0] * 4 + [9.0, 1.0])
+    with_passages = block([" Vienna", " is", " it", ".", " More", " text"])
+    after = block([" So", " the", " answer", " is", " Vienna", "."])
+    lm, calls = _capitals_script(first, with_passages, after)
+    spec = get_method("etc-sentence-passages").with_threshold(2.0)
+    trace = run_method(spec, "Which capital?", lm, demo_retriever)
+    contexts = ["Context:" in c.prompt[0].content for c in calls]  # type: ignore[union-attr]
+    assert contexts == [False, True, False]
+    assert calls[2].assistant_prefix == "Paris Rome Oslo Bern Vienna is it."  # one sentence kept, no more
+    assert trace.answer == "Vienna"
+    rest, rest_calls = _capitals_script(first, with_passages, after)
+    run_method(get_method("etc").with_threshold(2.0), "Which capital?", rest, demo_retriever)
+    assert ["Context:" in c.prompt[0].content for c in rest_calls][:2] == [False, True]  # type: ignore[union-attr]
+
+
+def test_etc_and_dragin_have_no_retrieval_cap_but_a_recorded_safety_bound(demo_retriever: Any) -> None:
+    from ragate.methods.spec import SAFETY_RETRIEVALS
+
+    assert get_method("etc").dynamic.max_retrievals is None  # type: ignore[union-attr]
+    assert get_method("dragin").dynamic.max_retrievals is None  # type: ignore[union-attr]
+    unsure = block(["Paris", " Rome", " Oslo", " Bern", " Kyiv", " Riga"], entropies=[1.0] * 4 + [9.0, 1.0])
+    lm, _ = _capitals_script(unsure)  # the model never settles: every block fires again
+    trace = run_method(get_method("etc").with_threshold(2.0), "Which capital?", lm, demo_retriever)
+    assert trace.dynamic is not None
+    assert len(trace.dynamic.retrievals) == SAFETY_RETRIEVALS > 3
+    assert trace.dynamic.bound_reached
+    capped = get_method("etc").with_(dynamic=replace(get_method("etc").dynamic, max_retrievals=3))  # type: ignore[arg-type]
+    lm, _ = _capitals_script(unsure)
+    trace = run_method(capped.with_threshold(2.0), "Which capital?", lm, demo_retriever)
+    assert (
+        trace.dynamic is not None and len(trace.dynamic.retrievals) == 3 and not trace.dynamic.bound_reached
+    )
+
+
 def test_dynamic_methods_have_no_gate_to_decide_alone() -> None:
     from ragate.methods import decide
 
@@ -275,10 +359,10 @@ def test_every_dynamic_method_runs_end_to_end_on_smollm2(
         info = trace.dynamic
         assert info is not None and info.output and trace.seconds > 0
         assert trace.retrieved == bool(info.retrievals) == bool(trace.documents)
-        assert len([e for e in info.retrievals if e.query_form != "initial"]) <= spec.dynamic.max_retrievals  # type: ignore[union-attr]
+        assert len([e for e in info.retrievals if e.query_form != "initial"]) <= spec.dynamic.retrieval_bound  # type: ignore[union-attr]
         forms |= {e.query_form for e in info.retrievals}
     if method in ("etc", "dragin") and forms - {"initial"}:
-        assert forms == ({"attention"} if engine == "transformers" else {"masked"})
+        assert forms == ({"attention"} if engine == "transformers" else {"question-masked"})
 
 
 def test_a_retrieving_dynamic_method_without_an_index_is_a_clear_error() -> None:

@@ -13,13 +13,13 @@ from ragate.errors import RagateError
 from ragate.methods import DYNAMIC_METHODS, METHODS, get_method, run_method
 
 NAMED = [
-    "no-retrieval", "standard-rag", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
-    "dpr-ais-dynamic", "dpr-ais-rerank", "pairs", "pairs-exclude-num", "targ-entropy", "targ-margin",
-    "targ-variance", "random", "verbal-confidence", "self-eval", "self-rag-lite", "skr", "crag-lite",
+    "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
+    "dpr-ais-dynamic", "dpr-ais-rerank", "pairs", "pairs-exclude-num", "pairs-lenient", "targ-entropy", "targ-margin",
+    "targ-variance", "targ-always", "targ-always-context-first", "random", "verbal-confidence", "self-eval", "self-rag-lite", "skr", "crag-lite",
     "crag-lite-rewrite",
 ]  # fmt: skip
 DYNAMIC = [
-    "etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "ircot", "ralm",
+    "etc", "etc-signed", "etc-sentence-passages", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "ircot", "ralm",
     "targ-recheck", "single-rag", "wo-rag",
 ]  # fmt: skip
 

@@ -135,6 +135,9 @@ class EtcConfig:
     alpha: float = DEFAULT_ALPHA
     word_entropy: WordEntropy | None = None
     fixed_weight: float = DEFAULT_FIXED_WEIGHT
+    signed: bool = (
+        False  # paper forms: compare the trend itself (the authors' code), not |trend| (section 3.2)
+    )
 
     def __post_init__(self) -> None:
         if self.variant not in get_args(Variant):
@@ -365,13 +368,12 @@ def code_scores(h: Sequence[float], attention: Sequence[float] | None = None) ->
 
 
 def fires(score: float, config: EtcConfig) -> bool:
-    """The retrieval rule: ``|score| >= alpha`` (section 3.2) or, for ``etc-code``, ``score > alpha``.
-
-    NaN never fires.
+    """The retrieval rule: ``|score| >= alpha`` (section 3.2); ``signed``: ``score >= alpha``, so a sharp *drop*
+    of entropy does not fire (the authors' code); ``etc-code``: ``score > alpha``, as the code. NaN never fires.
     """
     if config.variant == "etc-code":
         return score > config.alpha
-    return abs(score) >= config.alpha
+    return (score if config.signed else abs(score)) >= config.alpha
 
 
 def etc_scores(
@@ -472,8 +474,9 @@ class EtcWatch(Trigger):
     at the end) give the content-word entropy sequence; the first content word whose score fires is the hit,
     and the output is cut just before it (``cut="word"``: section 3.3 keeps y_<t) or at its sentence's start.
     ``etc-code``: checked once per finished sentence, with the per-word attention DRAGIN uses (rescaled over
-    the sentence; 1 everywhere on backends without attentions), cutting at the sentence's start as the code
-    does. The trend starts afresh with every block, as in the authors' code.
+    the sentence; 1 everywhere on backends without attentions), cutting just before the firing word as the
+    code's ``generate.py`` does (``range_[curr_st][0]``). The trend starts afresh with every block, as in the
+    authors' code.
     """
 
     name = "etc"
@@ -498,9 +501,8 @@ class EtcWatch(Trigger):
         variant = spec.trigger
         if variant not in get_args(Variant):
             raise ValueError(f"EtcWatch serves the ETC variants {get_args(Variant)}, not {variant!r}")
-        config = EtcConfig(variant=variant)  # type: ignore[arg-type]
-        if spec.threshold is not None:
-            config = EtcConfig(variant=variant, alpha=spec.threshold)  # type: ignore[arg-type]
+        alpha = DEFAULT_ALPHA if spec.threshold is None else spec.threshold
+        config = EtcConfig(variant=variant, alpha=alpha, signed=spec.signed)  # type: ignore[arg-type]
         return cls(config, stop_words, cut=spec.cut, attention=attention_source(lm))
 
     def check(self, block: Generation, done: bool) -> Fire | None:
@@ -546,10 +548,12 @@ class EtcWatch(Trigger):
 
     def _fire(self, block: Generation, word: Word, score: float) -> Fire:
         sentence = sentence_around(block.tokens, word.token_start)
-        keep = word.token_start if self.cut == "word" and self.config.variant != "etc-code" else sentence[0]
+        keep = word.token_start if self.cut == "word" else sentence[0]
         if self.cut == "none":
             keep = word.token_end
-        rule = "M_t * attention > alpha" if self.config.variant == "etc-code" else "|trend| >= alpha"
+        rule = "trend >= alpha" if self.config.signed else "|trend| >= alpha"
+        if self.config.variant == "etc-code":
+            rule = "M_t * attention > alpha"
         return Fire(
             keep,
             score,

@@ -4,7 +4,10 @@ Generate; a trigger (:mod:`ragate.dynamic.triggers`) sees the block written sinc
 token; when it fires, decoding stops there (nothing after the hit is computed), the block is cut back to the
 trigger's ``keep`` point, a query is formed (:mod:`ragate.dynamic.query`), passages are retrieved, and generation
 goes on from the prompt "exemplars + passages + question" with the text so far as the start of the answer. Up to
-``max_retrievals`` retrievals, ``max_tokens`` answer tokens. The model is loaded once (the caller's backend).
+``max_retrievals`` retrievals (None: no cap, bounded for safety at ``SAFETY_RETRIEVALS`` and recorded when
+reached), ``max_tokens`` answer tokens. With ``passages="sentence"`` (the authors' code of DRAGIN and ETC) the
+passages serve one sentence, written without the trigger watching, and the prompt is then the question and the
+text so far again. The model is loaded once (the caller's backend).
 
 Work is not redone: the llama.cpp and transformers backends keep their key/value cache between calls, and every
 call here extends the previous sequence (the same prompt with a longer answer prefix) except right after a
@@ -26,8 +29,8 @@ from ragate.backends.base import Backend
 from ragate.backends.decoding import prefix
 from ragate.dynamic.etc import load_stop_words
 from ragate.dynamic.prompts import messages
-from ragate.dynamic.query import attention_query, masked_query, span_text
-from ragate.dynamic.steps import Fire
+from ragate.dynamic.query import attention_query, masked_query, question_masked_query, span_text
+from ragate.dynamic.steps import Fire, new_sentence
 from ragate.dynamic.triggers import default_threshold, make_trigger
 from ragate.eval.metrics import extract_answer
 from ragate.gates.base import GateDecision
@@ -82,7 +85,11 @@ def run_dynamic(
         _retrieve(state, d, retriever, question, "initial", None)
     first: Fire | None = None
     while state.kept_tokens < d.max_tokens:
-        active = trigger is not None and _triggered(state) < d.max_retrievals
+        if d.passages == "sentence" and state.documents and not d.initial:
+            if _one_sentence(state, d, lm, question, dataset, recompute):
+                break
+            continue
+        active = trigger is not None and _triggered(state) < d.retrieval_bound
         hit: list[Fire] = []
         answered: list[int] = []
         before = state.text
@@ -143,8 +150,45 @@ def run_dynamic(
         tuple(e.query for e in state.events),
         tuple(state.read.values()),
         tuple(state.stages),
-        DynamicInfo(d.trigger, output, tuple(state.events), state.generated, state.discarded),
+        DynamicInfo(
+            d.trigger,
+            output,
+            tuple(state.events),
+            state.generated,
+            state.discarded,
+            d.max_retrievals is None and _triggered(state) >= d.retrieval_bound,
+        ),
     )
+
+
+def _one_sentence(
+    state: _State, d: DynamicSpec, lm: Backend, question: str, dataset: str | None, recompute: bool
+) -> bool:
+    """``passages="sentence"``: write one sentence over the passages just retrieved, unwatched, then drop them.
+    True when the reply ended (an answer sentence, or the model stopped)."""
+    ended: list[int] = []
+
+    def watch(block: Generation) -> bool:
+        if (span := new_sentence(block, False)) is not None:
+            ended.append(span[1])
+            return True
+        return False
+
+    request = GenerationRequest(
+        messages(question, state.documents, dataset),
+        max_tokens=d.max_tokens - state.kept_tokens,
+        assistant_prefix=state.text,
+        stop=STOP,
+        top_logprobs=5,
+    )
+    gen = lm.generate_watched(request, watch, recompute=recompute)
+    state.generated += len(gen.tokens)
+    state.stages.append(Stage.of("generate", gen))
+    kept = prefix(gen, ended[0]) if ended else gen
+    state.text += kept.text
+    state.kept_tokens += len(kept.tokens)
+    state.documents = []
+    return not ended or bool(ANSWER_DONE.search(kept.text + " "))
 
 
 def _triggered(state: _State) -> int:
@@ -154,7 +198,7 @@ def _triggered(state: _State) -> int:
 def _query_form(d: DynamicSpec, lm: Backend) -> str:
     if d.query != "auto":
         return d.query
-    return "attention" if lm.capabilities.attentions and hasattr(lm, "token_spans") else "masked"
+    return "attention" if lm.capabilities.attentions and hasattr(lm, "token_spans") else "question-masked"
 
 
 def _query(
@@ -172,6 +216,8 @@ def _query(
         upto = block.text[: block.offsets[fire.hit[1] - 1][1]]
         start = len(base) + block.offsets[fire.hit[0]][0]
         return attention_query(lm, base + upto, (start, len(base) + len(upto)), d.top_n, stop_words)
+    if form == "question-masked":
+        return question_masked_query(block, fire, question, d.mask_below)
     if form == "masked":
         return masked_query(block, fire, question, d.mask_below)
     if form == "sentence":

@@ -4,6 +4,10 @@
   take the attention that the tokens which fired pay to everything before them (last layer, averaged over
   heads, each row normalised to 1, averaged over the hit tokens), sum it per word, and keep the ``top_n``
   content words in their original order. Needs a backend with attentions (transformers).
+- ``question-masked`` (ETC and DRAGIN without attention): the question, then the masked sentence below. Both
+  papers form the query over the question *and* the text so far (DRAGIN section 3.3, ETC section 3.3); without
+  attention weights to rank their words, the question is always kept and the new text is FLARE's masked
+  sentence, so the two methods ask by one rule whatever the moment their trigger fires.
 - ``masked`` (FLARE, Jiang et al. 2023, "masked query"): the sentence the hit is in, up to the end of the hit,
   without its tokens of probability below ``mask_below``; when fewer than three words remain, the question is
   put in front.
@@ -26,16 +30,26 @@ _WORD = re.compile(r"\S+")
 _STRIP = "\"'“”‘’.,;:!?()[]{}"
 
 
-def masked_query(block: Generation, fire: Fire, question: str, mask_below: float) -> str:
+def _masked_sentence(block: Generation, fire: Fire, mask_below: float) -> str:
     start, end = fire.sentence[0], max(fire.hit[1], fire.sentence[0])
     kept = [  # a masked token leaves a gap, so that its neighbours do not fuse into one word
         block.tokens[i] if np.exp(block.logprobs[i]) >= mask_below else " "
         for i in range(start, min(end, len(block.tokens)))
     ]
-    text = " ".join("".join(kept).split())
+    return " ".join("".join(kept).split())
+
+
+def masked_query(block: Generation, fire: Fire, question: str, mask_below: float) -> str:
+    """FLARE's query: the masked sentence; the question in front only when fewer than three words remain."""
+    text = _masked_sentence(block, fire, mask_below)
     if len(text.split()) < 3:
         text = f"{question} {text}".strip()
     return text
+
+
+def question_masked_query(block: Generation, fire: Fire, question: str, mask_below: float) -> str:
+    """The question, then the masked sentence: ETC's and DRAGIN's query on a backend without attentions."""
+    return f"{question} {_masked_sentence(block, fire, mask_below)}".strip()
 
 
 def span_text(block: Generation, span: tuple[int, int]) -> str:

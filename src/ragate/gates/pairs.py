@@ -2,7 +2,10 @@
 agree, the model's knowledge is trusted and the question is answered without retrieval.
 
 The paper says the answers must "converge (the same or demonstrating semantic consistency)" without a rule;
-ragate's default is exact match of the ``<answer>`` contents after SQuAD normalisation. ``embedding`` agreement
+ragate's default is exact match of the ``<answer>`` contents after SQuAD normalisation. ``pairs-lenient`` also
+counts containment as agreement: one normalised answer occurs, as whole words, inside the other ("new york" and
+"new york city", "1948" and "november 29 1948"), ragate's reading of "semantic consistency" for short answers
+(the paper names no rule). ``embedding`` agreement
 (cosine of the two answers' embeddings >= a threshold) is the semantic option; its threshold is ragate's choice,
 not the paper's. "Exclude num" (PAIRS Table 5): an answer with a digit always retrieves, as numbers are where the
 model's agreeing answers are most often hallucinated.
@@ -17,13 +20,25 @@ from ragate.types import Generation
 DEFAULT_EMBEDDING_AGREEMENT = 0.9  # ragate's choice: the paper gives no threshold
 
 
-def pairs_agreement(direct: str, with_pseudo_context: str, *, exclude_numbers: bool = False) -> GateDecision:
-    """Retrieve unless the two answers agree after extraction and normalisation. Score 1 = disagree, 0 = agree."""
+def contains_words(a: str, b: str) -> bool:
+    """Whether one of two normalised answers occurs in the other as a run of whole words (both non-empty)."""
+    x, y = a.split(), b.split()
+    if not x or not y:
+        return False
+    short, long = (x, y) if len(x) <= len(y) else (y, x)
+    return any(long[i : i + len(short)] == short for i in range(len(long) - len(short) + 1))
+
+
+def pairs_agreement(
+    direct: str, with_pseudo_context: str, *, exclude_numbers: bool = False, lenient: bool = False
+) -> GateDecision:
+    """Retrieve unless the two answers agree after extraction and normalisation: equal, or (``lenient``) one
+    inside the other as whole words (:func:`contains_words`). Score 1 = disagree, 0 = agree."""
     a1, a2 = (
         normalize_answer(extract_tagged_answer(direct)),
         normalize_answer(extract_tagged_answer(with_pseudo_context)),
     )
-    agree = a1 == a2 and a1 != ""
+    agree = (a1 == a2 or (lenient and contains_words(a1, a2))) and a1 != ""
     if agree and exclude_numbers and has_digit(a1):
         return GateDecision(True, 1.0, 0.5, f"answers agree ({a1!r}) but contain a number: retrieve anyway")
     if agree:
@@ -78,6 +93,14 @@ class PairsExcludeNumbers(Pairs):
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         a1, a2 = self.answers(ctx)
         return pairs_agreement(a1.text, a2.text, exclude_numbers=True)
+
+
+class PairsLenient(Pairs):
+    description = "PAIRS, the answers agreeing also when one contains the other (ragate's reading)"
+
+    def decide(self, ctx: GateContext, tau: float) -> GateDecision:
+        a1, a2 = self.answers(ctx)
+        return pairs_agreement(a1.text, a2.text, lenient=True)
 
 
 class PairsEmbedding(Pairs):

@@ -24,6 +24,7 @@ _BUILTIN = {
     "pairs": "ragate.gates.pairs:Pairs",
     "pairs-exclude-num": "ragate.gates.pairs:PairsExcludeNumbers",
     "pairs-embedding": "ragate.gates.pairs:PairsEmbedding",
+    "pairs-lenient": "ragate.gates.pairs:PairsLenient",
     "targ-entropy": "ragate.gates.targ:TargEntropy",
     "targ-margin": "ragate.gates.targ:TargMargin",
     "targ-variance": "ragate.gates.targ:TargVariance",

@@ -68,12 +68,20 @@ class TargPromptSet(PromptSet):
         return "\n".join(f"[{p.title}] {p.text}" if p.title else p.text for p in passages)
 
 
-TARG = TargPromptSet(  # TARG A.12 "Default" template as the system message; x = B(q) + C (Eq. 5)
+TARG = TargPromptSet(  # TARG A.12 "Default" template as the system message; x = B(q) ⊕ C (Eq. 5)
     name="targ",
     direct="{question}",
-    with_context="{context}\n\n{question}",
+    with_context="{question}\n\n{context}",  # the question, then the context, as x = B(q) ⊕ C
     pseudo_context=DTR.pseudo_context,
     system="You are a helpful assistant. Answer concisely and factually.",
+)
+# Before issue M the TARG reader put the context first; the runs of docs/results.md up to then used this form.
+TARG_CONTEXT_FIRST = TargPromptSet(
+    name="targ-context-first",
+    direct=TARG.direct,
+    with_context="{context}\n\n{question}",
+    pseudo_context=TARG.pseudo_context,
+    system=TARG.system,
 )
 
 COT = "Answer the following question:\n{question}\nGive the rationale before answering"  # DTR Fig. 14
@@ -85,4 +93,4 @@ VERBAL = VERBAL_PROMPT  # Tian et al. 2023, verbalised confidence (gates/verbal.
 SELF_EVAL = SELF_EVAL_PROMPT  # TARG section 5.1's Self-Eval gate (gates/self_eval.py)
 SELF_RAG_LITE = SELF_RAG_LITE_PROMPT  # TARG section 5.1's Self-RAG-lite reflection (gates/self_rag.py)
 
-PROMPT_SETS = {p.name: p for p in (DTR, PAIRS, TARG)}
+PROMPT_SETS = {p.name: p for p in (DTR, PAIRS, TARG, TARG_CONTEXT_FIRST)}

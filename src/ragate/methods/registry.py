@@ -17,7 +17,7 @@ from ragate.dynamic.steps import Trigger
 from ragate.errors import RagateError
 from ragate.gates.base import Gate
 from ragate.gates.registry import GATE_REGISTRY, get_gate
-from ragate.methods.prompts import PAIRS, TARG
+from ragate.methods.prompts import PAIRS, TARG, TARG_CONTEXT_FIRST
 from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, SelectorSpec
 
 _Q = SelectorSpec("question")
@@ -28,6 +28,13 @@ _METHODS = (
     MethodSpec("no-retrieval", "answer from the question alone (DTR Fig. 11)", GateSpec("never"), _Q),
     MethodSpec(
         "standard-rag", "always retrieve top-3 for the question (DTR Fig. 12)", GateSpec("always"), _Q
+    ),
+    MethodSpec(
+        "standard-rag-pairs-prompts",
+        "Standard RAG (top-3 for the question) read with PAIRS's prompts: the reader-prompt ablation",
+        GateSpec("always"),
+        _Q,
+        PAIRS,
     ),
     MethodSpec(
         "llm-judge", "ask the model whether it needs information (DTR Fig. 15)", GateSpec("llm-judge"), _Q
@@ -84,6 +91,13 @@ _METHODS = (
         PAIRS,
     ),
     MethodSpec(
+        "pairs-lenient",
+        "PAIRS, the two answers agreeing also when one contains the other as whole words (ragate's reading)",
+        GateSpec("pairs-lenient"),
+        _DPR,
+        PAIRS,
+    ),
+    MethodSpec(
         "targ-entropy",
         "TARG: mean entropy of a 20-token draft (Eq. 1)",
         GateSpec("targ-entropy"),
@@ -103,6 +117,20 @@ _METHODS = (
         GateSpec("targ-variance"),
         _TARG_SELECT,
         TARG,
+    ),
+    MethodSpec(
+        "targ-always",
+        "TARG's reader for every question: the question, then the top-5 passages (Eq. 5)",
+        GateSpec("always"),
+        _TARG_SELECT,
+        TARG,
+    ),
+    MethodSpec(
+        "targ-always-context-first",
+        "TARG's reader for every question with the passages before the question (ragate before issue M)",
+        GateSpec("always"),
+        _TARG_SELECT,
+        TARG_CONTEXT_FIRST,
     ),
     MethodSpec(
         "verbal-confidence",
@@ -153,16 +181,46 @@ _METHODS = (
     *(
         MethodSpec(name, description, GateSpec("never"), _Q, dynamic=dynamic)
         for name, description, dynamic in (
-            ("etc", "ETC: retrieve when the smoothed 2nd difference of entropy >= alpha", DynamicSpec("etc")),
-            ("etc-1st", "ETC with the smoothed 1st difference (ablation)", DynamicSpec("etc-1st")),
-            ("etc-no-smoothing", "ETC without smoothing (ablation)", DynamicSpec("etc-no-smoothing")),
-            ("etc-fixed", "ETC with a fixed weight w = 0.9 (ablation)", DynamicSpec("etc-fixed")),
+            (
+                "etc",
+                "ETC: retrieve when |smoothed 2nd difference of entropy| >= alpha",
+                DynamicSpec("etc", max_retrievals=None),
+            ),
+            (
+                "etc-signed",
+                "ETC comparing the trend signed, as the authors' code (a drop of entropy does not fire)",
+                DynamicSpec("etc", max_retrievals=None, signed=True),
+            ),
+            (
+                "etc-sentence-passages",
+                "ETC whose passages serve one sentence, as the authors' code",
+                DynamicSpec("etc", max_retrievals=None, passages="sentence"),
+            ),
+            (
+                "etc-1st",
+                "ETC with the smoothed 1st difference (ablation)",
+                DynamicSpec("etc-1st", max_retrievals=None),
+            ),
+            (
+                "etc-no-smoothing",
+                "ETC without smoothing (ablation)",
+                DynamicSpec("etc-no-smoothing", max_retrievals=None),
+            ),
+            (
+                "etc-fixed",
+                "ETC with a fixed weight w = 0.9 (ablation)",
+                DynamicSpec("etc-fixed", max_retrievals=None),
+            ),
             (
                 "etc-code",
-                "ETC as the authors' code: signed, attention-weighted, cut at the sentence",
-                DynamicSpec("etc-code", cut="sentence"),
+                "ETC as the authors' code: signed, attention-weighted, per sentence, passages for one sentence",
+                DynamicSpec("etc-code", max_retrievals=None, passages="sentence"),
             ),
-            ("dragin", "DRAGIN: attention x entropy of a content word > 1.2", DynamicSpec("dragin")),
+            (
+                "dragin",
+                "DRAGIN: attention x entropy of a content word > 1.2",
+                DynamicSpec("dragin", max_retrievals=None),
+            ),
             (
                 "flare",
                 "FLARE: a token of the next sentence below p = 0.4; masked query",
@@ -260,7 +318,9 @@ def _trigger_method(name: str) -> MethodSpec | None:
             f"cut and limits it takes ({', '.join(DYNAMIC_METHODS)})"
         )
     dynamic = replace(base.dynamic, trigger=name, threshold=None)
-    return replace(base, name=name, description=f"{base.name}'s loop with the {name} trigger", dynamic=dynamic)
+    return replace(
+        base, name=name, description=f"{base.name}'s loop with the {name} trigger", dynamic=dynamic
+    )
 
 
 def _plugin_names() -> tuple[list[str], list[str]]:

@@ -58,8 +58,10 @@ class SelectorSpec:
     cross_encoder: str | None = None  # dpr-ais-rerank: a sentence-transformers CrossEncoder path
 
 
-QueryForm = Literal["auto", "attention", "masked", "sentence", "chunk", "question"]
+QueryForm = Literal["auto", "attention", "question-masked", "masked", "sentence", "chunk", "question"]
 Cut = Literal["word", "sentence", "none"]
+Passages = Literal["rest", "sentence"]
+SAFETY_RETRIEVALS = 10  # the bound on a method with no retrieval cap (its record says when it was reached)
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,18 @@ class DynamicSpec:
     """A dynamic-RAG method (ragate.dynamic): what watches the generation, how it asks, where it cuts.
 
     ``trigger`` names a registered trigger (:mod:`ragate.dynamic.triggers`; "none": no trigger) and
-    ``threshold`` None is its default. ``query`` "auto" is DRAGIN's
-    attention query when the backend returns attentions, else FLARE's masked sentence. ``cut`` is where the output
-    is cut back when the trigger fires: at the word that fired ("word"), at the start of its sentence
-    ("sentence"), or nowhere ("none": IRCoT, RALM and the re-check keep what they wrote). ``initial`` retrieves
-    with the question before generating (Single RAG, IRCoT, RALM). ``every`` is RALM's n and the re-check's m.
+    ``threshold`` None is its default. ``query`` "auto" is DRAGIN's attention query (over the question and the
+    text so far, ETC section 3.3) when the backend returns attentions, else "question-masked": the question, then
+    FLARE's masked sentence, so that ETC and DRAGIN ask by one rule that always includes the question
+    (:mod:`ragate.dynamic.query`). ``cut`` is where the output is cut back when the trigger fires: at the word
+    that fired ("word"), at the start of its sentence ("sentence"), or nowhere ("none": IRCoT, RALM and the
+    re-check keep what they wrote). ``initial`` retrieves with the question before generating (Single RAG,
+    IRCoT, RALM). ``every`` is RALM's n and the re-check's m. ``max_retrievals`` None is no cap (ETC and DRAGIN:
+    neither paper has one), bounded for safety at :data:`SAFETY_RETRIEVALS`, which the record notes when
+    reached. ``passages`` "rest": the passages stay in the prompt for everything written after the retrieval;
+    "sentence": for one sentence, then the prompt is the question and the text so far again (the authors' code of
+    DRAGIN and ETC, ``get_top_sentence``). ``signed`` compares ETC's trend signed (``trend >= alpha``, the
+    authors' code) instead of its absolute value (the paper).
     """
 
     trigger: str
@@ -80,13 +89,20 @@ class DynamicSpec:
     cut: Cut = "word"
     initial: bool = False
     k: int = 3  # passages per retrieval (ETC section 4.2, DRAGIN's retrieve_topk)
-    max_retrievals: int = 3
+    max_retrievals: int | None = 3
     max_tokens: int = 100  # DRAGIN's generate_max_length
     every: int = 16
     top_n: int = 35  # DRAGIN's retrieve_keep_top_k (HotpotQA config)
     mask_below: float = 0.4  # FLARE's masked query: drop tokens with probability below this
     accumulate: bool = False  # IRCoT keeps every passage it has read (up to max_documents)
     max_documents: int = 6
+    passages: Passages = "rest"
+    signed: bool = False
+
+    @property
+    def retrieval_bound(self) -> int:
+        """The most retrievals the trigger may ask for: the cap, or the safety bound when there is none."""
+        return SAFETY_RETRIEVALS if self.max_retrievals is None else self.max_retrievals
 
 
 CragIncorrect = Literal["closed-book", "rewrite"]

@@ -54,6 +54,7 @@ class DynamicInfo:
     retrievals: tuple[RetrievalEvent, ...]
     generated_tokens: int
     discarded_tokens: int
+    bound_reached: bool = False  # a method without a retrieval cap stopped at the safety bound
 
     @property
     def first_retrieval(self) -> RetrievalEvent | None:

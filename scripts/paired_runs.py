@@ -1,0 +1,89 @@
+"""Paired bootstrap differences between methods of *different* runs over the questions both answered.
+
+``ragate report --compare`` pairs methods inside one run. A re-measured row (a new default, a fixed setting)
+lives in a new run; this prints ``new - old`` for each ``NEW_RUN:METHOD=OLD_RUN:METHOD`` pair, over the
+question ids the two have in common, in EM, F1 and contains-accuracy (points), with the paired bootstrap 95%
+interval (``ragate.eval.metrics.paired_bootstrap_diff``, 1000 resamples, seed 0) and the page's verdict
+("not established" where the interval reaches 0). It also prints the smallest difference the run could
+establish: 1.96 times the standard error of the paired differences, the half-width an effect must exceed.
+
+Run: ``.venv/bin/python scripts/paired_runs.py docs/results/runs/NEW:etc=docs/results/runs/OLD:etc``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from ragate.eval.metrics import paired_bootstrap_diff
+from ragate.eval.records import by_method, latest, read_records
+
+METRICS = ("em", "f1", "acc")
+
+
+def _side(spec: str) -> tuple[Path, str]:
+    run, sep, method = spec.rpartition(":")
+    if not sep or not run or not method:
+        raise SystemExit(f"error: {spec!r} is not RUN_DIR:METHOD")
+    return Path(run), method
+
+
+def _scores(run: Path, method: str) -> dict[str, dict[str, float]]:
+    path = run / "questions.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} does not exist: give an eval run directory")
+    for name, rows in by_method(latest(read_records(path, repair=False))):
+        if name == method:
+            return {r["id"]: r["scores"] for r in rows if "scores" in r}
+    raise SystemExit(f"error: {run} has no answers of method {method!r}")
+
+
+def compare(new: str, old: str) -> dict[str, Any]:
+    """One row: ``new - old`` per metric over the shared question ids."""
+    a, b = _scores(*_side(new)), _scores(*_side(old))
+    ids = [i for i in a if i in b]
+    if not ids:
+        raise SystemExit(f"error: {new} and {old} share no question")
+    row: dict[str, Any] = {"new": new, "old": old, "n": len(ids)}
+    for metric in METRICS:
+        x = [100.0 * a[i][metric] for i in ids]
+        y = [100.0 * b[i][metric] for i in ids]
+        d = [p - q for p, q in zip(x, y, strict=True)]
+        mean = sum(d) / len(d)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in d) / max(1, len(d) - 1))
+        lo, hi = paired_bootstrap_diff(x, y)
+        row[metric] = (mean, lo, hi, 1.96 * sd / math.sqrt(len(d)))
+    return row
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return "higher" if lo > 0 else "lower" if hi < 0 else "not established"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pairs", nargs="+", help="NEW_RUN:METHOD=OLD_RUN:METHOD")
+    args = ap.parse_args(argv)
+    print(
+        "| new | old | n | ΔEM [95%] | verdict | ΔF1 [95%] | Δacc [95%] | verdict (acc) | smallest ΔEM n can establish |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for pair in args.pairs:
+        new, sep, old = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"error: {pair!r} is not NEW_RUN:METHOD=OLD_RUN:METHOD")
+        r = compare(new, old)
+        cells = {m: f"{r[m][0]:+.1f} [{r[m][1]:+.1f}, {r[m][2]:+.1f}]" for m in METRICS}
+        name = lambda s: f"{Path(s.rpartition(':')[0]).name}:{s.rpartition(':')[2]}"
+        print(
+            f"| {name(new)} | {name(old)} | {r['n']} | {cells['em']} | {_verdict(*r['em'][1:3])} | {cells['f1']} | "
+            f"{cells['acc']} | {_verdict(*r['acc'][1:3])} | ±{r['em'][3]:.1f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
