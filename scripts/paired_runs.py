@@ -1,8 +1,8 @@
 """Paired bootstrap differences between methods of *different* runs over the questions both answered.
 
-``ragate report --compare`` pairs methods inside one run. A re-measured row (a new default, a fixed setting)
+``ragate report --compare`` pairs methods inside one run (and the rows it takes from a sweep). A re-measured row (a new default, a fixed setting)
 lives in a new run; this prints ``new - old`` for each ``NEW_RUN:METHOD=OLD_RUN:METHOD`` pair, over the
-question ids the two have in common, in EM, F1 and contains-accuracy (points), with the paired bootstrap 95%
+question ids the two have in common (a side may be a sweep directory: its method at the default threshold), in EM, F1 and contains-accuracy (points), with the paired bootstrap 95%
 interval (``ragate.eval.metrics.paired_bootstrap_diff``, 1000 resamples, seed 0) and the page's verdict
 ("not established" where the interval reaches 0). It also prints the smallest difference the run could
 establish: 1.96 times the standard error of the paired differences, the half-width an effect must exceed.
@@ -20,6 +20,7 @@ from typing import Any
 
 from ragate.eval.metrics import paired_bootstrap_diff
 from ragate.eval.records import by_method, latest, read_records
+from ragate.eval.sweep import compact, default_records
 
 METRICS = ("em", "f1", "acc")
 
@@ -32,10 +33,18 @@ def _side(spec: str) -> tuple[Path, str]:
 
 
 def _scores(run: Path, method: str) -> dict[str, dict[str, float]]:
+    """Per question id, the scores of ``method`` in an eval run, or a sweep's method at its default threshold
+    (the rows ``ragate report --sweep`` takes from a sweep directory)."""
     path = run / "questions.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"error: {path} does not exist: give an eval run directory")
-    for name, rows in by_method(latest(read_records(path, repair=False))):
+    if (run / "sweep.jsonl").is_file():
+        records = default_records(compact(run / "sweep.jsonl"))
+    elif path.is_file():
+        records = latest(read_records(path, repair=False))
+    else:
+        raise SystemExit(
+            f"error: {run} holds no questions.jsonl or sweep.jsonl: give an eval or sweep directory"
+        )
+    for name, rows in by_method(records):
         if name == method:
             return {r["id"]: r["scores"] for r in rows if "scores" in r}
     raise SystemExit(f"error: {run} has no answers of method {method!r}")

@@ -11,6 +11,8 @@
 # DYNAMIC=1 (default) then runs the dynamic methods (docs/dynamic.md) on LIMIT HotpotQA questions. Its 300-question
 # directory began as the 100-question benchmark run of 2026-11-23 (benchmarks/results/dynamic-hotpotqa-qwen and
 # -qwen-b, joined): a larger --limit grows a run, computing only the new questions.
+# The runs of 2026-11-26 and before list dpr-ais-rerank where this script now says dpr-ais-sum: without a
+# cross-encoder that method computed dpr-ais-sum (issue M renamed it), so resuming them needs the old name.
 set -euo pipefail
 INDEX=${INDEX:-$HOME/.cache/ragate/indexes/pooled-dense}
 LIMIT=${LIMIT:-300}
@@ -21,12 +23,12 @@ SWEEP=${SWEEP:-1}
 DYNAMIC=${DYNAMIC:-1}
 RAGATE=${RAGATE:-.venv/bin/ragate}
 DYNAMIC_METHODS=etc,dragin,flare,ircot,ralm,single-rag,wo-rag
-ALL=no-retrieval,standard-rag,llm-judge,hyde,q2d,cot,dtr,dtr-no-ugt,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num,targ-entropy,targ-margin,targ-variance,random
-NOT_SWEPT=no-retrieval,hyde,q2d,cot,dpr-ais,dpr-ais-dynamic,dpr-ais-rerank,pairs,pairs-exclude-num
+ALL=no-retrieval,standard-rag,llm-judge,hyde,q2d,cot,dtr,dtr-no-ugt,dpr-ais,dpr-ais-dynamic,dpr-ais-sum,pairs,pairs-exclude-num,targ-entropy,targ-margin,targ-variance,random
+NOT_SWEPT=no-retrieval,hyde,q2d,cot,dpr-ais,dpr-ais-dynamic,dpr-ais-sum,pairs,pairs-exclude-num
 GATES=dtr,llm-judge,random,targ-entropy,targ-margin,targ-variance
 # the comparisons docs/results.md makes beyond each method against never and always retrieving (paired intervals)
 COMPARE=(--compare dpr-ais:dtr-no-ugt --compare dtr:dtr-no-ugt --compare pairs:dpr-ais --compare pairs-exclude-num:dpr-ais
-  --compare pairs-exclude-num:pairs --compare dpr-ais-dynamic:dpr-ais --compare dpr-ais-rerank:dpr-ais
+  --compare pairs-exclude-num:pairs --compare dpr-ais-dynamic:dpr-ais --compare dpr-ais-sum:dpr-ais
   --compare hyde:q2d --compare cot:hyde)
 # docs/dynamic.md's paired comparisons: each dynamic method against Single RAG, retrieval against none, ETC vs DRAGIN
 DYNAMIC_COMPARE=(--compare etc:single-rag --compare dragin:single-rag --compare flare:single-rag

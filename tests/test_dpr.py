@@ -101,3 +101,56 @@ def test_rerank_names_a_missing_cross_encoder(dense: Any, tmp_path: Path) -> Non
 
     with pytest.raises(ModelNotFoundError, match="not a local directory"):
         load_cross_encoder(str(tmp_path / "nope"))
+
+
+def test_rerank_methods_refuse_to_run_without_a_cross_encoder_before_any_lm_call(dense: Any) -> None:
+    """Issue M: without a cross-encoder dpr-ais-rerank silently ranked by the bi-encoder and the results page
+    called that a rerank. It now names the fix, and the bi-encoder form has its own name."""
+    from ragate.backends.scripted import ScriptedBackend
+    from ragate.errors import RagateError
+    from ragate.methods import get_method, run_method
+
+    for name in ("dpr-ais-rerank", "rerank"):
+        lm = ScriptedBackend([])
+        with pytest.raises(RagateError, match="--cross-encoder DIR.*dpr-ais-sum"):
+            run_method(get_method(name), QUESTION, lm, dense)
+        assert lm.calls == []
+
+
+def test_dpr_ais_sum_ranks_the_pool_by_the_two_cosines(dense: Any) -> None:
+    """What dpr-ais-rerank computed without a cross-encoder before issue M: K(d,q) + K(d,p) with the bi-encoder."""
+    from ragate.backends.scripted import ScriptedBackend, make_generation
+    from ragate.methods import get_method, run_method
+
+    lm = ScriptedBackend([make_generation([PSEUDO], [-0.1]), make_generation(["Alexander Fleming"], [-0.1])])
+    trace = run_method(get_method("dpr-ais-sum"), QUESTION, lm, dense)
+    pool = merge_by_id(*dense.search([QUESTION, PSEUDO], 5))
+    q_vec, p_vec = dense.encoder.encode_queries([QUESTION, PSEUDO])
+    docs = dense.passage_embeddings([h.id for h in pool])
+    expected = rerank_scores(docs @ q_vec, docs @ p_vec)
+    assert [d.id for d in trace.documents] == [pool[i].id for i in np.argsort(-expected, kind="stable")[:3]]
+
+
+def test_rerank_baseline_reorders_the_questions_top_10_by_the_cross_encoder(
+    dense: Any, cross_encoder_dir: Path
+) -> None:
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from ragate.backends.scripted import ScriptedBackend, make_generation
+    from ragate.eval.run import EvalConfig
+
+    spec = EvalConfig(dataset="demo", methods=("rerank",), cross_encoder=str(cross_encoder_dir)).spec(
+        "rerank"
+    )
+    assert spec.selector.cross_encoder == str(cross_encoder_dir) and spec.selector.n == 10
+    lm = ScriptedBackend([make_generation(["Alexander Fleming"], [-0.1])])
+    from ragate.methods import run_method
+
+    trace = run_method(spec, QUESTION, lm, dense)
+    pool = dense.search([QUESTION], 10)[0]
+    ce = CrossEncoder(str(cross_encoder_dir), device="cpu")
+    ce.activation_fn = torch.nn.Identity()
+    expected = ce.predict([(QUESTION, h.passage.contents) for h in pool])
+    assert [d.id for d in trace.documents] == [pool[i].id for i in np.argsort(-expected, kind="stable")[:3]]
+    assert len(lm.calls) == 1 and trace.queries == (QUESTION,)

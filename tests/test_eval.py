@@ -327,3 +327,23 @@ def test_a_resume_under_another_commit_keeps_the_earlier_provenance(tmp_path: Pa
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["provenance"]["git"]["commit"] == "c"
     assert [p["git"]["commit"] for p in saved["provenance_history"]] == ["a", "b"]
+
+
+def test_a_summary_counts_the_questions_whose_lm_call_stopped_at_its_token_cap() -> None:
+    """Issue M: 272 of 300 NQ pseudo-contexts were cut at 128 tokens and no report said so."""
+    from ragate.eval.summary import cut_at_cap_lines, summarize
+
+    def record(i: int, reason: str) -> dict[str, Any]:
+        stages = [
+            {"name": "pseudo-context", "finish_reason": reason},
+            {"name": "answer", "finish_reason": "stop"},
+        ]
+        return {
+            "id": f"q{i}", "method": "dpr-ais", "scores": {"em": 1.0, "f1": 1.0, "acc": 1.0}, "retrieved": True,
+            "retrievals": 1, "prompt_tokens": 1, "completion_tokens": 1, "overhead_tokens": 0, "seconds": 1.0,
+            "trace": {"stages": stages},
+        }  # fmt: skip
+
+    rows = summarize([record(0, "length"), record(1, "stop"), record(2, "length")])
+    assert rows[0]["cut_at_cap"] == {"pseudo-context": 2}
+    assert "- dpr-ais: pseudo-context 2 of 3" in cut_at_cap_lines(rows)

@@ -12,6 +12,7 @@ from ragate.gates.judge import llm_judge, p_yes
 from ragate.gates.pairs import pairs_agreement, pairs_embedding_agreement
 from ragate.gates.targ import targ_entropy, targ_margin, targ_variance
 from ragate.gates.ugt import ugt
+from ragate.methods import get_method
 from ragate.text import extract_tagged_answer, normalize_answer
 
 
@@ -67,6 +68,21 @@ def test_answer_normalisation_and_extraction() -> None:
     assert extract_tagged_answer("  Paris  ") == "Paris"
     assert normalize_answer("The  Beatles!") == "beatles"
     assert normalize_answer("Don't stop") == "dont stop"  # punctuation deleted, as SQuAD's script does
+
+
+def test_pairs_lenient_agreement_takes_one_answer_inside_the_other_as_whole_words() -> None:
+    """ragate's reading of PAIRS's "semantically consistent": containment by whole words (issue M: exact match
+    counted "new york" vs "new york city" and "1948" vs "november 29 1948" as disagreement)."""
+    from ragate.gates.pairs import contains_words
+
+    for a, b in (("New York", "New York City"), ("1948", "November 29, 1948")):
+        assert pairs_agreement(f"<answer>{a}</answer>", f"<answer>{b}</answer>").retrieve
+        lenient = pairs_agreement(f"<answer>{a}</answer>", f"<answer>{b}</answer>", lenient=True)
+        assert not lenient.retrieve and lenient.score == 0.0
+    assert pairs_agreement("<answer>Paris</answer>", "<answer>Lyon</answer>", lenient=True).retrieve
+    assert not contains_words("york", "yorkshire pudding")  # words, not characters
+    assert not contains_words("", "anything")
+    assert get_method("pairs-lenient").gate.kind == "pairs-lenient"
 
 
 def test_pairs_agreement_after_normalisation() -> None:

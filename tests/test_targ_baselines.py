@@ -434,6 +434,43 @@ def test_a_method_with_one_operating_point_enters_the_budget_table_at_its_own_ra
         single_point(records, "flare", 1.0, reference)
 
 
+def test_a_method_that_retrieved_more_than_once_is_marked_not_bounded_in_the_budget_table() -> None:
+    """TARG section 5.1 bounds every baseline to one retrieval: FLARE at its own settings retrieves more, and
+    its row says so (before issue M the table showed it as if bounded)."""
+    from ragate.eval.matched import DEFAULT_BUDGETS, matched_markdown, single_point
+
+    closed, opened = {"scores": {"em": 0.0}, "seconds": 1.0}, {"scores": {"em": 1.0}, "seconds": 3.0}
+    reference = {f"q{i}": {"closed": closed, "open": opened} for i in range(4)}
+    flare = [
+        {
+            "id": f"q{i}",
+            "method": "flare",
+            "retrieved": True,
+            "retrievals": [1, 3, 2, 3][i],
+            "scores": {"em": 1.0},
+            "seconds": 5.0,
+        }
+        for i in range(4)
+    ]
+    once = [r | {"method": "flare-once", "retrievals": 1} for r in flare]
+    rows = [single_point(flare, "flare", 1.0, reference), single_point(once, "flare-once", 1.0, reference)]
+    table = matched_markdown(rows, [], "em")
+    assert "| flare | 100.0 (not bounded: 2.2 retrievals/q) |" in table
+    assert "| flare-once | 100.0 |" in table
+    assert {0.05, 0.1, 0.15, 0.3} <= set(DEFAULT_BUDGETS)  # TARG's regime, about 5-30% (Table 4: ~15%)
+
+
+def test_targ_reads_the_question_then_the_context() -> None:
+    """TARG Eq. 5: x = B(q) ⊕ C, the question first (before issue M ragate put the passages first)."""
+    from ragate.methods.prompts import TARG, TARG_CONTEXT_FIRST
+
+    prompt = TARG.with_context.format(question="Q?", context="[T] passage")
+    assert prompt.index("Q?") < prompt.index("[T] passage")
+    old = TARG_CONTEXT_FIRST.with_context.format(question="Q?", context="[T] passage")
+    assert old.index("[T] passage") < old.index("Q?")
+    assert get_method("targ-margin").prompts is TARG and get_method("self-eval").prompts is TARG
+
+
 def test_a_reader_leaves_a_live_sweep_file_as_it_is(tmp_path: Path) -> None:
     from ragate.eval.sweep import compact
 

@@ -122,7 +122,7 @@ def register(subparsers: Any) -> None:
     rep.add_argument(
         "--budgets",
         default=None,
-        help="comma-separated retrieval budgets, e.g. 0.2,0.4,0.6: add the budget-matched table (TARG Tables 3-4)",
+        help="comma-separated retrieval budgets, e.g. 0.05,0.1,0.15,0.2,0.3: add the budget-matched table (TARG Tables 3-4)",
     )
     rep.add_argument(
         "--with",
@@ -177,6 +177,12 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         metavar="FILE",
         help="the label set the skr method votes with (from `ragate skr fit`); its questions must not be this "
         "run's",
+    )
+    p.add_argument(
+        "--cross-encoder",
+        default=None,
+        metavar="DIR",
+        help="a sentence-transformers CrossEncoder folder: the K of rerank and dpr-ais-rerank (PAIRS Eq. 7)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/DATASET-MODEL)")
@@ -259,6 +265,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         fallback=getattr(args, "fallback", None),
         offset=getattr(args, "offset", 0),
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
+        cross_encoder=getattr(args, "cross_encoder", None),
     )
 
 

@@ -43,6 +43,7 @@ from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock, sha256_file
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.needs import require, require_index
+from ragate.methods.spec import RERANK_SELECTORS
 from ragate.retrieval.types import Retriever
 
 RECALL_K = 3
@@ -65,6 +66,7 @@ class EvalConfig:
     fallback: str | None = None  # the gate that replaces one the backend cannot serve (ragate.methods.needs)
     offset: int = 0  # skip the dataset's first N questions (a training split before, a test split after)
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate reads
+    cross_encoder: str | None = None  # the CrossEncoder folder that rerank and dpr-ais-rerank read K from
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (not compared on resume)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,6 +88,8 @@ class EvalConfig:
         spec = get_method(method)
         if spec.gate.kind == "skr" and spec.dynamic is None and spec.crag is None:
             spec = spec.with_(gate=replace(spec.gate, labels=self.skr_labels))
+        if self.cross_encoder and spec.selector.kind in RERANK_SELECTORS:
+            spec = spec.with_(selector=replace(spec.selector, cross_encoder=self.cross_encoder))
         return spec.with_threshold(dict(self.thresholds).get(method))
 
 
@@ -120,7 +124,7 @@ def check_config(
     now = config.to_json()
     for key in (
         "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
-        "offset", "skr_labels",
+        "offset", "skr_labels", "cross_encoder",
     ):  # fmt: skip
         if key == "methods" and add_methods and set(saved.get(key) or ()) <= set(now[key]):
             continue  # a sweep may gain gates: their scores join the stored answers
@@ -180,7 +184,10 @@ def _grows(before: int | None, now: int | None) -> bool:
     return before is not None and (now is None or now >= before)
 
 
-_ADDED = {"offset": 0}  # keys added after runs were saved without them: their value then
+_ADDED: dict[str, Any] = {
+    "offset": 0,
+    "cross_encoder": None,
+}  # keys added after runs were saved without them: their value then
 
 
 def open_run(

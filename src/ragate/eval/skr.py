@@ -19,7 +19,7 @@ from ragate.eval.datasets import dataset_files
 from ragate.eval.provenance import model_identity
 from ragate.eval.records import read_records
 from ragate.eval.run import EvalConfig
-from ragate.eval.sweep import family_key
+from ragate.eval.sweep import canonical_family, family_key
 from ragate.gates.skr import LabelSet, needs_retrieval
 from ragate.methods import get_method
 from ragate.models import DEFAULT_MODEL
@@ -32,6 +32,7 @@ def _records(sweep_dir: Path) -> list[dict[str, Any]]:
     seen: dict[tuple[str, str], dict[str, Any]] = {}
     for path in files:
         for r in read_records(path, repair=False):
+            r["family"] = canonical_family(r["family"])
             seen[r["id"], r["family"]] = r
     return list(seen.values())
 

@@ -49,6 +49,7 @@ def _row(method: str, records: list[dict[str, Any]], base: dict[str, float], bas
     row["retrievals_per_q"] = statistics.fmean(r["retrievals"] for r in ok)
     for key in ("prompt_tokens", "completion_tokens", "overhead_tokens", "seconds"):
         row[f"{key}_per_q"] = statistics.fmean(r[key] for r in ok)
+    row["cut_at_cap"] = cut_at_cap(ok)
     recalls = [r[k] for r in ok for k in r if k.startswith("recall@") and r[k] is not None]
     row["recall"] = statistics.fmean(recalls) if recalls else None
     if any("generated_tokens" in r for r in ok):  # dynamic methods (ragate.dynamic)
@@ -152,6 +153,38 @@ def derived_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cut_at_cap(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Per LM stage name, how many questions had that call stop at its ``max_tokens`` (``finish_reason``
+    "length"): a pseudo-context or an answer cut short. Read from each record's trace."""
+    counts: dict[str, int] = {}
+    for r in records:
+        names = {
+            s["name"] for s in r.get("trace", {}).get("stages", []) if s.get("finish_reason") == "length"
+        }
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def cut_at_cap_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per method with LM calls cut at their token cap, e.g. "pseudo-context 12 of 300"."""
+    lines = [
+        f"- {r['method']}: " + ", ".join(f"{name} {n} of {r['n']}" for name, n in r["cut_at_cap"].items())
+        for r in rows
+        if r.get("cut_at_cap")
+    ]
+    return (
+        [
+            "Questions whose LM call stopped at its token cap (finish_reason length), per stage:",
+            "",
+            *lines,
+            "",
+        ]
+        if lines
+        else []
+    )
+
+
 def summary_markdown(results: dict[str, Any]) -> str:
     config, prov = results["config"], results.get("provenance", {})
     model = prov.get("model", {})
@@ -172,6 +205,8 @@ def summary_markdown(results: dict[str, Any]) -> str:
     ]
     if dynamic := dynamic_table(results["summary"]):
         lines += ["Dynamic methods (retrievals during generation):", "", dynamic]
+    if cut := cut_at_cap_lines(results["summary"]):
+        lines += ["", *cut]
     return "\n".join(lines)
 
 

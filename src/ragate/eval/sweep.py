@@ -58,13 +58,29 @@ def unswept(spec: MethodSpec) -> bool:
     return not get_gate(spec.gate.kind).thresholded
 
 
+EXPANSIONS = ("hyde", "q2d", "cot")  # selectors whose generated query text is capped by expansion_max_tokens
+
+
 def family_key(spec: MethodSpec) -> str:
-    """Methods with the same prompts, selector and lengths share closed-book and retrieval answers."""
+    """Methods with the same prompts, selector and lengths share closed-book and retrieval answers. The
+    pseudo-context cap is part of the key only where the selector writes one (not for "question")."""
     s = spec.selector
-    return (
+    key = (
         f"{spec.prompts.name}|{s.kind}|k={s.k}|n={s.n}|{s.score}|hyde={s.hyde_samples}|rep={s.repeats}"
-        f"|ce={s.cross_encoder}|max={spec.max_tokens}|pseudo={spec.pseudo_max_tokens}"
+        f"|ce={s.cross_encoder}|max={spec.max_tokens}"
     )
+    if s.kind == "question":
+        return key
+    return f"{key}|pseudo={spec.expansion_max_tokens if s.kind in EXPANSIONS else spec.pseudo_max_tokens}"
+
+
+def canonical_family(family: str) -> str:
+    """A stored family key in today's form: sweeps written before issue M put the pseudo-context cap in every
+    key, also where the selector retrieves by the question alone and writes none."""
+    parts = family.split("|")
+    if len(parts) > 1 and parts[1] == "question" and parts[-1].startswith("pseudo="):
+        return "|".join(parts[:-1])
+    return family
 
 
 def _answer(trace: Any, example: Example) -> dict[str, Any]:
@@ -161,6 +177,7 @@ def compact(path: Path, *, rewrite: bool = False) -> list[dict[str, Any]]:
     records = read_records(path, repair=rewrite)
     last: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
+        r["family"] = canonical_family(r["family"])
         last[r["id"], r["family"]] = r
     if rewrite and len(last) < len(records):
         write_records(path, last.values())

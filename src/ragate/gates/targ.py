@@ -68,14 +68,20 @@ def targ_variance(samples: Sequence[Generation], tau: float, *, k: int = DEFAULT
     return _decide(f"disagreement over {len(samples)} samples", disagreement(sequences, k), tau, unit)
 
 
-_TARG_TAU = "the middle of TARG Table 1's range for Qwen2.5-7B; model-specific: calibrate it to a budget (section 3.3)"
+_CALIBRATE = "model-specific: calibrate it to a budget (section 3.3)"
+_ENTROPY_TAU = f"TARG Table 1 (Qwen2.5-7B) uses 0.80 on TriviaQA and PopQA, 0.85 on NQ-Open; {_CALIBRATE}"
+_MARGIN_TAU = f"the midpoint of TARG Table 1's 0.15-0.35 (Qwen2.5-7B); {_CALIBRATE}"
+_VARIANCE_TAU = (
+    "inside TARG Table 1's 0.40-0.75 (Qwen2.5-7B; 0.60 on NQ-Open), below its midpoint 0.575: ragate's choice, "
+    f"not a value of the paper; {_CALIBRATE}"
+)
 
 
 class TargEntropy(Gate):
     description = "TARG: mean entropy of a 20-token draft (Eq. 1)"
     need = Need(token_logprobs=True, top_k=1, entropy=True)
     default_tau = 0.8
-    tau_source = _TARG_TAU
+    tau_source = _ENTROPY_TAU
     like = "targ-entropy"
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
@@ -86,7 +92,7 @@ class TargMargin(Gate):
     description = "TARG: mean exp(-gap/beta) of a 20-token draft (Eq. 2)"
     need = Need(token_logprobs=True, top_k=2)  # the top-1/top-2 gap is exact from the top-2 logprobs
     default_tau = 0.25
-    tau_source = _TARG_TAU
+    tau_source = _MARGIN_TAU
     like = "targ-margin"
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
@@ -98,7 +104,7 @@ class TargVariance(Gate):
     description = "TARG: disagreement of N sampled 20-token drafts (Eq. 3)"
     need = Need(sampling=True, tokens=True)  # sampled prefixes' tokens, else their words
     default_tau = 0.5
-    tau_source = _TARG_TAU
+    tau_source = _VARIANCE_TAU
     like = "targ-variance"
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:

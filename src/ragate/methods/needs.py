@@ -21,10 +21,10 @@ from dataclasses import replace
 from typing import Literal
 
 from ragate.backends.base import Backend, Capabilities
-from ragate.errors import CapabilityError, IndexNeedError
+from ragate.errors import CapabilityError, IndexNeedError, RagateError
 from ragate.gates.base import Need
 from ragate.gates.registry import gate_names, get_gate
-from ragate.methods.spec import GateSpec, MethodSpec
+from ragate.methods.spec import RERANK_SELECTORS, GateSpec, MethodSpec
 from ragate.retrieval.types import Retriever
 
 Support = Literal["exact", "approximate", "text", "unavailable"]
@@ -139,7 +139,7 @@ def capability_summary(backend: Backend) -> dict[str, object]:
 
 
 # selectors that compare vectors of one encoder (DPR-AIS, PAIRS Eqs. 4-8) and the one that searches by a vector
-_EMBEDDING_SELECTORS = ("dpr-ais", "dpr-ais-question", "dpr-ais-pseudo", "dpr-ais-rerank")
+_EMBEDDING_SELECTORS = ("dpr-ais", "dpr-ais-question", "dpr-ais-pseudo")
 _VECTOR_SELECTORS = ("hyde",)
 
 
@@ -155,7 +155,7 @@ def _index_needs(spec: MethodSpec) -> list[tuple[str, str]]:
         return []
     sel = spec.selector
     needs = []
-    if sel.kind in _EMBEDDING_SELECTORS and not (sel.kind == "dpr-ais-rerank" and sel.cross_encoder):
+    if sel.kind in _EMBEDDING_SELECTORS:
         needs.append(("embeddings", f"its selector {sel.kind!r} compares embeddings"))
     if spec.crag is None and get_gate(spec.gate.kind).needs_embeddings:
         needs.append(("embeddings", f"its gate {spec.gate.kind!r} embeds with the index's encoder"))
@@ -164,10 +164,23 @@ def _index_needs(spec: MethodSpec) -> list[tuple[str, str]]:
     return needs
 
 
+def require_reranker(spec: MethodSpec) -> None:
+    """A :class:`RagateError` before any LM call when a rerank selector has no cross-encoder to read K from."""
+    sel = spec.selector
+    if spec.dynamic is None and sel.kind in RERANK_SELECTORS and not sel.cross_encoder:
+        raise RagateError(
+            f"method {spec.name!r} reranks with a cross-encoder and none was given: pass --cross-encoder DIR (a "
+            "sentence-transformers CrossEncoder folder; none ships in a package registry reachable here) or, in "
+            "Python, SelectorSpec(..., cross_encoder=DIR); dpr-ais-sum ranks the same pool by the bi-encoder's "
+            "cosines instead"
+        )
+
+
 def require_index(spec: MethodSpec, retriever: Retriever, *, where: str = "") -> None:
     """An :class:`IndexNeedError` before any LM call when ``retriever`` cannot serve what ``spec`` reads from it
     (DTR's and PAIRS's selection over a BM25 index, HyDE over a search that cannot take a vector)."""
     where = where or f"the {retriever.kind} index"
+    require_reranker(spec)
     for need, why in _index_needs(spec):
         if need == "embeddings" and not retriever.has_embeddings:
             raise IndexNeedError(

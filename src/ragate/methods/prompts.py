@@ -69,15 +69,16 @@ class TargPromptSet(PromptSet):
 
 
 TARG = TargPromptSet(  # TARG A.12 "Default" template as the system message; x = B(q) ⊕ C (Eq. 5)
-    name="targ",
+    name="targ-question-first",  # a new name: sweeps' stored families name the prompts that made the answers
     direct="{question}",
     with_context="{question}\n\n{context}",  # the question, then the context, as x = B(q) ⊕ C
     pseudo_context=DTR.pseudo_context,
     system="You are a helpful assistant. Answer concisely and factually.",
 )
-# Before issue M the TARG reader put the context first; the runs of docs/results.md up to then used this form.
+# Before issue M the TARG reader put the context first, under the name "targ"; the runs of docs/results.md up to
+# then used this form, and their sweeps' families still say "targ", which is this set.
 TARG_CONTEXT_FIRST = TargPromptSet(
-    name="targ-context-first",
+    name="targ",
     direct=TARG.direct,
     with_context="{context}\n\n{question}",
     pseudo_context=TARG.pseudo_context,

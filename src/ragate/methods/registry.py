@@ -70,10 +70,24 @@ _METHODS = (
         PAIRS,
     ),
     MethodSpec(
+        "dpr-ais-sum",
+        "DPR pool ranked by cos(d,q) + cos(d,p) (PAIRS Eq. 1, DTR Eq. 4): Eq. 7 with the bi-encoder as K",
+        GateSpec("always"),
+        SelectorSpec("dpr-ais", score="sum"),
+        PAIRS,
+    ),
+    MethodSpec(
         "dpr-ais-rerank",
-        "DPR pool reranked by K(d,q) + K(d,p) (PAIRS Eq. 7)",
+        "DPR pool reranked by a cross-encoder, K(d,q) + K(d,p) (PAIRS Eq. 7; needs --cross-encoder)",
         GateSpec("always"),
         SelectorSpec("dpr-ais-rerank"),
+        PAIRS,
+    ),
+    MethodSpec(
+        "rerank",
+        "PAIRS's Rerank baseline: the question's top 10 reordered by a cross-encoder, top 3 read (needs --cross-encoder)",
+        GateSpec("always"),
+        SelectorSpec("rerank", n=10),
         PAIRS,
     ),
     MethodSpec(
@@ -225,6 +239,11 @@ _METHODS = (
                 "flare",
                 "FLARE: a token of the next sentence below p = 0.4; masked query",
                 DynamicSpec("flare", query="masked", cut="sentence"),
+            ),
+            (
+                "flare-once",
+                "FLARE bounded to one retrieval (TARG section 5.1's bound on every baseline)",
+                DynamicSpec("flare", query="masked", cut="sentence", max_retrievals=1),
             ),
             (
                 "ircot",

@@ -257,11 +257,13 @@ def _select(run: QuestionRun, sel: SelectorSpec, pseudo: str | None) -> list[Hit
     kind = sel.kind
     if kind == "question":
         return run.search([q], sel.k)[0]
+    if kind == "rerank":
+        return _rerank_question(run, sel)
     if kind == "hyde":
         return _hyde(run, sel)
     if kind in ("q2d", "cot"):
         template = prompts.pseudo_context if kind == "q2d" else P.COT
-        text = run.one(kind, template, max_tokens=run.spec.pseudo_max_tokens, overhead=True).text
+        text = run.one(kind, template, max_tokens=run.spec.expansion_max_tokens, overhead=True).text
         return run.search([" ".join([q] * sel.repeats + [text])], sel.k)[0]
     if pseudo is None:
         pseudo = run.one(
@@ -290,7 +292,7 @@ def _hyde(run: QuestionRun, sel: SelectorSpec) -> list[Hit]:
     requests = [
         GenerationRequest(
             run.messages(P.HYDE),
-            max_tokens=run.spec.pseudo_max_tokens,
+            max_tokens=run.spec.expansion_max_tokens,
             top_logprobs=0,
             temperature=0.0 if greedy else 0.7,
             seed=i,
@@ -323,20 +325,29 @@ def load_cross_encoder(path: str) -> Any:
     return CrossEncoder(str(Path(path).expanduser()), device="cpu", activation_fn=torch.nn.Identity())
 
 
+def _rerank_question(run: QuestionRun, sel: SelectorSpec) -> list[Hit]:
+    """PAIRS's Rerank baseline: the question's top ``n`` (10) reordered by the cross-encoder's K(d,q), top k."""
+    assert sel.cross_encoder is not None  # require_index checked it before any LM call
+    start = time.perf_counter()
+    pool = run.search([run.question], sel.n)[0]
+    model = load_cross_encoder(sel.cross_encoder)
+    scores = np.asarray(
+        model.predict([(run.question, h.passage.contents) for h in pool], show_progress_bar=False)
+    )
+    order = np.argsort(-scores, kind="stable")[: sel.k]
+    run.stages.append(Stage("rerank", 0, 0, time.perf_counter() - start))
+    return [Hit(pool[i].passage, float(scores[i]), r + 1) for r, i in enumerate(order)]
+
+
 def _rerank(retriever: Retriever, q: str, pseudo: str, sel: SelectorSpec) -> list[Hit]:
-    """PAIRS Eq. 7 over the DPR pool. With ``cross_encoder`` set, K is that CrossEncoder's raw score; without one
-    (none ships in a registry here) the index's bi-encoder cosine stands in, which makes K(d,q) + K(d,p) the
-    ``sum`` AIS score."""
+    """PAIRS Eq. 7 over the DPR pool: K is the cross-encoder's raw score (``cross_encoder``, checked before any
+    LM call). Without a cross-encoder the bi-encoder sum is ``dpr-ais-sum``."""
+    assert sel.cross_encoder is not None
     pool = merge_by_id(*retriever.search([q, pseudo], sel.n))
     texts = [h.passage.contents for h in pool]
-    if sel.cross_encoder:
-        model = load_cross_encoder(sel.cross_encoder)
-        kq = model.predict([(q, t) for t in texts], show_progress_bar=False)
-        kp = model.predict([(pseudo, t) for t in texts], show_progress_bar=False)
-    else:
-        qv, pv = retriever.embed_queries([q, pseudo])
-        docs = retriever.passage_embeddings([h.id for h in pool])
-        kq, kp = docs @ qv, docs @ pv
+    model = load_cross_encoder(sel.cross_encoder)
+    kq = model.predict([(q, t) for t in texts], show_progress_bar=False)
+    kp = model.predict([(pseudo, t) for t in texts], show_progress_bar=False)
     scores = rerank_scores(np.asarray(kq), np.asarray(kp))
     order = np.argsort(-scores, kind="stable")[: sel.k]
     return [Hit(pool[i].passage, float(scores[i]), r + 1) for r, i in enumerate(order)]

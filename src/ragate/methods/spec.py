@@ -16,8 +16,9 @@ from ragate.uncertainty import DEFAULT_MARGIN_BETA
 
 SelectorKind = Literal[
     "question", "hyde", "q2d", "cot", "dpr-ais", "dpr-ais-question", "dpr-ais-pseudo",
-    "fixed-2q1p", "fixed-1q2p", "dpr-ais-rerank",
+    "fixed-2q1p", "fixed-1q2p", "dpr-ais-rerank", "rerank",
 ]  # fmt: skip
+RERANK_SELECTORS: tuple[SelectorKind, ...] = ("dpr-ais-rerank", "rerank")  # read K from a cross-encoder
 
 SELECTORS: tuple[SelectorKind, ...] = get_args(SelectorKind)
 
@@ -55,7 +56,7 @@ class SelectorSpec:
     score: AISScore = "cos"
     hyde_samples: int = 1  # HyDE's N (the original uses 8 at T = 0.7; 1 greedy keeps CPU runs short)
     repeats: int = 5  # Q2D / CoT: the question repeated this many times before the generated text
-    cross_encoder: str | None = None  # dpr-ais-rerank: a sentence-transformers CrossEncoder path
+    cross_encoder: str | None = None  # dpr-ais-rerank, rerank: a sentence-transformers CrossEncoder folder
 
 
 QueryForm = Literal["auto", "attention", "question-masked", "masked", "sentence", "chunk", "question"]
@@ -133,7 +134,12 @@ class MethodSpec:
     selector: SelectorSpec
     prompts: PromptSet = DTR
     max_tokens: int = 64
-    pseudo_max_tokens: int = 128  # MiniLM reads 256 word pieces at most; longer pseudo-contexts are unseen
+    # DTR's and PAIRS's pseudo-context: the authors' code allows 1024 tokens. Measured on the first 50 NQ
+    # questions with Qwen2.5-Coder-1.5B (benchmarks/pseudo_length.py): PAIRS's prompt gives a median of 258 tokens,
+    # 37 of 50 end by themselves (all but one within 512) and 13 repeat themselves until cut, so no cap up to
+    # 1024 lets 90% end; 128 (ragate before issue M) cut 92%. The record counts the calls that hit the cap.
+    pseudo_max_tokens: int = 1024
+    expansion_max_tokens: int = 128  # HyDE's, Query2doc's and CoT's generated text (Query2doc: 128)
     dynamic: DynamicSpec | None = None  # set: a dynamic-RAG method (gate and selector unused)
     crag: CragSpec | None = None  # set: CRAG-lite (gate unused: it retrieves, then grades what it found)
 
