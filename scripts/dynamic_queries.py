@@ -4,8 +4,9 @@ ETC and DRAGIN form their query over the question and the text so far (ETC secti
 ragate's fallback without attention kept the question in 59 of ETC's 321 queries against 441 of DRAGIN's 642,
 so the two were compared on different queries. This prints, per method: questions, triggered retrievals (the
 retrieval before generating, Single RAG's and IRCoT's first, is not counted), how many of those queries contain
-the whole question (normalised as answers are: case, punctuation, articles), the share, the query forms used, how often the safety bound
-on retrievals was reached, and recall@3 of the passages read.
+the whole question (normalised as answers are: case, punctuation, articles), the share, the query forms used, how many fired on a negative score (for ETC: a sharp *drop* of entropy,
+which the paper's |trend| >= alpha fires on and the authors' signed comparison does not), how often the safety
+bound on retrievals was reached, and recall@3 of the passages read.
 
 Run: ``.venv/bin/python scripts/dynamic_queries.py docs/results/runs/dynamic-hotpotqa-qwen2.5-coder-1.5b-300``
 """

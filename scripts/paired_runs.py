@@ -2,7 +2,9 @@
 
 ``ragate report --compare`` pairs methods inside one run (and the rows it takes from a sweep). A re-measured row (a new default, a fixed setting)
 lives in a new run; this prints ``new - old`` for each ``NEW_RUN:METHOD=OLD_RUN:METHOD`` pair, over the
-question ids the two have in common (a side may be a sweep directory: its method at the default threshold), in EM, F1 and contains-accuracy (points), with the paired bootstrap 95%
+question ids the two have in common (a side may be a sweep directory: its method at the default threshold, or
+``never@PROMPTS`` / ``always@PROMPTS``, the closed-book or retrieval answers of the family with those prompts,
+e.g. ``never@targ``, or the whole family key where two families share prompts), in EM, F1 and contains-accuracy (points), with the paired bootstrap 95%
 interval (``ragate.eval.metrics.paired_bootstrap_diff``, 1000 resamples, seed 0) and the page's verdict
 ("not established" where the interval reaches 0). It also prints the smallest difference the run could
 establish: 1.96 times the standard error of the paired differences, the half-width an effect must exceed.
@@ -36,6 +38,19 @@ def _scores(run: Path, method: str) -> dict[str, dict[str, float]]:
     """Per question id, the scores of ``method`` in an eval run, or a sweep's method at its default threshold
     (the rows ``ragate report --sweep`` takes from a sweep directory)."""
     path = run / "questions.jsonl"
+    if (run / "sweep.jsonl").is_file() and method.partition("@")[0] in ("never", "always"):
+        side, _, prompts = method.partition(
+            "@"
+        )  # a family's closed-book or retrieval answers, e.g. never@targ
+        rows = [
+            r for r in compact(run / "sweep.jsonl") if prompts in (r["family"], r["family"].split("|")[0])
+        ]
+        families = sorted({r["family"] for r in rows})
+        if len(families) != 1:
+            raise SystemExit(
+                f"error: {prompts!r} names {len(families)} families of {run}: {families or 'none'}"
+            )
+        return {r["id"]: r["closed" if side == "never" else "open"]["scores"] for r in rows}
     if (run / "sweep.jsonl").is_file():
         records = default_records(compact(run / "sweep.jsonl"))
     elif path.is_file():

@@ -294,17 +294,52 @@ def test_etc_and_dragin_have_no_retrieval_cap_but_a_recorded_safety_bound(demo_r
     assert get_method("etc").dynamic.max_retrievals is None  # type: ignore[union-attr]
     assert get_method("dragin").dynamic.max_retrievals is None  # type: ignore[union-attr]
     unsure = block(["Paris", " Rome", " Oslo", " Bern", " Kyiv", " Riga"], entropies=[1.0] * 4 + [9.0, 1.0])
-    lm, _ = _capitals_script(unsure)  # the model never settles: every block fires again
-    trace = run_method(get_method("etc").with_threshold(2.0), "Which capital?", lm, demo_retriever)
+    sentence = block([" Vienna", ".", " More"])
+
+    def never_settles() -> (
+        Any
+    ):  # every block the trigger watches fires again; each retrieval buys one sentence
+        calls: list[GenerationRequest] = []
+
+        def script(request: GenerationRequest) -> Generation:
+            calls.append(request)
+            return unsure if len(calls) % 2 else sentence
+
+        return ScriptedBackend(script)
+
+    trace = run_method(
+        get_method("etc").with_threshold(2.0), "Which capital?", never_settles(), demo_retriever
+    )
     assert trace.dynamic is not None
     assert len(trace.dynamic.retrievals) == SAFETY_RETRIEVALS > 3
     assert trace.dynamic.bound_reached
     capped = get_method("etc").with_(dynamic=replace(get_method("etc").dynamic, max_retrievals=3))  # type: ignore[arg-type]
-    lm, _ = _capitals_script(unsure)
-    trace = run_method(capped.with_threshold(2.0), "Which capital?", lm, demo_retriever)
-    assert (
-        trace.dynamic is not None and len(trace.dynamic.retrievals) == 3 and not trace.dynamic.bound_reached
+    trace = run_method(capped.with_threshold(2.0), "Which capital?", never_settles(), demo_retriever)
+    assert trace.dynamic is not None and len(trace.dynamic.retrievals) == 3
+    assert not trace.dynamic.bound_reached
+
+
+def test_after_a_retrieval_etc_and_dragin_write_a_sentence_before_the_trigger_watches_again(
+    demo_retriever: Any,
+) -> None:
+    """The authors' code writes the first sentence over new passages unchecked, so every retrieval buys a
+    sentence; watched at once, a trigger re-fired at the first word after its cut (DRAGIN reached 10 retrievals
+    on half of the first HotpotQA questions)."""
+    unsure = block(["Paris", " Rome", " Oslo", " Bern", " Kyiv", " Riga"], entropies=[1.0] * 4 + [9.0, 1.0])
+    restart = block(
+        [" Kyiv", " is", " it", ".", " So", " the", " answer", " is", " Kyiv", "."],
+        entropies=[9.0] + [0.1] * 9,
     )
+    lm, calls = _capitals_script(unsure, restart, block([" So", " the", " answer", " is", " Kyiv", "."]))
+    trace = run_method(get_method("etc").with_threshold(2.0), "Which capital?", lm, demo_retriever)
+    assert (
+        trace.dynamic is not None and len(trace.dynamic.retrievals) == 1
+    )  # the unsure " Kyiv" did not re-fire
+    assert calls[2].assistant_prefix == "Paris Rome Oslo Bern Kyiv is it."
+    assert "Context:" in calls[2].prompt[0].content  # type: ignore[union-attr]  # passages stay ("rest")
+    assert trace.answer == "Kyiv"
+    assert get_method("dragin").dynamic.settle  # type: ignore[union-attr]
+    assert not get_method("flare").dynamic.settle  # type: ignore[union-attr]
 
 
 def test_dynamic_methods_have_no_gate_to_decide_alone() -> None:

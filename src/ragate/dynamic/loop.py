@@ -7,7 +7,10 @@ goes on from the prompt "exemplars + passages + question" with the text so far a
 ``max_retrievals`` retrievals (None: no cap, bounded for safety at ``SAFETY_RETRIEVALS`` and recorded when
 reached), ``max_tokens`` answer tokens. With ``passages="sentence"`` (the authors' code of DRAGIN and ETC) the
 passages serve one sentence, written without the trigger watching, and the prompt is then the question and the
-text so far again. The model is loaded once (the caller's backend).
+text so far again. With ``settle`` (ETC and DRAGIN) the first sentence over new passages is written unwatched
+too, as the authors' code writes it (``simply_generate``, ``get_top_sentence``), so each retrieval buys a
+sentence of progress; without it a trigger may fire again at the first word after the cut. The model is loaded
+once (the caller's backend).
 
 Work is not redone: the llama.cpp and transformers backends keep their key/value cache between calls, and every
 call here extends the previous sequence (the same prompt with a longer answer prefix) except right after a
@@ -57,6 +60,7 @@ class _State:
     read: dict[str, Hit] = field(default_factory=dict)  # every passage shown, by id
     events: list[RetrievalEvent] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
+    fresh: bool = False  # a triggered retrieval just happened: nothing written over its passages yet
 
 
 def run_dynamic(
@@ -85,8 +89,9 @@ def run_dynamic(
         _retrieve(state, d, retriever, question, "initial", None)
     first: Fire | None = None
     while state.kept_tokens < d.max_tokens:
-        if d.passages == "sentence" and state.documents and not d.initial:
-            if _one_sentence(state, d, lm, question, dataset, recompute):
+        if state.fresh and (d.settle or d.passages == "sentence"):
+            state.fresh = False
+            if _one_sentence(state, d, lm, question, dataset, recompute, drop=d.passages == "sentence"):
                 break
             continue
         active = trigger is not None and _triggered(state) < d.retrieval_bound
@@ -138,6 +143,7 @@ def run_dynamic(
         state.discarded += len(gen.tokens) - fire.keep
         query = _query(form, d, lm, question, state.text, gen, fire, words)
         _retrieve(state, d, retriever, query, form, fire)
+        state.fresh = True
         state.text += kept.text if kept is not None else ""
         state.kept_tokens += fire.keep
     output = _complete(state, lm, question, dataset)
@@ -162,10 +168,18 @@ def run_dynamic(
 
 
 def _one_sentence(
-    state: _State, d: DynamicSpec, lm: Backend, question: str, dataset: str | None, recompute: bool
+    state: _State,
+    d: DynamicSpec,
+    lm: Backend,
+    question: str,
+    dataset: str | None,
+    recompute: bool,
+    *,
+    drop: bool,
 ) -> bool:
-    """``passages="sentence"``: write one sentence over the passages just retrieved, unwatched, then drop them.
-    True when the reply ended (an answer sentence, or the model stopped)."""
+    """Write one sentence over the passages just retrieved, unwatched (``settle``; the authors' code), then, with
+    ``drop`` (``passages="sentence"``), take the passages away. True when the reply ended (an answer sentence, or
+    the model stopped)."""
     ended: list[int] = []
 
     def watch(block: Generation) -> bool:
@@ -187,7 +201,8 @@ def _one_sentence(
     kept = prefix(gen, ended[0]) if ended else gen
     state.text += kept.text
     state.kept_tokens += len(kept.tokens)
-    state.documents = []
+    if drop:
+        state.documents = []
     return not ended or bool(ANSWER_DONE.search(kept.text + " "))
 
 

@@ -198,42 +198,42 @@ _METHODS = (
             (
                 "etc",
                 "ETC: retrieve when |smoothed 2nd difference of entropy| >= alpha",
-                DynamicSpec("etc", max_retrievals=None),
+                DynamicSpec("etc", max_retrievals=None, settle=True),
             ),
             (
                 "etc-signed",
                 "ETC comparing the trend signed, as the authors' code (a drop of entropy does not fire)",
-                DynamicSpec("etc", max_retrievals=None, signed=True),
+                DynamicSpec("etc", max_retrievals=None, settle=True, signed=True),
             ),
             (
                 "etc-sentence-passages",
                 "ETC whose passages serve one sentence, as the authors' code",
-                DynamicSpec("etc", max_retrievals=None, passages="sentence"),
+                DynamicSpec("etc", max_retrievals=None, settle=True, passages="sentence"),
             ),
             (
                 "etc-1st",
                 "ETC with the smoothed 1st difference (ablation)",
-                DynamicSpec("etc-1st", max_retrievals=None),
+                DynamicSpec("etc-1st", max_retrievals=None, settle=True),
             ),
             (
                 "etc-no-smoothing",
                 "ETC without smoothing (ablation)",
-                DynamicSpec("etc-no-smoothing", max_retrievals=None),
+                DynamicSpec("etc-no-smoothing", max_retrievals=None, settle=True),
             ),
             (
                 "etc-fixed",
                 "ETC with a fixed weight w = 0.9 (ablation)",
-                DynamicSpec("etc-fixed", max_retrievals=None),
+                DynamicSpec("etc-fixed", max_retrievals=None, settle=True),
             ),
             (
                 "etc-code",
                 "ETC as the authors' code: signed, attention-weighted, per sentence, passages for one sentence",
-                DynamicSpec("etc-code", max_retrievals=None, passages="sentence"),
+                DynamicSpec("etc-code", max_retrievals=None, settle=True, passages="sentence"),
             ),
             (
                 "dragin",
                 "DRAGIN: attention x entropy of a content word > 1.2",
-                DynamicSpec("dragin", max_retrievals=None),
+                DynamicSpec("dragin", max_retrievals=None, settle=True),
             ),
             (
                 "flare",

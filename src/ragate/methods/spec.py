@@ -81,7 +81,11 @@ class DynamicSpec:
     reached. ``passages`` "rest": the passages stay in the prompt for everything written after the retrieval;
     "sentence": for one sentence, then the prompt is the question and the text so far again (the authors' code of
     DRAGIN and ETC, ``get_top_sentence``). ``signed`` compares ETC's trend signed (``trend >= alpha``, the
-    authors' code) instead of its absolute value (the paper).
+    authors' code) instead of its absolute value (the paper). ``settle``: after a triggered retrieval the first
+    sentence over the new passages is written before the trigger watches again, as the authors' code of DRAGIN
+    and ETC writes it (unchecked); it guarantees a sentence of progress per retrieval. Without it and without a
+    cap, DRAGIN fired again at the first word after its cut: on 33 of the first 65 HotpotQA questions it reached
+    the safety bound of 10 retrievals (issue M's first re-measure, discarded).
     """
 
     trigger: str
@@ -99,6 +103,7 @@ class DynamicSpec:
     max_documents: int = 6
     passages: Passages = "rest"
     signed: bool = False
+    settle: bool = False
 
     @property
     def retrieval_bound(self) -> int:
@@ -135,9 +140,10 @@ class MethodSpec:
     prompts: PromptSet = DTR
     max_tokens: int = 64
     # DTR's and PAIRS's pseudo-context: the authors' code allows 1024 tokens. Measured on the first 50 NQ
-    # questions with Qwen2.5-Coder-1.5B (benchmarks/pseudo_length.py): PAIRS's prompt gives a median of 258 tokens,
-    # 37 of 50 end by themselves (all but one within 512) and 13 repeat themselves until cut, so no cap up to
-    # 1024 lets 90% end; 128 (ragate before issue M) cut 92%. The record counts the calls that hit the cap.
+    # questions with Qwen2.5-Coder-1.5B (benchmarks/pseudo_length.py, results/pseudo_length.txt): PAIRS's prompt
+    # gives a median of 258 tokens, 37 of 50 end by themselves (all but one within 512) and 13 repeat themselves
+    # until cut, so no cap up to 1024 lets 90% end; DTR's, a median of 99, 49 of 50 end (384 would cover 94%).
+    # 128 (ragate before issue M) cut 92% and 30%. The record counts the calls that hit the cap.
     pseudo_max_tokens: int = 1024
     expansion_max_tokens: int = 128  # HyDE's, Query2doc's and CoT's generated text (Query2doc: 128)
     dynamic: DynamicSpec | None = None  # set: a dynamic-RAG method (gate and selector unused)
