@@ -85,3 +85,18 @@ def test_ask_errors_name_the_problem_and_the_fix(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("ragate: error: ") and message in err
+
+
+def test_a_rerank_method_without_a_cross_encoder_is_refused_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ragate.backends
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the command was checked")
+
+    monkeypatch.setattr(ragate.backends, "load_backend", no_model)
+    assert main(["ask", "Who wrote Hamlet?", "--method", "dpr-ais-rerank"]) == 2
+    assert "--cross-encoder DIR" in capsys.readouterr().err
+    assert main(["ask", "Who wrote Hamlet?", "--method", "standard-rag", "--cross-encoder", "x"]) == 2
+    assert "goes with the selectors dpr-ais-rerank, rerank" in capsys.readouterr().err

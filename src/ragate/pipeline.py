@@ -196,6 +196,7 @@ class Pipeline:
         selector: str | None = None,
         fallback: str | None = None,
         skr_labels: str | Path | None = None,
+        cross_encoder: str | Path | None = None,
         seed: int = 0,
         lm: Backend | None = None,
         retriever: Retriever | None = None,
@@ -213,7 +214,9 @@ class Pipeline:
             )
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
-        spec = configure_method(get_method(method), gate, selector, skr_labels, max_tokens, k)
+        spec = configure_method(
+            get_method(method), gate, selector, skr_labels, max_tokens, k, cross_encoder=cross_encoder
+        )
         self._max_tokens, self._k = max_tokens, k
         self.calibration: dict[str, Any] | None = None
         if calibration is not None:
@@ -435,10 +438,14 @@ def configure_method(
     skr_labels: str | Path | None,
     max_tokens: int | None,
     k: int | None,
+    *,
+    cross_encoder: str | Path | None = None,
 ) -> MethodSpec:
-    """``spec`` with another gate or selector, SKR's label set, an answer length or a number of documents."""
+    """``spec`` with another gate or selector, SKR's label set, an answer length, a number of documents or the
+    cross-encoder a rerank selector reads; a rerank selector without one is an error here, before any cost."""
     from ragate.gates.registry import get_gate
-    from ragate.methods.spec import SELECTORS, GateSpec
+    from ragate.methods.needs import require_reranker
+    from ragate.methods.spec import RERANK_SELECTORS, SELECTORS, GateSpec
 
     if gate is not None:
         get_gate(gate)  # an unknown name fails here, with "did you mean"
@@ -467,4 +474,12 @@ def configure_method(
         spec = spec.with_(selector=replace(spec.selector, k=k, n=max(spec.selector.n, k)))
         if spec.dynamic is not None:
             spec = spec.with_(dynamic=replace(spec.dynamic, k=k))
+    if cross_encoder is not None:
+        if spec.selector.kind not in RERANK_SELECTORS or spec.dynamic is not None:
+            raise RagateError(
+                f"a cross-encoder goes with the selectors {', '.join(RERANK_SELECTORS)} (e.g. --method dpr-ais-rerank), "
+                f"not {spec.name!r}"
+            )
+        spec = spec.with_(selector=replace(spec.selector, cross_encoder=str(cross_encoder)))
+    require_reranker(spec)
     return spec

@@ -175,6 +175,7 @@ def ask_with_method(
     skr_labels: str | None = None,
     calibration: str | None = None,
     max_tokens: int | None = None,
+    cross_encoder: str | None = None,
     progress: Any = None,
     **options: Any,
 ) -> tuple[Trace, dict[str, Any]]:
@@ -196,6 +197,7 @@ def ask_with_method(
         fallback=fallback,
         skr_labels=skr_labels,
         max_tokens=max_tokens,
+        cross_encoder=cross_encoder,
         backend_options=options,
     ) as rag:
         answer = rag.answer(question, progress=progress)
@@ -283,7 +285,13 @@ def run(args: argparse.Namespace) -> int:
 
         check_question(args.question)  # every mistake in the command is named before anything is printed
         spec = configure_method(
-            get_method(args.method), args.gate, args.selector, args.skr_labels, args.max_tokens, None
+            get_method(args.method),
+            args.gate,
+            args.selector,
+            args.skr_labels,
+            args.max_tokens,
+            None,
+            cross_encoder=args.cross_encoder,
         )
         status = StageLine(not args.quiet)
         if args.index is None and spec.retrieves:
@@ -307,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
                 skr_labels=args.skr_labels,
                 calibration=args.calibration,
                 max_tokens=args.max_tokens,
+                cross_encoder=args.cross_encoder,
                 progress=status,
                 **options,
             )
@@ -407,6 +416,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="with --method skr: the label set of training questions it votes with (`ragate skr fit`)",
+    )
+    parser.add_argument(
+        "--cross-encoder",
+        default=None,
+        metavar="DIR",
+        help="with --method dpr-ais-rerank or rerank: a sentence-transformers CrossEncoder folder (PAIRS Eq. 7's K)",
     )
     parser.add_argument(
         "--calibration",

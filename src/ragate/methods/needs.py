@@ -169,10 +169,10 @@ def require_reranker(spec: MethodSpec) -> None:
     sel = spec.selector
     if spec.dynamic is None and sel.kind in RERANK_SELECTORS and not sel.cross_encoder:
         raise RagateError(
-            f"method {spec.name!r} reranks with a cross-encoder and none was given: pass --cross-encoder DIR (a "
-            "sentence-transformers CrossEncoder folder; none ships in a package registry reachable here) or, in "
-            "Python, SelectorSpec(..., cross_encoder=DIR); dpr-ais-sum ranks the same pool by the bi-encoder's "
-            "cosines instead"
+            f"method {spec.name!r} reranks with a cross-encoder and none was given: pass --cross-encoder DIR to "
+            "ragate ask or eval, or cross_encoder=DIR to ragate.Pipeline (a sentence-transformers CrossEncoder "
+            "folder; none ships in a package registry reachable here); dpr-ais-sum ranks the same pool by the "
+            "bi-encoder's cosines instead"
         )
 
 
