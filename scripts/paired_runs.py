@@ -65,10 +65,10 @@ def _scores(run: Path, method: str) -> dict[str, dict[str, float]]:
     raise SystemExit(f"error: {run} has no answers of method {method!r}")
 
 
-def compare(new: str, old: str) -> dict[str, Any]:
-    """One row: ``new - old`` per metric over the shared question ids."""
+def compare(new: str, old: str, only: set[str] | None = None) -> dict[str, Any]:
+    """One row: ``new - old`` per metric over the shared question ids (within ``only`` when given)."""
     a, b = _scores(*_side(new)), _scores(*_side(old))
-    ids = [i for i in a if i in b]
+    ids = [i for i in a if i in b and (only is None or i in only)]
     if not ids:
         raise SystemExit(f"error: {new} and {old} share no question")
     row: dict[str, Any] = {"new": new, "old": old, "n": len(ids)}
@@ -83,6 +83,14 @@ def compare(new: str, old: str) -> dict[str, Any]:
     return row
 
 
+def _answered_by_all(run: Path) -> set[str]:
+    groups = [
+        {r["id"] for r in rows if "scores" in r}
+        for _, rows in by_method(latest(read_records(run / "questions.jsonl", repair=False)))
+    ]
+    return set.intersection(*groups) if groups else set()
+
+
 def _verdict(lo: float, hi: float) -> str:
     return "higher" if lo > 0 else "lower" if hi < 0 else "not established"
 
@@ -90,7 +98,15 @@ def _verdict(lo: float, hi: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pairs", nargs="+", help="NEW_RUN:METHOD=OLD_RUN:METHOD")
+    ap.add_argument(
+        "--only",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="every row over the questions that every method of this (running) eval run has answered",
+    )
     args = ap.parse_args(argv)
+    only = _answered_by_all(args.only) if args.only else None
     print(
         "| new | old | n | ΔEM [95%] | verdict | ΔF1 [95%] | Δacc [95%] | verdict (acc) | smallest ΔEM n can establish |"
     )
@@ -99,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         new, sep, old = pair.partition("=")
         if not sep:
             raise SystemExit(f"error: {pair!r} is not NEW_RUN:METHOD=OLD_RUN:METHOD")
-        r = compare(new, old)
+        r = compare(new, old, only)
         cells = {m: f"{r[m][0]:+.1f} [{r[m][1]:+.1f}, {r[m][2]:+.1f}]" for m in METRICS}
         name = lambda s: f"{Path(s.rpartition(':')[0]).name}:{s.rpartition(':')[2]}"
         print(
