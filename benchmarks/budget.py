@@ -287,23 +287,15 @@ def in_order(args: argparse.Namespace) -> int:
     for folder in args.sweeps:
         path = Path(folder) / "sweep.jsonl"
         if not path.is_file():
-            print(
-                f"{folder} holds no sweep.jsonl: pass the --out folder of a `ragate sweep`", file=sys.stderr
-            )
+            print(f"{folder} holds no sweep.jsonl: pass the --out folder of a `ragate sweep`", file=sys.stderr)
             return 2
         records = compact(path)  # one record per (question, family), in the order they were written
-        gates = (
-            args.gates.split(",")
-            if args.gates
-            else [g for g in swept_methods(records) if g not in UNCALIBRATED]
-        )
+        gates = args.gates.split(",") if args.gates else [g for g in swept_methods(records) if g not in UNCALIBRATED]
         for gate in gates:
             scores = [float(r["gates"][gate]["score"]) for r in method_records(records, gate)]
             dev, rest = scores[: args.dev], scores[args.dev :]
             if not rest:
-                raise SystemExit(
-                    f"{folder}: {len(scores)} questions; --dev {args.dev} leaves none to apply tau to"
-                )
+                raise SystemExit(f"{folder}: {len(scores)} questions; --dev {args.dev} leaves none to apply tau to")
             taus = (
                 threshold_for_budget(dev, args.budget),
                 conservative_threshold(dev, args.budget, args.confidence).tau,
@@ -356,9 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--plot", type=Path, default=None, help="write the windowed rates as a PNG")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(run=drift)
-    o = sub.add_parser(
-        "in-order", help="tau set on a sweep's first questions, applied to the rest in file order"
-    )
+    o = sub.add_parser("in-order", help="tau set on a sweep's first questions, applied to the rest in file order")
     o.add_argument("sweeps", nargs="+", help="`ragate sweep` --out folders")
     o.add_argument("--gates", default=None, help="comma-separated (default: every swept gate but random)")
     o.add_argument("--budget", type=float, default=0.3)

@@ -19,10 +19,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ragate.backends import load_backend
-from ragate.eval.calls import CallCache, CallStore
 from ragate.eval.datasets import load_dataset
-from ragate.eval.provenance import model_identity
-from ragate.eval.run import default_call_cache
+from ragate.eval.run import EvalConfig, default_call_cache, open_call_cache
 from ragate.methods import get_method
 from ragate.methods.runner import QuestionRun
 
@@ -40,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     examples = load_dataset(args.dataset, limit=args.limit)
     lm = load_backend(args.model, "llama.cpp")
-    identity = model_identity(args.model, "llama.cpp", None).get("sha256") or args.model
-    cached = CallCache(lm, CallStore(default_call_cache()), identity, exact_prefixes=True)
+    config = EvalConfig(dataset=args.dataset, methods=tuple(PROMPT_SETS.values()), model=args.model)
+    cached, _ = open_call_cache(lm, default_call_cache(), config, own=True)  # the key an eval run uses
     print(f"{args.dataset}, first {len(examples)} questions, {args.model}, greedy, cap {args.cap} tokens\n")
     print(
         "| prompts | n | median | p75 | p90 | max | mean | ended by themselves | "

@@ -71,9 +71,7 @@ def main() -> int:
     finally:
         if spinner is not None:
             spinner.terminate()
-    print(
-        f"{args.tokens} tokens after each embedding of 20 texts; {'one core busy' if args.busy else 'idle machine'}"
-    )
+    print(f"{args.tokens} tokens after each embedding of 20 texts; {'one core busy' if args.busy else 'idle machine'}")
     print("| OMP_WAIT_POLICY | seconds per round | median |")
     print("|---|---|---|")
     for policy, seconds in results.items():

@@ -15,6 +15,7 @@ Run: ``.venv/bin/python scripts/paired_runs.py docs/results/runs/NEW:etc=docs/re
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 from pathlib import Path
@@ -34,32 +35,34 @@ def _side(spec: str) -> tuple[Path, str]:
     return Path(run), method
 
 
+@functools.cache
+def _sweep(run: Path) -> list[dict[str, Any]]:
+    """A sweep's records, read once however many rows name it."""
+    return compact(run / "sweep.jsonl")
+
+
+@functools.cache
+def _records(run: Path) -> list[dict[str, Any]]:
+    """Answers in the shape of eval records: an eval run's, or a sweep's methods at their default thresholds
+    (the rows ``ragate report --sweep`` takes from a sweep directory); read once."""
+    if (run / "sweep.jsonl").is_file():
+        return default_records(_sweep(run))
+    if (run / "questions.jsonl").is_file():
+        return latest(read_records(run / "questions.jsonl", repair=False))
+    raise SystemExit(f"error: {run} holds no questions.jsonl or sweep.jsonl: give an eval or sweep directory")
+
+
 def _scores(run: Path, method: str) -> dict[str, dict[str, float]]:
-    """Per question id, the scores of ``method`` in an eval run, or a sweep's method at its default threshold
-    (the rows ``ragate report --sweep`` takes from a sweep directory)."""
-    path = run / "questions.jsonl"
-    if (run / "sweep.jsonl").is_file() and method.partition("@")[0] in ("never", "always"):
-        side, _, prompts = method.partition(
-            "@"
-        )  # a family's closed-book or retrieval answers, e.g. never@targ
-        rows = [
-            r for r in compact(run / "sweep.jsonl") if prompts in (r["family"], r["family"].split("|")[0])
-        ]
+    """Per question id, the scores of ``method`` in ``run`` (see :func:`_records`), or of a sweep family's
+    closed-book or retrieval answers (``never@PROMPTS`` / ``always@PROMPTS``)."""
+    side, at, prompts = method.partition("@")
+    if at and side in ("never", "always") and (run / "sweep.jsonl").is_file():
+        rows = [r for r in _sweep(run) if prompts in (r["family"], r["family"].split("|")[0])]
         families = sorted({r["family"] for r in rows})
         if len(families) != 1:
-            raise SystemExit(
-                f"error: {prompts!r} names {len(families)} families of {run}: {families or 'none'}"
-            )
+            raise SystemExit(f"error: {prompts!r} names {len(families)} families of {run}: {families or 'none'}")
         return {r["id"]: r["closed" if side == "never" else "open"]["scores"] for r in rows}
-    if (run / "sweep.jsonl").is_file():
-        records = default_records(compact(run / "sweep.jsonl"))
-    elif path.is_file():
-        records = latest(read_records(path, repair=False))
-    else:
-        raise SystemExit(
-            f"error: {run} holds no questions.jsonl or sweep.jsonl: give an eval or sweep directory"
-        )
-    for name, rows in by_method(records):
+    for name, rows in by_method(_records(run)):
         if name == method:
             return {r["id"]: r["scores"] for r in rows if "scores" in r}
     raise SystemExit(f"error: {run} has no answers of method {method!r}")
@@ -84,10 +87,7 @@ def compare(new: str, old: str, only: set[str] | None = None) -> dict[str, Any]:
 
 
 def _answered_by_all(run: Path) -> set[str]:
-    groups = [
-        {r["id"] for r in rows if "scores" in r}
-        for _, rows in by_method(latest(read_records(run / "questions.jsonl", repair=False)))
-    ]
+    groups = [{r["id"] for r in rows if "scores" in r} for _, rows in by_method(_records(run))]
     return set.intersection(*groups) if groups else set()
 
 

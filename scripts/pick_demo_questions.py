@@ -35,9 +35,7 @@ def main() -> int:
     tau = float(cal["tau"])
     order = {ex.id: i for i, ex in enumerate(load_dataset("demo"))}
     questions = {ex.id: ex.question for ex in load_dataset("demo")}
-    rows = sorted(
-        method_records(compact(args.sweep / "sweep.jsonl"), args.gate), key=lambda r: order[r["id"]]
-    )
+    rows = sorted(method_records(compact(args.sweep / "sweep.jsonl"), args.gate), key=lambda r: order[r["id"]])
     skipped = [r for r in rows if r["gates"][args.gate]["score"] <= tau]
     retrieved = [r for r in rows if r["gates"][args.gate]["score"] > tau]
     right = [r for r in skipped if r["closed"]["scores"]["acc"]]
@@ -49,17 +47,12 @@ def main() -> int:
           f"retrieval would have fixed: {len(missed)}")  # fmt: skip
     print(f"  retrieved: {len(retrieved)}; documents fixed a wrong closed-book answer: {len(fixed)}; "
           f"broke a right one: {len(harmed)}")  # fmt: skip
-    for label, chosen in (
-        ("(a) skip, right closed-book", right),
-        ("(b) retrieve, fixed by documents", fixed),
-    ):
+    for label, chosen in (("(a) skip, right closed-book", right), ("(b) retrieve, fixed by documents", fixed)):
         if not chosen:
             print(f"{label}: none")
             continue
         r = chosen[0]
-        print(
-            f"{label}: #{order[r['id']]} {questions[r['id']]!r} (score {r['gates'][args.gate]['score']:.4g})"
-        )
+        print(f"{label}: #{order[r['id']]} {questions[r['id']]!r} (score {r['gates'][args.gate]['score']:.4g})")
         print(f"    closed-book: {r['closed']['prediction'][:90]!r}")
         print(f"    with documents: {r['open']['prediction'][:90]!r}")
     if args.out is not None:

@@ -106,9 +106,7 @@ def test_mixed_files_give_passages_with_source_and_span(docs: Path, tmp_path: Pa
     assert titles["docs/tidepools.pdf"] == "Life in tide pools"
     assert titles["docs/sourdough.txt"] == "sourdough"
     by_id = {p.id: p for p in passages}
-    assert (
-        by_id["arctic-tern#0"].title == "Arctic tern" and by_id["arctic-tern#0"].source == "docs/birds.jsonl"
-    )
+    assert by_id["arctic-tern#0"].title == "Arctic tern" and by_id["arctic-tern#0"].source == "docs/birds.jsonl"
     swift = [p for p in passages if p.title == "Common swift"]
     assert len(swift) == 1 and swift[0].id.startswith("d") and swift[0].id.endswith("#0")
     html = next(p.text for p in passages if p.source == "docs/web/lighthouse.html")

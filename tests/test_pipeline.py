@@ -57,11 +57,7 @@ def readme_python() -> str:
 
 
 def test_the_readme_example_runs_unchanged_on_a_folder_of_documents(
-    smollm2_path: Path,
-    minilm: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    smollm2_path: Path, minilm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_docs(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -89,9 +85,7 @@ def test_a_plain_function_search_serves_every_selector_including_dtr(smollm2_pat
     with ragate.Pipeline(method="dtr", search=search, encoder=minilm, threshold=-1.0) as rag:
         ans = rag.answer("How long is the Brewmaster 3000 warranty?")
     assert ans.retrieved and len(ans.documents) == 3  # DPR-AIS kept k = 3 of the two paths' documents
-    assert {q for q, _ in calls} >= {"How long is the Brewmaster 3000 warranty?"} and len(
-        calls
-    ) == 2  # q and p
+    assert {q for q, _ in calls} >= {"How long is the Brewmaster 3000 warranty?"} and len(calls) == 2  # q and p
     assert all(d.source and d.source.startswith("kb/") or d.title == "" for d in ans.documents)
     assert -1.0 <= ans.documents[0].score <= 1.0  # cos(theta1 + theta2) from ragate's own embeddings
 
@@ -184,9 +178,7 @@ def test_calibrate_on_unlabelled_questions_sets_the_threshold(smollm2_path: Path
         assert rag.index_name.startswith("the demo index (built on first use)")
         path = cal.save(tmp_path / "cal.json")
         bounded = rag.calibrate(questions, budget=0.3, confidence=0.9)  # 30 questions can bound 0.3 at 0.9
-        assert (
-            bounded.k is not None and bounded.tau >= cal.tau and bounded.retrieval_rate <= cal.retrieval_rate
-        )
+        assert bounded.k is not None and bounded.tau >= cal.tau and bounded.retrieval_rate <= cal.retrieval_rate
         assert bounded.to_json()["rate_interval"] == list(bounded.rate_interval or ())
     data = json.loads(path.read_text())
     assert data["method"] == "targ-margin" and data["tau"] == cal.tau and data["model"] is None
@@ -204,9 +196,7 @@ def test_a_budget_holds_over_the_calls_a_pipeline_answers(smollm2_path: Path, wi
     from ragate.eval.datasets import load_dataset
 
     questions = [ex.question for ex in load_dataset("demo")][:24]
-    with ragate.Pipeline(
-        method="targ-margin", retriever=wiki_dense, budget=0.5, window=10, max_tokens=8
-    ) as rag:
+    with ragate.Pipeline(method="targ-margin", retriever=wiki_dense, budget=0.5, window=10, max_tokens=8) as rag:
         answers = [rag.answer(q) for q in questions]
         assert rag.budget is not None and rag.budget.rate() is not None
     first = answers[0].decision.threshold
@@ -262,9 +252,7 @@ def test_the_package_face_is_lazy_and_complete() -> None:
         "import sys, ragate; heavy = [m for m in ('torch', 'ragate.pipeline', 'ragate.methods', 'llama_cpp') "
         "if m in sys.modules]; print(heavy); print(ragate.Pipeline.__module__, ragate.register_gate.__module__)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     first, second = proc.stdout.splitlines()
     assert first == "[]"  # `import ragate` loads no model code; the face is imported on first use
     assert second == "ragate.pipeline ragate.methods.registry"

@@ -55,9 +55,7 @@ def _ragate(args: list[str], env: dict[str, str], timeout: float = 600) -> subpr
     )
 
 
-def test_the_gate_registers_from_user_code_and_runs_in_a_pipeline(
-    smollm2_path: Path, bm25_index: Path
-) -> None:
+def test_the_gate_registers_from_user_code_and_runs_in_a_pipeline(smollm2_path: Path, bm25_index: Path) -> None:
     import plugin_gate
 
     assert "min-prob" in ragate.all_methods()
@@ -122,7 +120,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture()
-def served(smollm2_path: Path, bm25_index: Path, plugin_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
+def served(
+    smollm2_path: Path, bm25_index: Path, plugin_env: dict[str, str], tmp_path: Path
+) -> Iterator[str]:
     if not RAGATE.exists():
         pytest.skip("the ragate command is not installed in this environment (pip install -e .)")
     port = _free_port()

@@ -70,9 +70,7 @@ class Answer:
     @classmethod
     def of(cls, trace: Trace) -> Answer:
         docs = tuple(Document.of(h) for h in trace.documents)
-        return cls(
-            trace.question, trace.answer, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace
-        )
+        return cls(trace.question, trace.answer, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace)
 
     @property
     def seconds(self) -> float:
@@ -209,9 +207,7 @@ class Pipeline:
         if sum(x is not None for x in (index, search, retriever)) > 1:
             raise RagateError("give one of index=, search= or retriever=")
         if threshold is not None and calibration is not None:
-            raise RagateError(
-                "give threshold= or calibration=, not both: a calibration file sets the threshold"
-            )
+            raise RagateError("give threshold= or calibration=, not both: a calibration file sets the threshold")
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
         spec = configure_method(

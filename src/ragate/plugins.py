@@ -77,9 +77,7 @@ class Registry(Generic[T]):
             else:
                 close = difflib.get_close_matches(name, self.names(), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise RagateError(
-                    f"unknown {self.what} {name!r}.{hint} Choose one of: {', '.join(self.names())}"
-                )
+                raise RagateError(f"unknown {self.what} {name!r}.{hint} Choose one of: {', '.join(self.names())}")
             self._loaded[name] = cls
             return cls
 

@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
     source.add_argument(
         "--questions",
         type=Path,
-        help='your own questions, without answers: a text file (one a line) or JSONL with "question"',
+        help="your own questions, without answers: a text file (one a line) or JSONL with \"question\"",
     )
     source.add_argument(
         "--from-sweep",
@@ -96,9 +96,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="other questions (same forms as --questions): score them and print the rate tau gives there",
     )
-    cal.add_argument(
-        "--limit", type=int, default=200, help="dev questions to score (default 200; --dev only)"
-    )
+    cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200; --dev only)")
     cal.add_argument("--model", default=None)
     cal.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
     cal.add_argument("--base-url", "--openai-base-url", dest="base_url", default=None)
@@ -388,9 +386,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         result = _calibrate_questions(args)
         source = args.questions.stem
     out = args.out or Path("calibration") / (
-        f"{args.gate}-{source}-{args.objective}"
-        + (f"-{args.budget:g}" if args.objective == "budget" else "")
-        + ".json"
+        f"{args.gate}-{source}-{args.objective}" + (f"-{args.budget:g}" if args.objective == "budget" else "") + ".json"
     )
     from ragate.fileio import atomic_writer
 

@@ -135,9 +135,8 @@ class EtcConfig:
     alpha: float = DEFAULT_ALPHA
     word_entropy: WordEntropy | None = None
     fixed_weight: float = DEFAULT_FIXED_WEIGHT
-    signed: bool = (
-        False  # paper forms: compare the trend itself (the authors' code), not |trend| (section 3.2)
-    )
+    # paper forms: compare the trend itself (the authors' code), not |trend| (section 3.2)
+    signed: bool = False
 
     def __post_init__(self) -> None:
         if self.variant not in get_args(Variant):

@@ -114,14 +114,7 @@ def run_dynamic(
                 return True
             return False
 
-        request = GenerationRequest(
-            messages(question, state.documents, dataset),
-            max_tokens=d.max_tokens - state.kept_tokens,
-            assistant_prefix=state.text,
-            stop=STOP,
-            top_logprobs=5,
-        )
-        gen = lm.generate_watched(request, watch, recompute=recompute)
+        gen = lm.generate_watched(_continuation(state, d, question, dataset), watch, recompute=recompute)
         state.generated += len(gen.tokens)
         if (
             active
@@ -188,14 +181,7 @@ def _one_sentence(
             return True
         return False
 
-    request = GenerationRequest(
-        messages(question, state.documents, dataset),
-        max_tokens=d.max_tokens - state.kept_tokens,
-        assistant_prefix=state.text,
-        stop=STOP,
-        top_logprobs=5,
-    )
-    gen = lm.generate_watched(request, watch, recompute=recompute)
+    gen = lm.generate_watched(_continuation(state, d, question, dataset), watch, recompute=recompute)
     state.generated += len(gen.tokens)
     state.stages.append(Stage.of("generate", gen))
     kept = prefix(gen, ended[0]) if ended else gen
@@ -204,6 +190,17 @@ def _one_sentence(
     if drop:
         state.documents = []
     return not ended or bool(ANSWER_DONE.search(kept.text + " "))
+
+
+def _continuation(state: _State, d: DynamicSpec, question: str, dataset: str | None) -> GenerationRequest:
+    """The request that writes on from the text so far, over the passages now in the prompt."""
+    return GenerationRequest(
+        messages(question, state.documents, dataset),
+        max_tokens=d.max_tokens - state.kept_tokens,
+        assistant_prefix=state.text,
+        stop=STOP,
+        top_logprobs=5,
+    )
 
 
 def _triggered(state: _State) -> int:

@@ -127,9 +127,7 @@ def threshold_from_scores(
     these scores (the fields of :class:`ragate.pipeline.Calibration`). A bound the scores cannot give is a
     :class:`RagateError` naming the fix."""
     if batch is not None and confidence is None:
-        raise RagateError(
-            "batch needs confidence (e.g. 0.95): it bounds the rate of every batch of new questions"
-        )
+        raise RagateError("batch needs confidence (e.g. 0.95): it bounds the rate of every batch of new questions")
     try:
         if confidence is None:
             tau = threshold_for_budget(scores, budget)
@@ -143,12 +141,7 @@ def threshold_from_scores(
             }  # fmt: skip
     except ValueError as err:
         raise RagateError(str(err)) from None
-    return found | {
-        "tau": tau,
-        "budget": budget,
-        "n": len(scores),
-        "retrieval_rate": retrieval_rate(scores, tau),
-    }
+    return found | {"tau": tau, "budget": budget, "n": len(scores), "retrieval_rate": retrieval_rate(scores, tau)}
 
 
 def read_calibration(path: str | Path) -> dict[str, Any]:
@@ -163,15 +156,8 @@ def read_calibration(path: str | Path) -> dict[str, Any]:
         raise RagateError(
             f"{path} is not a `ragate calibrate` file ({type(err).__name__}: {err}); rerun ragate calibrate"
         ) from None
-    if (
-        not isinstance(method, str)
-        or isinstance(tau, bool)
-        or not isinstance(tau, int | float)
-        or not math.isfinite(tau)
-    ):
-        raise RagateError(
-            f"{path}: 'method' must be a name and 'tau' a finite number; rerun ragate calibrate"
-        )
+    if not isinstance(method, str) or isinstance(tau, bool) or not isinstance(tau, int | float) or not math.isfinite(tau):
+        raise RagateError(f"{path}: 'method' must be a name and 'tau' a finite number; rerun ragate calibrate")
     return data  # type: ignore[no-any-return]
 
 
@@ -314,9 +300,7 @@ def calibrate_from_sweep(
         raise RagateError(f"{run_dir} is not a sweep directory ({err}): run `ragate sweep` first") from None
     rows = [r for r in method_records(compact(run_dir / "sweep.jsonl"), method) if method in r["gates"]]
     if not rows:
-        raise RagateError(
-            f"the sweep in {run_dir} has not scored {method!r}: resume it with --methods {method}"
-        )
+        raise RagateError(f"the sweep in {run_dir} has not scored {method!r}: resume it with --methods {method}")
     scores = [float(r["gates"][method]["score"]) for r in rows]
     found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
     rate, n = found.pop("retrieval_rate"), found.pop("n")

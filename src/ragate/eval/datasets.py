@@ -294,13 +294,13 @@ def read_questions(source: str | Path) -> list[str]:
         for line_no, row in json_lines(path, DatasetFormatError, fix):
             question = row.get("question") if isinstance(row, dict) else None
             if not isinstance(question, str) or not question.strip():
-                raise DatasetFormatError(f'{path}:{line_no}: no "question" string; {fix}')
+                raise DatasetFormatError(f"{path}:{line_no}: no \"question\" string; {fix}")
             questions.append(question.strip())
     else:
         text = utf8_text(path, DatasetFormatError, "save the file as UTF-8 text, one question a line")
         questions = [line.strip() for line in text.splitlines() if line.strip()]
     if not questions:
-        raise DatasetFormatError(f'{path} holds no questions: one question a line, or JSONL with "question"')
+        raise DatasetFormatError(f"{path} holds no questions: one question a line, or JSONL with \"question\"")
     return questions
 
 

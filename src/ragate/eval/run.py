@@ -184,10 +184,8 @@ def _grows(before: int | None, now: int | None) -> bool:
     return before is not None and (now is None or now >= before)
 
 
-_ADDED: dict[str, Any] = {
-    "offset": 0,
-    "cross_encoder": None,
-}  # keys added after runs were saved without them: their value then
+# keys added after runs were saved without them: their value then
+_ADDED: dict[str, Any] = {"offset": 0, "cross_encoder": None}
 
 
 def open_run(

@@ -173,16 +173,9 @@ def cut_at_cap_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         for r in rows
         if r.get("cut_at_cap")
     ]
-    return (
-        [
-            "Questions whose LM call stopped at its token cap (finish_reason length), per stage:",
-            "",
-            *lines,
-            "",
-        ]
-        if lines
-        else []
-    )
+    if not lines:
+        return []
+    return ["Questions whose LM call stopped at its token cap (finish_reason length), per stage:", "", *lines, ""]
 
 
 def summary_markdown(results: dict[str, Any]) -> str:

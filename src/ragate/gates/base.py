@@ -148,9 +148,7 @@ class Gate:
     needs_embeddings: ClassVar[bool] = False  # reads the index's encoder (question or answer embeddings)
     thresholded: ClassVar[bool] = True  # False: the decision ignores tau (never, always): nothing to sweep
     budget_control: ClassVar[bool] = True  # `serve --budget` can move its tau (a score that ranks questions)
-    calibration_note: ClassVar[str | None] = (
-        None  # why `ragate calibrate` does not take it, where it does not
-    )
+    calibration_note: ClassVar[str | None] = None  # why `ragate calibrate` does not take it, where it does not
     like: ClassVar[str | None] = "standard-rag"  # the method whose selector and prompts its own method uses
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
@@ -167,3 +165,4 @@ def threshold_decision(name: str, score: float, tau: float, detail: str = "") ->
     return GateDecision(
         retrieve, score, tau, f"{name} score {score:.4g} {'>' if retrieve else '<='} tau = {tau:g}{detail}"
     )
+

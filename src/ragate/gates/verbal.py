@@ -95,9 +95,7 @@ class VerbalConfidence(Gate):
 
     description = "the model states P(its answer is right); retrieve below 0.5 (Tian et al. 2023)"
     default_tau = DEFAULT_VERBAL_TAU
-    tau_source = (
-        "ragate's choice (retrieve below even odds); stated probabilities are overconfident: calibrate"
-    )
+    tau_source = "ragate's choice (retrieve below even odds); stated probabilities are overconfident: calibrate"
     budget_control = False
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:

@@ -328,14 +328,17 @@ def load_cross_encoder(path: str) -> Any:
 def _rerank_question(run: QuestionRun, sel: SelectorSpec) -> list[Hit]:
     """PAIRS's Rerank baseline: the question's top ``n`` (10) reordered by the cross-encoder's K(d,q), top k."""
     assert sel.cross_encoder is not None  # require_index checked it before any LM call
+    pool = run.search([run.question], sel.n)[0]  # timed as its own "retrieve" stage
     start = time.perf_counter()
-    pool = run.search([run.question], sel.n)[0]
     model = load_cross_encoder(sel.cross_encoder)
-    scores = np.asarray(
-        model.predict([(run.question, h.passage.contents) for h in pool], show_progress_bar=False)
-    )
-    order = np.argsort(-scores, kind="stable")[: sel.k]
+    scores = model.predict([(run.question, h.passage.contents) for h in pool], show_progress_bar=False)
     run.stages.append(Stage("rerank", 0, 0, time.perf_counter() - start))
+    return _top_k(pool, np.asarray(scores), sel.k)
+
+
+def _top_k(pool: list[Hit], scores: np.ndarray, k: int) -> list[Hit]:
+    """The ``k`` hits of ``pool`` with the highest ``scores`` (ties: pool order), ranked 1..k with their scores."""
+    order = np.argsort(-scores, kind="stable")[:k]
     return [Hit(pool[i].passage, float(scores[i]), r + 1) for r, i in enumerate(order)]
 
 
@@ -348,6 +351,4 @@ def _rerank(retriever: Retriever, q: str, pseudo: str, sel: SelectorSpec) -> lis
     model = load_cross_encoder(sel.cross_encoder)
     kq = model.predict([(q, t) for t in texts], show_progress_bar=False)
     kp = model.predict([(pseudo, t) for t in texts], show_progress_bar=False)
-    scores = rerank_scores(np.asarray(kq), np.asarray(kp))
-    order = np.argsort(-scores, kind="stable")[: sel.k]
-    return [Hit(pool[i].passage, float(scores[i]), r + 1) for r, i in enumerate(order)]
+    return _top_k(pool, rerank_scores(np.asarray(kq), np.asarray(kp)), sel.k)

@@ -169,9 +169,7 @@ class Runtime:
         """The method with the request's options, within the server's limits (checked before the request waits)."""
         s = self.settings
         if options.max_tokens is not None and options.max_tokens > s.max_tokens:
-            raise ApiError(
-                400, f"options.max_tokens is {options.max_tokens}; this server allows {s.max_tokens}"
-            )
+            raise ApiError(400, f"options.max_tokens is {options.max_tokens}; this server allows {s.max_tokens}")
         if options.k is not None and options.k > s.max_k:
             raise ApiError(400, f"options.k is {options.k}; this server allows at most {s.max_k} documents")
         try:
@@ -382,11 +380,7 @@ def load_pipeline(
         from ragate.retrieval.milvus import MilvusRetriever
 
         retriever = MilvusRetriever.open(settings.milvus_uri, collection=settings.milvus_collection)
-        index, name, closers = (
-            None,
-            f"milvus:{settings.milvus_uri}#{settings.milvus_collection}",
-            (retriever.close,),
-        )
+        index, name, closers = None, f"milvus:{settings.milvus_uri}#{settings.milvus_collection}", (retriever.close,)
     else:
         from ragate.retrieval.demo import demo_index
 

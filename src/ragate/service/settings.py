@@ -47,9 +47,7 @@ class ServiceSettings:
     max_tokens: int = 512  # the largest options.max_tokens a request may ask for
     max_k: int = 20  # the most documents a request may ask for (options.k, /v1/search k)
     max_concurrency: int = 8
-    request_timeout: float = (
-        300.0  # queueing included: DTR with the 1.5B model on 2 cores takes ~45-90 s a request
-    )
+    request_timeout: float = 300.0  # queueing included: DTR with the 1.5B model on 2 cores takes ~45-90 s a request
     read_timeout: float = 10.0  # a client sending its request body slower than this gets 408 and is cut off
     backend_timeout: float = 60.0  # one HTTP exchange with an OpenAI-compatible LM server
     backend_retries: int = 2
