@@ -18,7 +18,7 @@ import pytest
 
 from ragate.backends.prompt_states import PREFIX_ALIGN, KeptPrompt, PromptStates, reusable
 from ragate.backends.scripted import ScriptedBackend, make_generation
-from ragate.errors import RagateError
+from ragate.errors import CallCacheError
 from ragate.eval.calls import CallCache, CallStore, generation_from_json, generation_to_json, request_key
 from ragate.eval.datasets import dataset_files, load_dataset
 from ragate.eval.records import read_records
@@ -89,10 +89,81 @@ def test_a_call_store_with_damaged_pages_is_a_named_error(tmp_path: Path) -> Non
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every entry into the main file
     db.close()
     data = bytearray(path.read_bytes())
-    data[8192:16384] = b"\xab" * 8192  # the table's pages, not the header the store checks when it opens
+    data[8192:16384] = b"\xab" * 8192  # the table's pages, past the header
     path.write_bytes(bytes(data))
-    with pytest.raises(RagateError, match=r"is damaged \(database disk image is malformed\); delete it"):
-        CallStore(path).get("k5")
+    # before issue N the damage was met at the first read, and every question of a run recorded it as its error
+    with pytest.raises(CallCacheError, match=r"calls.sqlite is damaged.*; delete it \(it only saves time\)"):
+        CallStore(path)
+
+
+def test_a_damaged_call_cache_stops_eval_before_the_model_loads(tmp_path: Path) -> None:
+    """Before: `ragate eval` over a cache with overwritten pages exited 0 with n = 0, every record holding the
+    error. Now it is `ragate: error:` and exit 2, before the model is looked for (this model does not exist)."""
+    path = tmp_path / "calls.sqlite"
+    store = CallStore(path)
+    for i in range(200):
+        store.put(f"k{i}", {"value": "x" * 500})
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    data = bytearray(path.read_bytes())
+    data[8192:16384] = b"\xab" * 8192
+    path.write_bytes(bytes(data))
+    out = tmp_path / "run"
+    cmd = [*_eval_cmd(out, path), "--model", "no-such-model"]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "ragate: error:" in done.stderr and "calls.sqlite is damaged" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["file-as-folder", "directory", "other-table", "not-sqlite"])
+def test_a_call_cache_that_is_not_one_is_named(tmp_path: Path, kind: str) -> None:
+    """Before: `--call-cache a_file/x.sqlite` gave a traceback (FileExistsError) and a table of another shape was
+    reported as "another process may be holding it"."""
+    path = tmp_path / "x.sqlite"
+    if kind == "file-as-folder":
+        (tmp_path / "a_file").write_text("a file")
+        path, words = tmp_path / "a_file" / "x.sqlite", "cannot be created"
+    elif kind == "directory":
+        path.mkdir()
+        words = "is a directory"
+    elif kind == "other-table":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE calls (id INTEGER, answer TEXT)")
+        db.close()
+        words = "not ragate's call cache"
+    else:
+        path.write_bytes(b"not a database at all, just text" * 100)
+        words = "is damaged or not a call cache"
+    with pytest.raises(CallCacheError, match=words) as caught:
+        CallStore(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_call_cache_failing_mid_run_stops_the_run_and_keeps_its_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that fails after it opened (its disk went away) ends the run with the error; answers written
+    before it stay for --resume, and no question is recorded with the store's error as its own."""
+    examples = load_dataset(DEMO_QUESTIONS, limit=3)
+    lm = ScriptedBackend(lambda _: make_generation(["Jane", " Austen"], [-0.1, -0.2]))
+    seen = []
+
+    def failing_get(self: CallStore, key: str) -> None:
+        seen.append(key)
+        if len(seen) > 1:
+            raise CallCacheError(f"could not use the call cache {self.path} (disk I/O error)")
+
+    monkeypatch.setattr(CallStore, "get", failing_get)
+    config = EvalConfig("demo", ("no-retrieval",), limit=3)
+    with pytest.raises(CallCacheError, match="disk I/O error"):
+        run_eval(
+            config, tmp_path / "run", lm=lm, examples=examples, progress=False, call_cache=tmp_path / "c.sqlite"
+        )
+    records = read_records(tmp_path / "run" / "questions.jsonl")
+    assert [r["prediction"] for r in records] == ["Jane Austen"] and "error" not in records[0]
 
 
 def test_sampling_is_reused_only_with_the_same_seed(llama_backend: Any) -> None:

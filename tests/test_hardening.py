@@ -257,3 +257,168 @@ def test_retry_after_is_the_expected_wait_for_the_oldest_request_not_the_mean() 
     assert slots.retry_after() == 1
     slots.give(62.0)
     assert slots.take() and slots.used == 1
+
+
+# -- issue N: state files a server keeps are checked at start -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("scores", [float("nan"), 1.0], "'scores' must be a list of finite numbers"),
+        ("scores", "123", "'scores' must be a list of finite numbers"),
+        ("scores", [10**400], "'scores' must be a list of finite numbers"),
+        ("scores", [True], "'scores' must be a list of finite numbers"),
+        ("decisions", "abc", "'decisions' must be a list of true/false"),
+        ("decisions", [1, 0], "'decisions' must be a list of true/false"),
+        ("tau", float("nan"), "'tau' must be a finite number"),
+        ("tau", float("inf"), "'tau' must be a finite number"),
+        ("tau", "0.7", "'tau' must be a finite number"),
+        ("tau", True, "'tau' must be a finite number"),
+    ],
+)
+def test_a_budget_state_with_bad_values_is_refused_at_start(
+    tmp_path: Path, field: str, value: object, words: str
+) -> None:
+    """Before: NaN scores were loaded, every answer was computed and then lost to a 500 (`dev scores contain NaN`)
+    for a whole window; "123" was read as the scores [1, 2, 3] and "abc" as three retrievals."""
+    from ragate.errors import RagateError
+    from ragate.methods import get_method
+    from ragate.service.budget import BudgetController
+
+    state = tmp_path / "budget.json"
+    good = {"method": "targ-margin", "model": "m", "tau": 0.5, "scores": [0.1, 0.2], "decisions": [True, False]}
+    state.write_text(json.dumps({**good, field: value}))
+    with pytest.raises(RagateError, match=words) as caught:
+        BudgetController(0.3, 10, get_method("targ-margin"), state, model="m")
+    assert "budget.json" in str(caught.value) and "delete it" in str(caught.value)
+    state.write_text(json.dumps(good))  # the same file with good values loads
+    assert BudgetController(0.3, 10, get_method("targ-margin"), state, model="m").tau == 0.5
+
+
+def test_a_budget_state_path_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    """Before: `--budget-state afile/budget.json` (afile a file) started; every answer was computed (110 s) and
+    then answered 500 (FileExistsError). Now the Pipeline refuses it before loading a model."""
+    import ragate
+    from ragate.errors import RagateError
+
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    with pytest.raises(RagateError, match="cannot create its folder") as caught:
+        ragate.Pipeline("targ-margin", model="no-such-model", budget=0.3, budget_state=afile / "budget.json")
+    assert "--budget-state" in str(caught.value)
+    with pytest.raises(RagateError, match="is a directory"):
+        ragate.Pipeline("targ-margin", model="no-such-model", budget=0.3, budget_state=tmp_path)
+
+
+def test_a_budget_state_that_cannot_be_written_later_keeps_the_answers(tmp_path: Path) -> None:
+    """A state folder that disappears after start (a full disk, an operator's rm): the answer is kept, tau lives
+    in memory, and the error is shown until a write succeeds."""
+    from ragate.methods import get_method
+    from ragate.service.budget import BudgetController
+
+    folder = tmp_path / "state"
+    controller = BudgetController(0.3, 10, get_method("targ-margin"), folder / "budget.json", model="m")
+    folder.rmdir()
+    folder.write_text("now a file")  # the state's folder is gone: every write fails
+    tau = controller.observe(1.0, retrieved=True)
+    assert tau == 1.0 and controller.write_error is not None
+    folder.unlink()
+    folder.mkdir()
+    controller.observe(2.0, retrieved=False)
+    assert controller.write_error is None and json.loads((folder / "budget.json").read_text())["scores"] == [1, 2]
+
+
+# -- issue N: text no tokenizer can encode is named, wherever it comes from --------------------------------------
+
+
+def test_a_lone_surrogate_reaching_a_tokenizer_is_named_not_a_traceback(llama_backend: Any) -> None:
+    """Before: a dataset question "q1\\ud800" reached llama.cpp's tokenize and raised UnicodeEncodeError. The
+    readers now refuse such text; the backend is the last line for any reader that misses one."""
+    from ragate.errors import RagateError
+    from ragate.types import GenerationRequest, Message
+
+    request = GenerationRequest((Message("user", "who wrote \ud800 hamlet"),), max_tokens=4)
+    with pytest.raises(RagateError, match="lone surrogate .* after 'who wrote '"):
+        llama_backend.tokenize(request.prompt)
+    with pytest.raises(RagateError, match="lone surrogate"):
+        llama_backend.generate([request])
+    assert llama_backend.tokenize("who wrote hamlet")  # valid text is unchanged
+
+
+def test_ask_with_bytes_that_are_not_utf8_is_an_error_exit_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "ask", b"who wrote \xff hamlet", "--quiet"],
+        check=False, capture_output=True, timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 2 and "ragate: error:" in err and "not UTF-8" in err and "Traceback" not in err
+
+
+# -- issue N: an index manifest is checked before it is trusted ---------------------------------------------------
+
+
+def _small_bm25(path: Path, words: str) -> Path:
+    from ragate.retrieval.index import build_index
+    from ragate.retrieval.types import Passage
+
+    passages = [Passage(f"p{i}", f"title {i}", f"{words} number {i} {words.split()[i % 3]}") for i in range(6)]
+    return build_index(passages, path, "bm25", progress=False)
+
+
+def test_a_manifest_entry_without_a_size_is_named(tmp_path: Path) -> None:
+    """Before: KeyError: 'size' (a traceback from retrieval/store.py verify_files)."""
+    from ragate.errors import IndexFormatError
+    from ragate.retrieval.index import open_index
+
+    index = _small_bm25(tmp_path / "ix", "alpha beta gamma delta")
+    manifest = json.loads((index / "manifest.json").read_text())
+    del manifest["files"]["passages.jsonl"]["size"]
+    (index / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match=r"manifest.json is damaged: the entry of 'passages.jsonl' has no"):
+        open_index(index)
+
+
+def test_a_manifest_entry_outside_the_index_is_never_read(tmp_path: Path) -> None:
+    """Before: an entry `../../../../etc/passwd` made verification stat and hash a file outside the index and
+    print its size. Now the manifest is refused before any listed file is touched."""
+    from ragate.cli.main import main as cli
+    from ragate.errors import IndexFormatError
+    from ragate.retrieval.index import open_index
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the index's")
+    index = _small_bm25(tmp_path / "a" / "b" / "ix", "alpha beta gamma delta")
+    for rel in ("../../../secret.txt", str(secret), "bm25/../../../../secret.txt"):
+        manifest = json.loads((index / "manifest.json").read_text())
+        manifest["files"][rel] = {"size": 15, "sha256": "0" * 64}
+        (index / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(IndexFormatError, match="which is not a path inside the index"):
+            open_index(index)
+        assert cli(["index", "info", str(index)]) == 2
+        del manifest["files"][rel]
+        (index / "manifest.json").write_text(json.dumps(manifest))
+    (index / "link.txt").symlink_to(secret)  # a link inside the index that leads out of it
+    _rewrite(index, "link.txt", secret.read_bytes())
+    with pytest.raises(IndexFormatError, match="leads outside the index"):
+        open_index(index)
+
+
+def test_bm25_arrays_of_another_index_with_matching_checksums_are_refused_at_open(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: an array swapped in from another index, its checksum recorded, opened fine and `ragate search`
+    died in bm25s (ValueError traceback; the service called it a client error)."""
+    from ragate.cli.main import main as cli
+    from ragate.errors import IndexFormatError
+    from ragate.retrieval.index import open_index
+
+    index = _small_bm25(tmp_path / "ix", "alpha beta gamma delta")
+    other = _small_bm25(tmp_path / "other", "one two three four five six seven eight nine ten eleven twelve")
+    _rewrite(index, "bm25/indptr.csc.index.npy", (other / "bm25/indptr.csc.index.npy").read_bytes())
+    with pytest.raises(IndexFormatError, match=r"bm25: the BM25 files cannot be read .*indptr"):
+        open_index(index)
+    for verify in ([], ["--no-verify"]):
+        assert cli(["search", str(index), "alpha number", *verify]) == 2
+        err = capsys.readouterr().err
+        assert "ragate: error:" in err and "rebuild the index" in err and "Traceback" not in err

@@ -57,3 +57,8 @@ class DatasetFormatError(RagateError):
 
 class RunFormatError(RagateError, ValueError):
     """A run's JSON-lines file (questions.jsonl, sweep.jsonl) with a damaged line that a kill cannot explain."""
+
+
+class CallCacheError(RagateError):
+    """The call cache cannot be used (damaged, not ragate's, in a path that cannot be a file): it stops a run
+    rather than being recorded as every question's error."""

@@ -222,6 +222,10 @@ class Pipeline:
             check_calibration(self.calibration, calibration, method, model, engine)
             threshold = float(self.calibration["tau"])
         spec = spec.with_threshold(threshold)
+        if budget is not None and budget_state is not None:  # before the model loads: a state it could not keep
+            from ragate.service.budget import check_state_path
+
+            check_state_path(Path(budget_state))
         self._owned: list[Any] = []
         self._lock = threading.RLock()
         self._encoder = encoder

@@ -7,8 +7,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragate.backends.decoding import Watch, replay
-from ragate.errors import CapabilityError
-from ragate.types import Closeable, Generation, GenerationRequest
+from ragate.errors import CapabilityError, RagateError
+from ragate.types import Closeable, Generation, GenerationRequest, Message
+
+
+def check_text(prompt: str | Sequence[Message], assistant_prefix: str = "") -> None:
+    """Refuse a prompt a tokenizer cannot encode: a lone UTF-16 surrogate (JSON's "\\ud800", or bytes that were
+    not UTF-8 read with ``surrogateescape``) from a question, a passage or a pseudo-context. Every text reader
+    checks its own input first; this is the last line before an engine, so a reader that missed one gives an
+    error that names the text rather than a UnicodeEncodeError traceback."""
+    texts = [prompt] if isinstance(prompt, str) else [m.content for m in prompt]
+    for text in (*texts, assistant_prefix):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            near = text[max(0, err.start - 30) : err.start]
+            raise RagateError(
+                f"a prompt holds a lone surrogate ({text[err.start]!r} after {near!r}) that no tokenizer can "
+                "encode: it came from a question, a document or a file that is not valid UTF-8; fix that text"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,7 @@ class Backend(Closeable, ABC):
 
     def check(self, request: GenerationRequest) -> None:
         """Raise :class:`CapabilityError` when ``request`` asks for something this backend cannot return."""
+        check_text(request.prompt, request.assistant_prefix)
         caps = self.capabilities
         if request.attentions and not caps.attentions:
             raise CapabilityError(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ragate.backends.base import Backend, Capabilities
+from ragate.backends.base import Backend, Capabilities, check_text
 from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
 from ragate.backends.template import chat_segments
 from ragate.errors import ModelNotFoundError, RagateError
@@ -129,6 +129,7 @@ class TransformersBackend(Backend):
         """Token ids of a text prompt (with the model's special prefix, the text itself plain) or of chat messages
         (with its template, whose markers are special tokens while the messages' text and ``assistant_prefix`` are
         plain text only: :mod:`ragate.backends.template`)."""
+        check_text(prompt, assistant_prefix)
         if isinstance(prompt, str):
             text = prompt + assistant_prefix
             return list(self._tok(text, add_special_tokens=True, split_special_tokens=True)["input_ids"])

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ragate.backends.base import Backend, Capabilities
+from ragate.backends.base import Backend, Capabilities, check_text
 from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
 from ragate.backends.prompt_states import DEFAULT_STATE_BYTES, KeptPrompt, PrefixReuse, PromptStates
 from ragate.backends.template import chat_segments
@@ -196,6 +196,7 @@ class LlamaCppBackend(Backend):
         rendered with the GGUF's own chat template (as ``create_chat_completion`` does), whose markers are special
         tokens while the messages' text and ``assistant_prefix`` are plain text only, so a marker inside a question
         or passage cannot forge a turn (:mod:`ragate.backends.template`)."""
+        check_text(prompt, assistant_prefix)
         llm = self._llm
         if isinstance(prompt, str):
             bos = llm.token_bos()

@@ -47,7 +47,7 @@ from typing import Any
 from ragate.backends.base import Backend
 from ragate.backends.decoding import Watch
 from ragate.backends.prompt_states import PrefixReuse
-from ragate.errors import RagateError
+from ragate.errors import CallCacheError
 from ragate.types import Generation, GenerationRequest, TopLogprob
 
 KEY_VERSION = 1  # bump when ragate's decoding loop changes what a call returns
@@ -148,35 +148,62 @@ def _stored_generations(value: dict[str, Any] | None, n: int) -> tuple[list[Gene
     return (gens, cpu_seconds, seconds) if len(gens) == n else None
 
 
+_FIX = "delete it (it only saves time) or pass another --call-cache path"
+
+
 class CallStore:
-    """A key -> JSON value table in one SQLite file, shared safely by concurrent processes (WAL, busy timeout)."""
+    """A key -> JSON value table in one SQLite file, shared safely by concurrent processes (WAL, busy timeout).
+
+    Opening checks the file: a damaged database, a table of another shape (not ragate's cache) or a path that
+    cannot be a file is a :class:`~ragate.errors.CallCacheError` before any call is made; damage found later
+    (pages overwritten while a run reads) is one too, and stops the run rather than failing each question."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CallCacheError(
+                f"the call cache {self.path} cannot be created ({type(err).__name__}: {err}); pass a "
+                "--call-cache path in a folder ragate can write"
+            ) from None
+        if self.path.is_dir():
+            raise CallCacheError(f"the call cache {self.path} is a directory; pass a --call-cache file path")
         try:
             self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+            columns = [(row[1], row[2]) for row in self._db.execute("PRAGMA table_info(calls)")]
+            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
         except sqlite3.DatabaseError as err:
-            raise RagateError(
-                f"{self.path} is not a usable call cache ({err}); delete it (it only saves time) or pass "
-                "another --call-cache path"
-            ) from None
+            raise self._error(err) from None
+        if columns != [("key", "TEXT"), ("value", "BLOB")]:
+            self._db.close()
+            raise CallCacheError(
+                f"{self.path} holds a table 'calls' of another shape {columns}: it is not ragate's call cache; "
+                "pass another --call-cache path"
+            )
+        if check != "ok":
+            self._db.close()
+            raise CallCacheError(f"the call cache {self.path} is damaged ({check}); {_FIX}")
+
+    def _error(self, err: sqlite3.DatabaseError) -> CallCacheError:
+        """What a SQLite error means for the user: a lock held past the busy timeout, or a damaged file."""
+        text = str(err)
+        if isinstance(err, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+            return CallCacheError(
+                f"could not use the call cache {self.path} ({text}): another process has held it for over a "
+                "minute; rerun, or pass another --call-cache path"
+            )
+        if isinstance(err, sqlite3.OperationalError) and ("disk" in text or "I/O" in text or "full" in text):
+            return CallCacheError(f"could not use the call cache {self.path} ({text}); free disk space, or {_FIX}")
+        return CallCacheError(f"the call cache {self.path} is damaged or not a call cache ({text}); {_FIX}")
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
             row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
-        except sqlite3.OperationalError as err:  # locked past the busy timeout, or an I/O error
-            raise RagateError(
-                f"could not read the call cache {self.path} ({err}); another process may be holding it: rerun, "
-                "or pass another --call-cache path"
-            ) from None
-        except sqlite3.DatabaseError as err:  # "database disk image is malformed"
-            raise RagateError(
-                f"the call cache {self.path} is damaged ({err}); delete it (it only saves time) or pass another "
-                "--call-cache path"
-            ) from None
+        except sqlite3.DatabaseError as err:
+            raise self._error(err) from None
         if row is None:
             return None
         try:
@@ -187,10 +214,16 @@ class CallStore:
 
     def put(self, key: str, value: dict[str, Any]) -> None:
         blob = zlib.compress(json.dumps(value, separators=(",", ":")).encode("utf-8"), 6)
-        self._db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES (?, ?)", (key, blob))
+        try:
+            self._db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES (?, ?)", (key, blob))
+        except sqlite3.DatabaseError as err:
+            raise self._error(err) from None
 
     def __len__(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+        try:
+            return int(self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+        except sqlite3.DatabaseError as err:
+            raise self._error(err) from None
 
     def close(self) -> None:
         self._db.close()

@@ -90,13 +90,40 @@ def build_bm25(passages_file: Path, n: int, out_dir: Path, params: BM25Params, *
     model.save(str(out_dir), allow_pickle=False, show_progress=False)
 
 
+def _matrix_fault(model: Any, n: int) -> str | None:
+    """What is inconsistent in a loaded bm25s score matrix (CSC: one column of passage scores per vocabulary
+    term), checked in time linear in the vocabulary and the stored scores; None when it is whole."""
+    scores = model.scores or {}
+    data, indices, indptr = (scores.get(k) for k in ("data", "indices", "indptr"))
+    if not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in (data, indices, indptr)):
+        return "the score matrix lacks one of its arrays (data, indices, indptr)"
+    assert isinstance(data, np.ndarray) and isinstance(indices, np.ndarray) and isinstance(indptr, np.ndarray)
+    if scores.get("num_docs") != n:
+        return f"the scores are for {scores.get('num_docs')!r} passages, the index holds {n}"
+    if data.dtype.kind != "f" or indices.dtype.kind not in "iu" or indptr.dtype.kind not in "iu":
+        return "an array has the wrong type (data: floats, indices and indptr: integers)"
+    if len(indptr) != len(model.vocab_dict) + 1 or len(indptr) == 0:
+        return f"indptr has {len(indptr)} entries for a vocabulary of {len(model.vocab_dict)} terms"
+    if indptr[0] != 0 or indptr[-1] != len(data) or len(indices) != len(data) or np.any(np.diff(indptr) < 0):
+        return "indptr does not delimit the stored scores"
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= n):
+        return "a score is stored for a passage row outside the index"
+    ids = list(model.vocab_dict.values())
+    if not all(isinstance(i, int) and 0 <= i < len(indptr) - 1 for i in ids):
+        return "the vocabulary names a term outside the score matrix"
+    return None
+
+
 class BM25Retriever(Retriever):
     """Lexical retrieval over a bm25s index whose score arrays are memory-mapped."""
 
     kind = "bm25"
 
-    def __init__(self, model: Any, passages: PassageStore, params: BM25Params) -> None:
+    def __init__(
+        self, model: Any, passages: PassageStore, params: BM25Params, bm25_dir: Path = Path(BM25_DIR)
+    ) -> None:
         self.model = model
+        self.bm25_dir = bm25_dir
         self.passages = passages
         self.params = params
         self._stemmer = _make_stemmer(params.stemmer)
@@ -115,13 +142,16 @@ class BM25Retriever(Retriever):
                 raise ValueError(
                     f"arrays {bad} are not numeric" if bad else "the vocabulary is not a JSON object"
                 )
+            fault = _matrix_fault(model, len(passages))
+            if fault:
+                raise ValueError(fault)
         except (ValueError, TypeError, KeyError, OSError, EOFError, AttributeError) as err:
             # truncated or malformed JSON, an object-dtype or truncated array, a missing file
             raise IndexFormatError(
                 f"{bm25_dir}: the BM25 files cannot be read ({type(err).__name__}: {err}); rebuild the index "
                 f"with `{rebuild_hint(bm25_dir.parent)}`"
             ) from None
-        return cls(model, passages, params)
+        return cls(model, passages, params, bm25_dir)
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -135,7 +165,17 @@ class BM25Retriever(Retriever):
         token_ids = self.model.get_tokens_ids(terms)
         if not token_ids:
             return np.zeros(len(self.passages), dtype=np.float32)
-        return np.asarray(self.model.get_scores_from_ids(token_ids), dtype=np.float32)
+        try:
+            scores = np.asarray(self.model.get_scores_from_ids(token_ids), dtype=np.float32)
+        except (ValueError, IndexError, TypeError) as err:  # arrays that passed the load checks but disagree
+            scores, fault = None, f"{type(err).__name__}: {err}"
+        if scores is None or scores.shape != (len(self.passages),):
+            fault = fault if scores is None else f"{scores.shape[0]} scores for {len(self.passages)} passages"
+            raise IndexFormatError(
+                f"{self.bm25_dir}: the BM25 arrays do not fit together ({fault}); rebuild the index with "
+                f"`{rebuild_hint(self.bm25_dir.parent)}`"
+            )
+        return scores
 
     def search_rows(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per query, the top rows and their scores (the hybrid retriever fuses these)."""

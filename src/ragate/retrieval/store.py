@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import numpy as np
@@ -53,25 +53,32 @@ _HASH_PROGRESS_BYTES = 256 << 20
 def rebuild_hint(
     index_dir: Path, manifest: dict[str, Any] | None = None, *, encoder: str | None = None
 ) -> str:
-    """The exact ``ragate index build`` command that rebuilds this index (placeholders where unknown)."""
+    """The exact ``ragate index build`` command that rebuilds this index (placeholders where unknown; a damaged
+    manifest's fields are used only where they have the type a build writes)."""
+
+    def field(data: Any, key: str, kind: type) -> Any:
+        value = data.get(key) if isinstance(data, dict) else None
+        return value if isinstance(value, kind) else None
+
     manifest = manifest or {}
-    documents = manifest.get("documents") or {}
+    documents = field(manifest, "documents", dict)
     if documents:
-        source = "--docs " + " ".join(shlex.quote(p) for p in documents.get("paths") or ["PATH"])
+        paths = [p for p in field(documents, "paths", list) or [] if isinstance(p, str)]
+        source = "--docs " + " ".join(shlex.quote(p) for p in paths or ["PATH"])
     else:
-        source = f"--corpus {manifest.get('corpus') or 'CORPUS'}"
+        source = f"--corpus {shlex.quote(field(manifest, 'corpus', str) or 'CORPUS')}"
     kind = manifest.get("kind") if manifest.get("kind") in KINDS else "bm25|dense|hybrid"
     parts = ["ragate index build", source, f"--kind {kind}", f"--out {index_dir}"]
-    chunking = manifest.get("chunking")
-    if isinstance(chunking, dict):
+    chunking = field(manifest, "chunking", dict)
+    if chunking:
         parts.append(
             f"--chunk-size {chunking.get('size')} --chunk-overlap {chunking.get('overlap')} "
             f"--min-chunk {chunking.get('min_size')}"
         )
-    encoder = encoder or (manifest.get("encoder") or {}).get("source")
+    encoder = encoder or field(field(manifest, "encoder", dict), "source", str)
     if encoder:
-        parts.append(f"--encoder {encoder}")
-    if (manifest.get("params") or {}).get("hnsw"):
+        parts.append(f"--encoder {shlex.quote(encoder)}")
+    if field(manifest, "params", dict) and manifest["params"].get("hnsw"):
         parts.append("--hnsw")
     parts.append("--force")
     return " ".join(parts)
@@ -188,17 +195,71 @@ def read_manifest(index_dir: Path) -> dict[str, Any]:
         raise IndexFormatError(
             f"{path} is incomplete (kind or files); rebuild with `{rebuild_hint(index_dir)}`"
         )
+    fault = manifest_fault(manifest)
+    if fault:
+        raise IndexFormatError(f"{path} is damaged: {fault}; rebuild the index with `{rebuild_hint(index_dir)}`")
     return manifest
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _inside(rel: Any) -> bool:
+    """A manifest's file name: a relative path that stays inside the index directory."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return not PurePosixPath(rel).is_absolute() and ".." not in parts and rel != MANIFEST
+
+
+def manifest_fault(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of a manifest that opening an index reads (None: nothing). A manifest is
+    written by ragate; one that fails this was edited or damaged, and trusting it would read files outside the
+    index or fail deep inside numpy or bm25s."""
+    for rel, entry in manifest["files"].items():
+        if not _inside(rel):
+            return f"it lists the file {rel!r}, which is not a path inside the index"
+        if not isinstance(entry, dict) or not _count(entry.get("size")):
+            return f"the entry of {rel!r} has no byte size"
+        digest = entry.get("sha256")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            return f"the entry of {rel!r} has no sha256"
+    kind, encoder, params = manifest["kind"], manifest.get("encoder"), manifest.get("params")
+    if not _count(manifest.get("passages")):
+        return f"'passages' is {manifest.get('passages')!r}, not a passage count"
+    if not isinstance(params, dict):
+        return "'params' is not an object"
+    if kind in ("bm25", "hybrid") and not isinstance(params.get("bm25"), dict):
+        return "'params.bm25' is not an object"
+    if kind in ("dense", "hybrid"):
+        if not isinstance(encoder, dict):
+            return "'encoder' is not an object"
+        for key in ("name", "source"):
+            if not isinstance(encoder.get(key), str):
+                return f"'encoder.{key}' is not a string"
+        for key in ("query_prefix", "document_prefix"):
+            if not isinstance(encoder.get(key, ""), str):
+                return f"'encoder.{key}' is not a string"
+        if params.get("hnsw") and not isinstance(params.get("hnsw_params"), dict):
+            return "'params.hnsw_params' is not an object"
+    for key in ("documents", "chunking"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            return f"'{key}' is not an object"
+    return None
+
+
 def verify_files(index_dir: Path, manifest: dict[str, Any], *, checksums: bool = True) -> None:
-    """Every file the manifest lists exists with its size and (if ``checksums``) its sha256."""
+    """Every file the manifest lists exists inside the index with its size and (if ``checksums``) its sha256."""
     index_dir = Path(index_dir)
     files: dict[str, dict[str, Any]] = manifest["files"]
     hint = rebuild_hint(index_dir, manifest)
     total = sum(int(entry["size"]) for entry in files.values())
+    root = index_dir.resolve()
     for rel, entry in files.items():
         path = index_dir / rel
+        if not path.resolve().is_relative_to(root):  # a link out of the index: never read what it points to
+            raise IndexFormatError(f"{path} leads outside the index; rebuild it with `{hint}`")
         if not path.is_file():
             raise IndexFormatError(f"{path} is missing from the index; rebuild it with `{hint}`")
         size = path.stat().st_size

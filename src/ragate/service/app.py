@@ -269,6 +269,8 @@ class Runtime:
             "window": self.budget.window,
             "window_rate": self.budget.rate(),
             "next_threshold": self.budget.tau,
+            # the last write of the state failed (a full disk): tau lives in memory only until a write succeeds
+            **({"state_write_error": self.budget.write_error} if self.budget.write_error else {}),
         }
 
     async def health(self, *, authorised: bool = True) -> tuple[int, dict[str, Any]]:

@@ -23,7 +23,10 @@ start, so a restart keeps tau.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import tempfile
 import threading
 from collections import deque
 from pathlib import Path
@@ -35,9 +38,66 @@ from ragate.fileio import atomic_writer
 from ragate.gates.registry import gate_names, get_gate
 from ragate.methods import MethodSpec
 
+log = logging.getLogger(__name__)
+
 MIN_WINDOW = 10
 DEFAULT_GAIN = 16.0
 LEVEL_BOUNDS = (0.001, 0.999)
+
+
+def _is_finite_number(value: Any) -> bool:
+    """A JSON number that fits a float (not a bool, NaN, infinity, or an integer beyond float range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A saved budget state, its fields checked: scores finite numbers, decisions true/false, tau a finite
+    number (JSON allows NaN here and Python reads "123" as a list of characters; neither is a state)."""
+    fix = "delete it to start afresh (or pass another --budget-state file)"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise RagateError(
+            f"{path} is not a readable budget state ({type(err).__name__}: {err}); {fix}"
+        ) from None
+    if not isinstance(data, dict):
+        raise RagateError(f"{path} is not a budget state (a JSON object); {fix}")
+    scores, decisions, tau = data.get("scores"), data.get("decisions"), data.get("tau")
+    if not (isinstance(scores, list) and all(_is_finite_number(s) for s in scores)):
+        raise RagateError(f"{path}: 'scores' must be a list of finite numbers; {fix}")
+    if not (isinstance(decisions, list) and all(isinstance(d, bool) for d in decisions)):
+        raise RagateError(f"{path}: 'decisions' must be a list of true/false; {fix}")
+    if not _is_finite_number(tau):
+        raise RagateError(f"{path}: 'tau' must be a finite number, got {tau!r}; {fix}")
+    return data
+
+
+def check_state_path(path: Path) -> None:
+    """Refuse at start a state file that could not be read back or written after the first answer."""
+    fix = "pass a --budget-state path in a folder this server can write"
+    if path.is_dir():
+        raise RagateError(f"--budget-state {path} is a directory; {fix}")
+    if path.exists():
+        read_state(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RagateError(
+            f"--budget-state {path}: cannot create its folder ({type(err).__name__}: {err}); {fix}"
+        ) from None
+    try:  # the state is replaced by a file made beside it: make one the same way
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+    except OSError as err:
+        raise RagateError(
+            f"--budget-state {path}: its folder is not writable ({type(err).__name__}: {err}); {fix}"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def controlled_gates() -> list[str]:
@@ -95,27 +155,39 @@ class BudgetController:
         self._decisions: deque[bool] = deque(maxlen=window)
         self._tau = spec.gate.tau
         self._lock = threading.Lock()
-        if state is not None and state.exists():
-            self._load(state)
+        self.write_error: str | None = None
+        if state is not None:
+            check_state_path(state)
+            if state.exists():
+                self._load(state)
 
     def _load(self, path: Path) -> None:
+        data = read_state(path)
+        for key, mine in (("method", self.method), ("model", self.model)):
+            if data.get(key) != mine:
+                raise RagateError(
+                    f"{path} holds the budget state of {key} {data.get(key)!r}, not {mine!r}: its scores do not "
+                    "describe this server's gate; pass another --budget-state file (or delete this one)"
+                )
+        self._scores.extend(float(s) for s in data["scores"][-self.window :])
+        self._decisions.extend(data["decisions"][-self.window :])
+        self._tau = float(data["tau"])
+
+    def _save(self) -> None:
+        """Write the state atomically; a failure is logged once per kind and the answer is kept (the state is
+        checked for writability at start, so this is a disk that filled or a folder that changed since)."""
+        assert self.path is not None
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            for key, mine in (("method", self.method), ("model", self.model)):
-                if data[key] != mine:
-                    raise RagateError(
-                        f"{path} holds the budget state of {key} {data[key]!r}, not {mine!r}: its scores do not "
-                        "describe this server's gate; pass another --budget-state file (or delete this one)"
-                    )
-            self._scores.extend(float(s) for s in data["scores"][-self.window :])
-            self._decisions.extend(bool(d) for d in data["decisions"][-self.window :])
-            self._tau = float(data["tau"])
-        except RagateError:
-            raise
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise RagateError(
-                f"{path} is not a readable budget state ({type(err).__name__}: {err}); delete it to start afresh"
-            ) from None
+            with atomic_writer(self.path) as f:
+                f.write(json.dumps(self._state(), allow_nan=False).encode())
+        except OSError as err:
+            if self.write_error is None:
+                log.warning(
+                    "cannot write the budget state %s (%s); tau is kept in memory only", self.path, err
+                )
+            self.write_error = f"{type(err).__name__}: {err}"
+        else:
+            self.write_error = None
 
     @property
     def tau(self) -> float:
@@ -138,8 +210,7 @@ class BudgetController:
                     list(self._scores), control_level(self.budget, rate, self.gain)
                 )
             if self.path is not None:  # under the lock: states are written in the order they were reached
-                with atomic_writer(self.path) as f:
-                    f.write(json.dumps(self._state()).encode())
+                self._save()
             return self._tau
 
     def _state(self) -> dict[str, Any]:
