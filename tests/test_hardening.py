@@ -247,16 +247,41 @@ def test_retry_after_is_the_expected_wait_for_the_oldest_request_not_the_mean() 
     slots = Slots(1, lambda used: None, clock=lambda: now[0])
     assert slots.take()
     now[0] = 40.0
-    slots.give(40.0)  # one request took 40 s: the mean moves from 1 toward 40
-    mean = 0.8 * 1.0 + 0.2 * 40.0  # 8.8
+    slots.give(40.0)  # one answer took 40 s: the first of its kind is the mean
+    assert slots.take()
+    now[0] += 10.0
+    slots.give(10.0)
+    mean = 0.8 * 40.0 + 0.2 * 10.0  # 34
     assert slots.take()
     assert slots.retry_after() == math.ceil(mean)  # it just started: the whole mean is left
     now[0] += 2.0
-    assert not slots.take() and slots.retry_after() == math.ceil(mean - 2.0) == 7  # the mean alone said 9
+    assert not slots.take() and slots.retry_after() == math.ceil(mean - 2.0) == 32
     now[0] += 60.0  # overdue: it may end any moment
     assert slots.retry_after() == 1
     slots.give(62.0)
     assert slots.take() and slots.used == 1
+
+
+def test_retry_after_is_per_kind_of_request() -> None:
+    """Before (issue N): one mean over every endpoint; fast searches pulled it to ~1 s while answers held the
+    slots for ~42 s. Now each request at work is expected to last as long as its own kind does."""
+    from ragate.service.admission import Slots
+
+    now = [0.0]
+    slots = Slots(2, lambda used: None, clock=lambda: now[0])
+    for _ in range(20):  # many fast searches
+        assert slots.take("search")
+        now[0] += 0.01
+        slots.give(0.01, "search")
+    assert slots.take("answer")
+    now[0] += 42.0
+    slots.give(42.0, "answer")
+    assert slots.take("answer") and slots.take("answer")  # two answers hold both slots
+    now[0] += 2.0
+    assert not slots.take("search")
+    assert slots.retry_after() == 40  # not 1
+    slots.give(None, "answer")  # one never ran: a slot is free again
+    assert slots.retry_after() == 1 and slots.take("search")
 
 
 # -- issue N: state files a server keeps are checked at start -------------------------------------------------
@@ -422,3 +447,18 @@ def test_bm25_arrays_of_another_index_with_matching_checksums_are_refused_at_ope
         assert cli(["search", str(index), "alpha number", *verify]) == 2
         err = capsys.readouterr().err
         assert "ragate: error:" in err and "rebuild the index" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("key", [" secret", "secret ", "sec ret", "ключ", "tab\tkey"])
+def test_an_api_key_no_client_could_send_is_refused_at_start(
+    key: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before (issue N): a key with spaces at either end or non-ASCII characters was accepted at start and then
+    matched no request (the server strips the header; headers are ASCII): every request got 401."""
+    monkeypatch.delenv("RAGATE_API_KEY", raising=False)
+    assert main(["serve", "--api-key", key]) == 2  # before any model loads
+    err = capsys.readouterr().err
+    assert "ragate: error:" in err and "printable ASCII without spaces" in err
+    monkeypatch.setenv("RAGATE_API_KEY", key)
+    assert main(["serve"]) == 2
+    assert "printable ASCII without spaces" in capsys.readouterr().err

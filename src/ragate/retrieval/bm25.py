@@ -145,6 +145,7 @@ class BM25Retriever(Retriever):
             fault = _matrix_fault(model, len(passages))
             if fault:
                 raise ValueError(fault)
+            tokenize_queries(["a probe"], params, _make_stemmer(params.stemmer))  # the params the build recorded
         except (ValueError, TypeError, KeyError, OSError, EOFError, AttributeError) as err:
             # truncated or malformed JSON, an object-dtype or truncated array, a missing file
             raise IndexFormatError(

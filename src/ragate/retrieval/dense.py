@@ -26,12 +26,13 @@ from tqdm.auto import tqdm
 from ragate.errors import IndexFormatError
 from ragate.retrieval.encoders import Encoder
 from ragate.retrieval.ranking import check_queries, make_hits
-from ragate.retrieval.store import PassageStore, iter_passage_file, load_array
+from ragate.retrieval.store import PassageStore, iter_passage_file, load_array, rebuild_hint
 from ragate.retrieval.types import Hit, Passage, Retriever
 
 EMBEDDINGS = "embeddings.npy"
 HNSW_FILE = "hnsw.faiss"
 ENCODE_CHUNK = 2048
+FINITE_CHUNK = 1 << 16  # rows checked for NaN at a time when an index opens (bounded memory)
 
 
 @dataclass(frozen=True)
@@ -120,15 +121,29 @@ class DenseRetriever(Retriever):
         if hnsw:
             import faiss
 
-            index = faiss.read_index(str(root / HNSW_FILE), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+            try:
+                index = faiss.read_index(
+                    str(root / HNSW_FILE), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
+                )
+            except RuntimeError as err:  # faiss's own errors, e.g. a cut or foreign file
+                raise IndexFormatError(
+                    f"{root / HNSW_FILE} cannot be read ({str(err).splitlines()[0]}); rebuild the index with "
+                    f"`{rebuild_hint(root)}`"
+                ) from None
             if ef_search is not None:
                 index.hnsw.efSearch = ef_search
         embeddings = load_array(root / EMBEDDINGS)
         if embeddings.dtype != np.float32 or embeddings.shape != (len(passages), encoder.dim):
             raise IndexFormatError(
                 f"{root / EMBEDDINGS} holds {embeddings.dtype} {embeddings.shape}, expected float32 "
-                f"({len(passages)}, {encoder.dim}); rebuild the index with `ragate index build ... --force`"
+                f"({len(passages)}, {encoder.dim}); rebuild the index with `{rebuild_hint(root)}`"
             )
+        for start in range(0, len(embeddings), FINITE_CHUNK):  # NaN or inf would rank passages at random
+            if not np.isfinite(embeddings[start : start + FINITE_CHUNK]).all():
+                raise IndexFormatError(
+                    f"{root / EMBEDDINGS} holds NaN or infinite values (damaged); rebuild the index with "
+                    f"`{rebuild_hint(root)}`"
+                )
         return cls(embeddings, passages, encoder, hnsw=index)
 
     def __len__(self) -> int:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from tokenize import TokenError
 from typing import Any, Literal
 
 import numpy as np
@@ -197,7 +198,9 @@ def read_manifest(index_dir: Path) -> dict[str, Any]:
         )
     fault = manifest_fault(manifest)
     if fault:
-        raise IndexFormatError(f"{path} is damaged: {fault}; rebuild the index with `{rebuild_hint(index_dir)}`")
+        raise IndexFormatError(
+            f"{path} is damaged: {fault}; rebuild the index with `{rebuild_hint(index_dir)}`"
+        )
     return manifest
 
 
@@ -223,15 +226,22 @@ def manifest_fault(manifest: dict[str, Any]) -> str | None:
         if not isinstance(entry, dict) or not _count(entry.get("size")):
             return f"the entry of {rel!r} has no byte size"
         digest = entry.get("sha256")
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        if not (
+            isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        ):
             return f"the entry of {rel!r} has no sha256"
     kind, encoder, params = manifest["kind"], manifest.get("encoder"), manifest.get("params")
     if not _count(manifest.get("passages")):
         return f"'passages' is {manifest.get('passages')!r}, not a passage count"
     if not isinstance(params, dict):
         return "'params' is not an object"
-    if kind in ("bm25", "hybrid") and not isinstance(params.get("bm25"), dict):
-        return "'params.bm25' is not an object"
+    if kind in ("bm25", "hybrid"):
+        bm25 = params.get("bm25")
+        if not isinstance(bm25, dict):
+            return "'params.bm25' is not an object"
+        for key in ("method", "stopwords", "stemmer"):
+            if not isinstance(bm25.get(key, ""), str):
+                return f"'params.bm25.{key}' is not a string"
     if kind in ("dense", "hybrid"):
         if not isinstance(encoder, dict):
             return "'encoder' is not an object"
@@ -282,8 +292,11 @@ def load_array(path: Path, *, mmap_mode: Literal["r"] | None = "r") -> np.ndarra
     """A ``.npy`` array, memory-mapped read-only by default, never unpickled."""
     try:
         return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
-    except ValueError as err:
-        raise IndexFormatError(f"{path} is not a plain numpy array file ({err}); rebuild the index") from err
+    except (ValueError, SyntaxError, TokenError, EOFError, OSError) as err:
+        # a damaged header is parsed as a Python literal (SyntaxError), a cut body ends early (EOFError)
+        raise IndexFormatError(
+            f"{path} is not a plain numpy array file ({type(err).__name__}: {err}); rebuild the index"
+        ) from None
 
 
 def passage_from_json(line: bytes | str) -> Passage:
@@ -296,6 +309,30 @@ def passage_from_json(line: bytes | str) -> Passage:
         source=record.get("source"),
         span=(span[0], span[1]) if span is not None else None,
     )
+
+
+def _store_fault(offsets: np.ndarray, sorted_ids: np.ndarray, rows: np.ndarray, size: int) -> str | None:
+    """What does not fit together in a passage store's arrays (None: they do), in time linear in the passages:
+    offsets that delimit the lines of ``passages.jsonl`` (``size`` bytes), one sorted unique id and one row per
+    passage."""
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) < 2:
+        return f"{OFFSETS} is not a list of byte offsets"
+    n = len(offsets) - 1
+    if offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) <= 0):
+        return f"{OFFSETS} does not delimit the {size} bytes of {PASSAGES}"
+    if sorted_ids.ndim != 1 or sorted_ids.dtype.kind != "S" or len(sorted_ids) != n:
+        return f"{IDS_SORTED} does not hold one id for each of the {n} passages"
+    if n > 1 and not np.all(sorted_ids[1:] > sorted_ids[:-1]):
+        return f"{IDS_SORTED} is not sorted or holds an id twice"
+    if (
+        rows.ndim != 1
+        or rows.dtype.kind not in "iu"
+        or len(rows) != n
+        or int(rows.min()) < 0
+        or int(rows.max()) >= n
+    ):
+        return f"{IDS_ROWS} does not hold one row for each of the {n} passages"
+    return None
 
 
 def write_passage_store(passages: Iterable[Passage], root: Path, *, progress: bool = True) -> int:
@@ -352,10 +389,14 @@ class PassageStore:
 
     @classmethod
     def open(cls, root: Path) -> PassageStore:
-        offsets = load_array(root / OFFSETS)
+        offsets, sorted_ids, rows = (load_array(root / name) for name in (OFFSETS, IDS_SORTED, IDS_ROWS))
         with open(root / PASSAGES, "rb") as f:  # the map keeps its own handle on the file
+            size = os.fstat(f.fileno()).st_size
+            fault = _store_fault(offsets, sorted_ids, rows, size)
+            if fault:
+                raise IndexFormatError(f"{root}: {fault}; rebuild the index with `{rebuild_hint(root)}`")
             view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return cls(root, offsets, load_array(root / IDS_SORTED), load_array(root / IDS_ROWS), view)
+        return cls(root, offsets, sorted_ids, rows, view)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -364,7 +405,19 @@ class PassageStore:
         if self._map is None:
             raise ValueError(f"the passage store at {self.root} is closed")
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
-        return passage_from_json(self._map[start:end])
+        try:
+            return passage_from_json(self._map[start:end])
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            IndexError,
+            AttributeError,
+        ) as err:  # JSON and UTF-8 errors too
+            raise IndexFormatError(
+                f"{self.root / PASSAGES}: the passage at row {row} cannot be read ({type(err).__name__}: {err}); "
+                f"rebuild the index with `{rebuild_hint(self.root)}`"
+            ) from None
 
     def row_of(self, passage_id: str) -> int:
         """The row of a passage id; ``KeyError`` naming the id when the corpus has none."""

@@ -119,17 +119,19 @@ class Runtime:
         """Whether the budget controller sets this request's threshold: the served method, no threshold asked."""
         return self.pipeline.controls(method, options.threshold if options is not None else None)
 
-    async def work(self, fn: Callable[[Callable[[], bool]], T]) -> T:
+    async def work(self, fn: Callable[[Callable[[], bool]], T], kind: str = "answer") -> T:
         """Run ``fn(wanted)`` in a worker thread within a slot and the timeout, mapping ragate's errors to HTTP
-        ones. ``wanted()`` turns false once the request gave up: check it after waiting for a lock."""
-        if not self.slots.take():
+        ones. ``wanted()`` turns false once the request gave up: check it after waiting for a lock. ``kind``
+        groups requests of like duration for the Retry-After estimate."""
+        if not self.slots.take(kind):
+            wait = self.slots.retry_after()
             raise ApiError(
                 429,
                 f"the server is busy: {self.slots.n} requests are being answered (its concurrency limit); "
-                f"retry after {self.slots.retry_after()} s",
-                {"Retry-After": str(self.slots.retry_after())},
+                f"retry after {wait} s",
+                {"Retry-After": str(wait)},
             )
-        ticket = Ticket(self.slots)
+        ticket = Ticket(self.slots, kind)
 
         def run() -> T:
             if not ticket.start():
@@ -482,7 +484,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
         if body.k > rt.settings.max_k:
             raise ApiError(400, f"k is {body.k}; this server returns at most {rt.settings.max_k} hits")
         start = time.perf_counter()
-        hits = await rt.work(lambda wanted: rt.retriever.search([query], body.k)[0])
+        hits = await rt.work(lambda wanted: rt.retriever.search([query], body.k)[0], kind="search")
         payload = {"query": query, "k": body.k, "hits": [_hit(h) for h in hits]}
         return JSONResponse(
             _finite({**payload, "index": rt.index_name, "seconds": time.perf_counter() - start})

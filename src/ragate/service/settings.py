@@ -96,6 +96,16 @@ class ServiceSettings:
             )
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty: pass a non-empty key or none")
+        if self.api_key is not None and not (
+            self.api_key.isascii() and self.api_key.isprintable() and " " not in self.api_key
+        ):
+            # an HTTP header carries ASCII and the server strips spaces from what it reads: such a key could
+            # never be matched, so every request would get 401
+            raise ValueError(
+                "the API key must be printable ASCII without spaces (a client's 'Authorization: Bearer <key>' "
+                "header cannot carry other characters, so it could never match); choose another key, e.g. the "
+                "output of `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
 
     @property
     def loopback(self) -> bool:
