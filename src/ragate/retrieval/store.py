@@ -199,7 +199,7 @@ def read_manifest(index_dir: Path) -> dict[str, Any]:
     fault = manifest_fault(manifest)
     if fault:
         raise IndexFormatError(
-            f"{path} is damaged: {fault}; rebuild the index with `{rebuild_hint(index_dir)}`"
+            f"{path} is damaged: {fault}; rebuild the index with `{rebuild_hint(index_dir, manifest)}`"
         )
     return manifest
 
