@@ -18,7 +18,11 @@ from ragate.errors import DatasetFormatError, RunFormatError
 from ragate.eval.datasets import load_dataset
 from ragate.eval.records import read_records
 
-RECORD = {"id": "q1", "method": "no-retrieval", "prediction": "Wilhelm Röntgen"}
+RECORD = {
+    "id": "q1", "method": "no-retrieval", "prediction": "Wilhelm Röntgen",
+    "scores": {"em": 1.0, "f1": 1.0, "acc": 1.0}, "retrieved": False, "retrievals": 0, "prompt_tokens": 30,
+    "completion_tokens": 4, "overhead_tokens": 0, "seconds": 0.5,
+}  # fmt: skip
 
 
 def test_a_last_line_cut_inside_a_multibyte_character_is_dropped(tmp_path: Path) -> None:
@@ -34,7 +38,7 @@ def test_a_last_line_cut_inside_a_multibyte_character_is_dropped(tmp_path: Path)
 def test_a_damaged_line_in_the_middle_is_a_named_error(tmp_path: Path) -> None:
     path = tmp_path / "questions.jsonl"
     good = json.dumps(RECORD, ensure_ascii=False).encode()
-    for bad in (b'{"id": "q2", "meth', b'{"id": "q2", "prediction": "R\xc3"}'):
+    for bad in (b'{"id": "q2", "meth', b'{"id": "q2", "method": "dtr", "prediction": "R\xc3"}'):
         path.write_bytes(good + b"\n" + bad + b"\n" + good + b"\n")
         with pytest.raises(RunFormatError, match=r"line 2: not a JSON record .*--resume"):
             read_records(path)
@@ -462,3 +466,27 @@ def test_an_api_key_no_client_could_send_is_refused_at_start(
     monkeypatch.setenv("RAGATE_API_KEY", key)
     assert main(["serve"]) == 2
     assert "printable ASCII without spaces" in capsys.readouterr().err
+
+
+def test_a_damaged_results_json_is_named_by_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Left by the fuzz suite's first round: `ragate report` read results.json (and, comparing runs, config.json)
+    with a bare json.loads: a traceback on a cut file."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "questions.jsonl").write_text(json.dumps(RECORD | {"dataset": "demo"}) + "\n")
+    for damaged in ('{"summary": {"no-retr', '{"provenance": {}, "summary": 3}'):
+        (run / "results.json").write_text(damaged)
+        assert main(["report", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert "ragate: error:" in err and "results.json" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--threshold", "--at"])
+@pytest.mark.parametrize("value", ["nan", "inf", "abc"])
+def test_a_threshold_that_is_not_a_finite_number_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    command = "eval" if flag == "--threshold" else "sweep"
+    args = [command, "--dataset", "demo", "--methods", "dtr", "--limit", "1", "--out", str(tmp_path / "r")]
+    assert main([*args, flag, f"dtr={value}", "--model", "no-such-model"]) == 2
+    assert "must be a finite number" in capsys.readouterr().err

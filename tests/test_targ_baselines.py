@@ -371,9 +371,9 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
         "id": grown[0]["id"],
         "method": "crag-lite",
         "retrieved": True,
-        "scores": {"em": 1.0},
+        "scores": {"em": 1.0, "f1": 1.0, "acc": 1.0},
         "seconds": 1,
-    }
+    }  # what the report reads of a record; the readers check the fields a record has
     provenance = config["provenance"] | {"model": config["provenance"]["model"] | {"sha256": "0" * 64}}
     for name, other in (("e1", {}), ("e2", {"provenance": provenance})):
         (tmp_path / name).mkdir()
@@ -475,7 +475,8 @@ def test_a_reader_leaves_a_live_sweep_file_as_it_is(tmp_path: Path) -> None:
     from ragate.eval.sweep import compact
 
     path = tmp_path / "sweep.jsonl"
-    line = json.dumps({"id": "q0", "family": "f", "gates": {}})
+    answer = {"prediction": "x", "scores": {"em": 0.0, "f1": 0.0, "acc": 0.0}, "seconds": 1.0, "tokens": 3}
+    line = json.dumps({"id": "q0", "family": "f", "methods": [], "closed": answer, "open": answer, "gates": {}})
     path.write_text(line + "\n" + line[:10])  # a writer is in the middle of its next line
     before = path.read_bytes()
     assert len(compact(path)) == 1 and path.read_bytes() == before

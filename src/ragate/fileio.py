@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import IO, Any, cast
 from tqdm.auto import tqdm
 
 HASH_CHUNK = 1 << 22
+BOM = b"\xef\xbb\xbf"
 
 
 @contextmanager
@@ -65,35 +67,90 @@ def sha256_file(path: Path | str, *, progress: bool = False) -> str:
 def json_lines(path: Path | str, error: type[Exception], fix: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) for every non-blank line of a JSON-lines file (``.gz`` read compressed); a
     line that is not UTF-8 or not JSON raises ``error`` naming the file and the line (and the column), followed
-    by ``fix``."""
+    by ``fix``. A byte-order mark at the start of the file is dropped."""
     path = Path(path)
-    opener: Any = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise error(f"{path}:{line_no}: not valid UTF-8; {fix}") from None
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise error(
-                    f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno}); {fix}"
-                ) from None
+    for line_no, raw in enumerate(_raw_lines(path, error), start=1):
+        if line_no == 1:
+            raw = raw.removeprefix(BOM)  # an editor's byte-order mark is not part of the first line
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise error(f"{path}:{line_no}: not valid UTF-8; {fix}") from None
+        if not line.strip():
+            continue
+        yield line_no, parse_json(line, f"{path}:{line_no}", error, fix)
+
+
+def _raw_lines(path: Path, error: type[Exception]) -> Iterator[bytes]:
+    """The lines of ``path`` as bytes (``.gz`` read compressed); a truncated or corrupt gzip stream raises
+    ``error`` naming the file."""
+    if path.suffix != ".gz":
+        with path.open("rb") as f:
+            yield from f
+        return
+    line_no = 0
+    try:
+        with gzip.open(path, "rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                yield raw
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise error(
+            f"{path}: the gzip stream is truncated or corrupt after line {line_no} ({err}); re-create or "
+            "re-download the file"
+        ) from None
 
 
 def utf8_text(path: Path | str, error: type[Exception], fix: str) -> str:
     """The whole of a UTF-8 text file (``.gz`` read compressed); invalid UTF-8 raises ``error`` naming the file
-    and the line, followed by ``fix``."""
+    and the line, followed by ``fix``. A byte-order mark at the start is dropped."""
     path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            raise error(
+                f"{path}: the gzip stream is truncated or corrupt ({err}); re-create or re-download the file"
+            ) from None
+    raw = raw.removeprefix(BOM)  # an editor's byte-order mark is not text
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise error(f"{path}:{line}: not valid UTF-8; {fix}") from None
+
+
+def parse_json(text: str, where: str, error: type[Exception], fix: str) -> Any:
+    """``json.loads(text)``; text that is not JSON raises ``error`` naming ``where``, followed by ``fix``. Besides
+    bad syntax that covers what ``json.loads`` raises other than ``JSONDecodeError``: a number of more than 4,300
+    digits (``ValueError``) and nesting deeper than the interpreter's recursion limit (``RecursionError``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        at = f"line {err.lineno} column {err.colno}" if err.lineno > 1 else f"column {err.colno}"
+        raise error(f"{where}: not valid JSON ({err.msg} at {at}); {fix}") from None
+    except (ValueError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0]
+        raise error(f"{where}: not valid JSON ({why}); {fix}") from None
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """Where a parsed JSON value (strings, lists, objects' keys and values) holds a lone UTF-16 surrogate, which a
+    ``\\ud800``-style escape can write but UTF-8 cannot encode (a tokenizer or any UTF-8 writer fails on it): a
+    short description of the first such string, else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return f"the text {value[max(0, err.start - 20) : err.start + 1]!r} holds a lone surrogate"
+        return None
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    for item in value if isinstance(value, list) else ():
+        found = lone_surrogate(item)
+        if found is not None:
+            return found
+    return None
 
 
 @contextmanager

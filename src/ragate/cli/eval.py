@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -247,7 +248,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         if not sep:
             raise RagateError(f"--threshold {item!r}: write METHOD=TAU, e.g. --threshold dtr=0.01")
         get_method(method)
-        thresholds[method] = float(value)
+        thresholds[method] = _finite(value, f"--threshold {item!r}")
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
     return EvalConfig(
@@ -309,6 +310,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from ragate.eval.report import unfolded_records
     from ragate.eval.sweep import compact, method_records, point, sweep_markdown, sweep_pass, write_sweep
 
+    at = [(item.partition("=")[0], _finite(item.partition("=")[2], f"--at {item!r}")) for item in args.at]
     if args.run_dir is not None:
         out = args.run_dir
         records = compact(out / "sweep.jsonl")
@@ -336,11 +338,12 @@ def _run_sweep(args: argparse.Namespace) -> int:
     print(sweep_markdown(fronts, args.metric))
     if args.run_dir is not None and (pending := unfolded_records(out)):
         print(f"ragate sweep: warning: not in this pass 2: {pending}", file=sys.stderr)
-    for item in args.at:
-        method, _, value = item.partition("=")
-        rows = method_records(records, method)
-        p = point(rows, [r["gates"][method]["score"] > float(value) for r in rows])
-        print(f"{method} at tau {value}: " + ", ".join(f"{k} {v:.4f}" for k, v in p.items()))
+    for method, tau in at:
+        rows = [r for r in method_records(records, method) if method in r["gates"]]
+        if not rows:
+            raise RagateError(f"--at {method}={tau:g}: the sweep has no gate scores for {method!r}")
+        p = point(rows, [r["gates"][method]["score"] > tau for r in rows])
+        print(f"{method} at tau {tau:g}: " + ", ".join(f"{k} {v:.4f}" for k, v in p.items()))
     print(f"wrote {out / 'sweep.json'}, {out / 'sweep.md'}")
     return 0
 
@@ -478,3 +481,14 @@ def _run_report(args: argparse.Namespace) -> int:
     if pending := unfolded_records(Path(args.run_dir)):
         print(f"ragate report: warning: not in the report: {pending}", file=sys.stderr)
     return 0
+
+
+def _finite(value: str, what: str) -> float:
+    """A threshold from the command line: a finite number (NaN would compare false with every score)."""
+    try:
+        tau = float(value)
+    except ValueError:
+        tau = math.nan
+    if not math.isfinite(tau):
+        raise RagateError(f"{what}: the threshold must be a finite number, e.g. dtr=0.01")
+    return tau

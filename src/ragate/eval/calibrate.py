@@ -20,6 +20,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ragate.errors import RagateError
+from ragate.eval.records import is_count, is_number, short
+from ragate.fileio import lone_surrogate, parse_json, utf8_text
 
 
 def threshold_for_budget(scores: Sequence[float], budget: float) -> float:
@@ -145,20 +147,53 @@ def threshold_from_scores(
 
 
 def read_calibration(path: str | Path) -> dict[str, Any]:
-    """A ``ragate calibrate`` file (method, tau, model, engine, how tau was chosen)."""
-    import json
-    import math
-
+    """A ``ragate calibrate`` file (method, tau, model, engine, how tau was chosen), checked: ``tau`` a finite
+    number (not NaN, infinity, a string or ``true``), the shares and counts it records of their types, no lone
+    surrogate in its text. Anything else is a :class:`RagateError` naming the file and the fix."""
+    path = Path(path)
+    fix = "rerun ragate calibrate"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        method, tau = data["method"], data["tau"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise RagateError(
-            f"{path} is not a `ragate calibrate` file ({type(err).__name__}: {err}); rerun ragate calibrate"
-        ) from None
-    if not isinstance(method, str) or isinstance(tau, bool) or not isinstance(tau, int | float) or not math.isfinite(tau):
-        raise RagateError(f"{path}: 'method' must be a name and 'tau' a finite number; rerun ragate calibrate")
+        text = utf8_text(path, RagateError, fix)
+    except OSError as err:
+        raise RagateError(f"{path} cannot be read ({err.strerror}); {fix}") from None
+    data = parse_json(text, f"{path} is not a `ragate calibrate` file", RagateError, fix)
+    fault = _calibration_fault(data)
+    if fault is not None:
+        raise RagateError(f"{path} is not a usable `ragate calibrate` file: {fault}; {fix}")
     return data  # type: ignore[no-any-return]
+
+
+def _share(value: Any) -> bool:
+    return value is None or (is_number(value) and 0 <= value <= 1)
+
+
+def _interval(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and len(value) == 2 and all(_share(v) for v in value))
+
+
+def _calibration_fault(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return f"a JSON object, not {type(data).__name__}"
+    if (fault := lone_surrogate(data)) is not None:
+        return f"{fault}, which is not text"
+    if not isinstance(data.get("method"), str) or not data["method"]:
+        return f"'method' must be a method name, not {short(data.get('method'))}"
+    if not is_number(data.get("tau")):
+        return f"'tau' must be a finite number, not {short(data.get('tau'))}"
+    fields = {
+        **dict.fromkeys(("budget", "confidence", "dev_retrieval_rate", "dev_em", "expected_rate"), _share),
+        **dict.fromkeys(("n", "k", "batch"), lambda v: v is None or is_count(v)),
+        **dict.fromkeys(("model", "engine", "gate", "objective", "dev", "bound", "source"), _text_or_none),
+        "rate_interval": _interval,
+    }
+    for key, ok in fields.items():
+        if key in data and not ok(data[key]):
+            return f"{key!r} cannot be {short(data[key])}"
+    return None
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
 
 
 def check_calibration(
@@ -284,9 +319,8 @@ def calibrate_from_sweep(
 ) -> dict[str, Any]:
     """tau for a retrieval ``budget`` from the scores a ``ragate sweep`` already computed for ``method``'s gate
     (no model call); the file records the sweep's model and engine, as a calibration of that model."""
-    import json
-
-    from ragate.eval.sweep import compact, method_records
+    from ragate.eval.run import read_run_config
+    from ragate.eval.sweep import compact, finite_scores
     from ragate.methods import get_method
 
     if budget is None:
@@ -294,14 +328,15 @@ def calibrate_from_sweep(
     spec = get_method(method)
     check_calibratable(spec)
     run_dir = Path(run_dir)
-    try:
-        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise RagateError(f"{run_dir} is not a sweep directory ({err}): run `ragate sweep` first") from None
-    rows = [r for r in method_records(compact(run_dir / "sweep.jsonl"), method) if method in r["gates"]]
+    if not (run_dir / "config.json").is_file():
+        raise RagateError(f"{run_dir} is not a sweep directory (no config.json): run `ragate sweep` first")
+    config = read_run_config(run_dir)
+    rows = [r for r in compact(run_dir / "sweep.jsonl") if method in r["methods"] and method in r["gates"]]
     if not rows:
-        raise RagateError(f"the sweep in {run_dir} has not scored {method!r}: resume it with --methods {method}")
-    scores = [float(r["gates"][method]["score"]) for r in rows]
+        raise RagateError(
+            f"{run_dir / 'sweep.jsonl'} holds no score of {method!r}: resume the sweep with --methods {method}"
+        )
+    scores = finite_scores([r["gates"][method]["score"] for r in rows])
     found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
     rate, n = found.pop("retrieval_rate"), found.pop("n")
     found.pop("budget")

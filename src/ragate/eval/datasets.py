@@ -46,7 +46,6 @@ import ast
 import csv
 import difflib
 import io
-import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -58,7 +57,7 @@ from types import MappingProxyType
 from typing import IO, Any, Literal, get_args
 
 from ragate.errors import DataNotFoundError, DatasetFormatError
-from ragate.fileio import json_lines, utf8_text
+from ragate.fileio import json_lines, lone_surrogate, parse_json, utf8_text
 from ragate.retrieval.pooled import pooled_id
 
 Kind = Literal["span", "yesno", "regex"]
@@ -293,6 +292,7 @@ def read_questions(source: str | Path) -> list[str]:
         fix = 'each line is a JSON object with a "question" string'
         for line_no, row in json_lines(path, DatasetFormatError, fix):
             question = row.get("question") if isinstance(row, dict) else None
+            _check_text(question, f"{path}:{line_no}")
             if not isinstance(question, str) or not question.strip():
                 raise DatasetFormatError(f"{path}:{line_no}: no \"question\" string; {fix}")
             questions.append(question.strip())
@@ -348,6 +348,8 @@ def _load_registered(name: str, info: DatasetInfo, root: Path) -> list[Example]:
             f"pass --data-dir DIR or set {DATA_DIR_ENV} to a complete copy of ../shared/data"
         )
     examples = _READERS[info.format](path, name, info.kind)
+    if not examples:
+        raise DatasetFormatError(f"{path} holds no questions; restore it from ../shared/data")
     if info.only_ids is not None:
         keep = set(_json_file(root / info.only_ids))
         examples = [e for e in examples if e.id in keep]
@@ -380,14 +382,27 @@ def _open_text(path: Path) -> IO[str]:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    return json_lines(path, DatasetFormatError, "fix or remove that line")
+    for line_no, row in json_lines(path, DatasetFormatError, "fix or remove that line"):
+        _check_text(row, f"{path}:{line_no}")
+        yield line_no, row
 
 
 def _json_file(path: Path) -> Any:
-    try:
-        return json.loads(utf8_text(path, DatasetFormatError, "restore the file"))
-    except json.JSONDecodeError as err:
-        raise DatasetFormatError(f"{path}: not valid JSON ({err}); restore the file") from None
+    fix = "restore the file"
+    document = parse_json(utf8_text(path, DatasetFormatError, fix), str(path), DatasetFormatError, fix)
+    _check_text(document, str(path))
+    return document
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Refuse a record whose text holds a lone surrogate (a JSON ``\\ud800`` escape without its pair): Python
+    reads it, but no tokenizer or UTF-8 writer can take it, so the run would fail at its first model call."""
+    fault = lone_surrogate(value)
+    if fault is not None:
+        raise DatasetFormatError(
+            f"{where}: {fault} (a \\ud800-style escape without its pair), which is not text a model can read; "
+            "write the character itself or remove it"
+        )
 
 
 def _strings(value: object, field: str) -> tuple[str, ...]:
@@ -395,6 +410,8 @@ def _strings(value: object, field: str) -> tuple[str, ...]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
         raise ValueError(f"{field!r} must be a string or a list of strings, not {value!r}")
+    if (fault := lone_surrogate(items)) is not None:  # a Python literal's escape (DPR TSV answers)
+        raise ValueError(f"{field!r}: {fault}, which is not text")
     return tuple(dict.fromkeys(x for x in items if x.strip()))
 
 
@@ -406,6 +423,8 @@ def _gold_ids(texts: Iterable[str]) -> tuple[str, ...]:
 def _example(dataset: str, qid: object, question: object, answers: tuple[str, ...], **fields: Any) -> Example:
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"empty question ({question!r})")
+    if isinstance(qid, bool) or not isinstance(qid, str | int) or not str(qid).strip():
+        raise ValueError(f"the question's id must be a non-empty string or an integer, not {qid!r}")
     return Example(str(qid), question.strip(), answers, dataset, **fields)
 
 
@@ -443,6 +462,11 @@ def read_jsonl_examples(
     for index, (line_no, row) in enumerate(_json_lines(path)):
         with _located(f"{path}:{line_no}"):
             out.append(_common_row(row, name, index, kind))
+    if not out:
+        raise DatasetFormatError(
+            f'{path} holds no questions (no non-blank line); write one JSON object a line: {{"id", "question", '
+            '"answers"}'
+        )
     return _unique_ids(out)
 
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ragate.errors import RagateError
+from ragate.errors import RagateError, RunFormatError
 from ragate.eval.analysis import (
     FrontierPlot,
     Metric,
@@ -31,7 +30,7 @@ from ragate.eval.analysis import (
     recall_comparison,
 )
 from ragate.eval.records import latest, read_records
-from ragate.eval.run import RECALL_K
+from ragate.eval.run import RECALL_K, read_results, read_run_config
 from ragate.eval.summary import (
     derived_table,
     differences_table,
@@ -311,12 +310,24 @@ def markdown_to_html(markdown: str, images: dict[str, bytes], title: str) -> str
     )
 
 
+def _results_markdown(run_dir: Path) -> str:
+    """The summary table of a finished run's results.json; one too damaged to print is named."""
+    try:
+        return summary_markdown(read_results(run_dir))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        raise RunFormatError(
+            f"{run_dir / 'results.json'} cannot be reported ({type(err).__name__}: {err}); delete it and rerun "
+            "`ragate eval ... --resume` on this directory, which writes it again from questions.jsonl"
+        ) from None
+
+
 def _config(run_dir: Path) -> dict[str, Any]:
     """A run's config.json, with the provenance of its results.json where config.json has none (an eval run)."""
-    path, results = run_dir / "config.json", run_dir / "results.json"
-    config = json.loads(path.read_text()) if path.exists() else {}
-    if config and "provenance" not in config and results.exists():
-        config["provenance"] = json.loads(results.read_text()).get("provenance")
+    config = read_run_config(run_dir) if (run_dir / "config.json").exists() else {}
+    if config and "provenance" not in config:
+        provenance = read_results(run_dir).get("provenance")
+        if provenance is not None:
+            config["provenance"] = provenance
     return config
 
 
@@ -509,7 +520,7 @@ def write_report(
             "",
         ]
         if (run_dir / "results.json").exists():
-            md.append(_demote(summary_markdown(json.loads((run_dir / "results.json").read_text()))))
+            md.append(_demote(_results_markdown(run_dir)))
         else:
             md += ["The run has not finished (no results.json): the records so far.", ""]
             md.append(summary_table(summarize(eval_records)))

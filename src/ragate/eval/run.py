@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,15 +32,15 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ragate.backends.base import Backend
-from ragate.errors import RagateError
+from ragate.errors import CallCacheError, RagateError, RunFormatError
 from ragate.eval.calls import CallCache, CallStore, Cost, Tally
 from ragate.eval.datasets import Example, dataset_files, load_dataset
 from ragate.eval.metrics import extract_answer, recall_at_k, score
 from ragate.eval.provenance import model_identity, provenance
-from ragate.eval.records import RecordWriter, latest, read_records
+from ragate.eval.records import RecordWriter, is_count, is_number, is_real, latest, read_records, short
 from ragate.eval.summary import summarize, summary_markdown
 from ragate.eval.workers import fold_parts, part_path, run_workers
-from ragate.fileio import atomic_writer, exclusive_lock, sha256_file
+from ragate.fileio import atomic_writer, exclusive_lock, lone_surrogate, parse_json, sha256_file, utf8_text
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.needs import require, require_index
 from ragate.methods.spec import RERANK_SELECTORS
@@ -120,7 +120,7 @@ def check_config(
         raise RagateError(
             f"{out_dir} already holds a run: pass --resume to continue it, or choose another --out directory"
         )
-    saved = json.loads(saved_path.read_text())
+    saved = read_run_config(out_dir)
     now = config.to_json()
     for key in (
         "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
@@ -179,6 +179,94 @@ def check_config(
     return rebuilds
 
 
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """A run's (or a sweep's) ``config.json``, checked for what its readers use (resume, sweep pass 2, ``skr fit``,
+    calibration from a sweep): a JSON object, each setting (where present) of its type, no lone surrogate in its
+    text. A damaged one is a :class:`RunFormatError` naming it and the fix."""
+    path = Path(run_dir) / "config.json"
+    fix = f"restore it from a copy, or run again into another --out directory than {run_dir}"
+    try:
+        text = utf8_text(path, RunFormatError, fix)
+    except OSError as err:
+        raise RunFormatError(f"{path} cannot be read ({err.strerror}); {fix}") from None
+    saved = parse_json(text, str(path), RunFormatError, fix)
+    fault = _config_fault(saved)
+    if fault is not None:
+        raise RunFormatError(f"{path}: {fault}; {fix}")
+    return saved  # type: ignore[no-any-return]
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, str) and m for m in value)
+
+
+def _provenance(value: Any) -> bool:
+    """A recorded provenance as the results' readers use it: its git, model, index, packages and machine objects,
+    the commit and the model file's sha256 strings (or null)."""
+    if not isinstance(value, dict):
+        return False
+    parts = {k: value.get(k, {}) for k in ("git", "model", "index", "packages", "machine")}
+    return (
+        all(isinstance(part, dict) for part in parts.values())
+        and _text_or_none(parts["git"].get("commit"))
+        and _text_or_none(parts["model"].get("sha256"))
+    )
+
+
+def _files(value: Any) -> bool:
+    """A run's dataset files: each with its path and sha256."""
+    return isinstance(value, list) and all(
+        isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("sha256"), str)
+        for f in value
+    )
+
+
+# what each setting of config.json must be, where it is present
+_CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "dataset": (lambda v: isinstance(v, str) and bool(v), "a dataset name or path"),
+    "methods": (_names, "a list of method names"),
+    **dict.fromkeys(
+        ("model", "engine", "index", "base_url", "fallback", "skr_labels", "cross_encoder", "kind"),
+        (_text_or_none, "a string or null"),
+    ),
+    "limit": (lambda v: v is None or is_count(v), "a count or null"),
+    "offset": (is_count, "a count"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53, "an integer"),
+    "thresholds": (
+        lambda v: isinstance(v, dict) and all(is_real(t) for t in v.values()),
+        "an object of method thresholds (numbers)",
+    ),
+    "dataset_files": (_files, 'a list of {"path", "sha256"} objects'),
+    "index_identity": (
+        lambda v: isinstance(v, dict) and _text_or_none(v.get("files_sha256")),
+        "an object (its files_sha256 a string)",
+    ),
+    **dict.fromkeys(("extra", "skr_label_set"), (lambda v: isinstance(v, dict), "an object")),
+    "provenance": (_provenance, "a provenance (git, model, index, packages, machine)"),
+    "provenance_history": (
+        lambda v: isinstance(v, list) and all(map(_provenance, v)),
+        "a list of provenances",
+    ),
+    "index_rebuilds": (lambda v: isinstance(v, list), "a list"),
+}
+
+
+def _config_fault(saved: Any) -> str | None:
+    if not isinstance(saved, dict):
+        return f"a run's configuration is a JSON object, not {type(saved).__name__}"
+    if (fault := lone_surrogate(saved)) is not None:
+        return f"{fault}, which is not text"
+    for key, value in saved.items():
+        ok, what = _CONFIG.get(key, (None, ""))
+        if ok is not None and not ok(value):
+            return f'"{key}" must be {what}, not {short(value)}'
+    return None
+
+
 def _grows(before: int | None, now: int | None) -> bool:
     """Whether ``--limit now`` extends a run of ``--limit before`` (None: every question of the file)."""
     return before is not None and (now is None or now >= before)
@@ -219,7 +307,7 @@ def open_run(
     skr_identity = check_no_leak(config, examples)
     saved_path = out_dir / "config.json"
     if resume and skr_identity and saved_path.exists():
-        before = (json.loads(saved_path.read_text()).get("skr_label_set") or {}).get("content_sha256")
+        before = (read_run_config(out_dir).get("skr_label_set") or {}).get("content_sha256")
         if before and before != skr_identity["content_sha256"]:
             raise RagateError(
                 f"cannot resume {out_dir}: the SKR label set {config.skr_labels} was refit since this run began "
@@ -411,8 +499,10 @@ def run_eval(
         _save_config(out_dir, config.to_json() | recorded)
         path = out_dir / "questions.jsonl"
         fold_parts(path)  # a multi-worker run killed before it could fold
+        stored = latest(read_records(path))
+        check_asked(stored, examples, path, config.methods)
         # failures are retried: a resumed run answers them again
-        done = {(r["id"], r["method"]) for r in latest(read_records(path)) if "error" not in r}
+        done = {(r["id"], r["method"]) for r in stored if "error" not in r}
         jobs = [
             (i, ex, m)
             for i, ex in enumerate(examples)
@@ -470,6 +560,26 @@ def run_eval(
         return results
 
 
+def check_asked(
+    records: Sequence[dict[str, Any]],
+    examples: Sequence[Example],
+    path: Path,
+    methods: Sequence[str] | None = None,
+) -> None:
+    """Every stored record answers one of the run's questions (with one of its ``methods``, where given): a
+    record of another (a damaged id or method) would be counted in the results while its own question is
+    answered again."""
+    asked = {ex.id for ex in examples}
+    for r in records:
+        if r["id"] not in asked or (methods is not None and r.get("method") not in methods):
+            what = f"question {r['id']!r}" if r["id"] not in asked else f"method {r.get('method')!r}"
+            raise RunFormatError(
+                f"{path} holds an answer to {what}, which this run ({len(asked)} questions"
+                + (f", methods {', '.join(methods)}" if methods is not None else "")
+                + ") does not ask: move the file aside, or delete that line, and rerun with --resume"
+            )
+
+
 def default_call_cache() -> Path:
     """Where LM calls are stored unless told otherwise: ``<ragate home>/calls.sqlite`` (shared by every run, so a
     sweep over the questions of an earlier eval pays almost nothing)."""
@@ -488,7 +598,25 @@ def _dataset_files(dataset: str) -> list[dict[str, Any]]:
 def _recorded(path: Path, *, computed: bool) -> dict[str, Any]:
     """What ``path`` (results.json or a sweep's config.json) recorded, when this resume computed nothing (a rerun
     that only rereads the answers, to re-report them, keeps what the computing parts recorded); else ``{}``."""
-    return {} if computed or not path.exists() else json.loads(path.read_text())
+    if computed or not path.exists():
+        return {}
+    if path.name == "config.json":
+        return read_run_config(path.parent)
+    fix = (
+        "restore it, or delete it: the resume writes it again from questions.jsonl (recording this checkout's "
+        "commit and times)"
+    )
+    saved = parse_json(utf8_text(path, RunFormatError, fix), str(path), RunFormatError, fix)
+    if not isinstance(saved, dict) or not _provenance(saved.get("provenance", {})):
+        raise RunFormatError(f"{path} is not a run's results (a JSON object with its provenance); {fix}")
+    if (fault := lone_surrogate(saved)) is not None:
+        raise RunFormatError(f"{path}: {fault}, which is not text; {fix}")
+    return saved
+
+
+def read_results(run_dir: Path) -> dict[str, Any]:
+    """A finished run's ``results.json``, checked as a resume checks it (``{}`` when there is none yet)."""
+    return _recorded(Path(run_dir) / "results.json", computed=False)
 
 
 def _kept_provenance(path: Path, *, computed: bool) -> dict[str, Any] | None:
@@ -501,7 +629,7 @@ def _kept_times(path: Path, *, computed: bool) -> dict[str, float] | None:
     """The recorded ``started`` and ``finished`` (:func:`_recorded`): rereading must not replace when the answers
     were computed with a run of a tenth of a second."""
     saved = _recorded(path, computed=computed)
-    times = {k: saved[k] for k in ("started", "finished") if isinstance(saved.get(k), (int, float))}
+    times = {k: saved[k] for k in ("started", "finished") if is_number(saved.get(k))}
     return times if len(times) == 2 else None
 
 
@@ -512,7 +640,7 @@ def _save_config(out_dir: Path, data: dict[str, Any]) -> None:
     saved one: :func:`_kept_provenance`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "config.json"
-    saved = json.loads(path.read_text()) if path.exists() else {}
+    saved = read_run_config(out_dir) if path.exists() else {}
     history = list(saved.get("provenance_history") or [])
     if saved.get("provenance") and saved["provenance"] != json.loads(json.dumps(data.get("provenance"))):
         history.append(saved["provenance"])  # what earlier parts ran with (commit, packages, model file)
@@ -551,6 +679,8 @@ def _answer_jobs(
 ) -> None:
     """Answer ``jobs`` (question index, example, method) and append one record each to ``path``."""
     specs = {m: config.spec(m) for m in config.methods}
+    if store is not None:  # a damaged or misplaced call cache is refused before the model loads
+        CallStore(store).close()
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
     try:  # a method the backend cannot serve is refused before any answer, or runs with the fallback gate
@@ -593,6 +723,8 @@ def _answer_jobs(
                         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
                     counted = tally if target is calls else None
                     record = record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted)
+                except CallCacheError:
+                    raise  # the run's store, not this question: stop (answers so far are kept; --resume)
                 except (RagateError, ValueError) as err:
                     record = error_record(ex, method, err)
                 with lock:  # one writer and one bar, whichever thread finishes

@@ -8,7 +8,6 @@ by file sha256, so that a label set is refused with another model.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,8 @@ from ragate.errors import RagateError
 from ragate.eval.datasets import dataset_files
 from ragate.eval.provenance import model_identity
 from ragate.eval.records import read_records
-from ragate.eval.run import EvalConfig
-from ragate.eval.sweep import canonical_family, family_key
+from ragate.eval.run import EvalConfig, read_run_config
+from ragate.eval.sweep import canonical_family, family_key, sweep_fault
 from ragate.gates.skr import LabelSet, needs_retrieval
 from ragate.methods import get_method
 from ragate.models import DEFAULT_MODEL
@@ -31,7 +30,7 @@ def _records(sweep_dir: Path) -> list[dict[str, Any]]:
     files = [sweep_dir / "sweep.jsonl", *sorted(sweep_dir.glob("sweep.part*.jsonl"))]
     seen: dict[tuple[str, str], dict[str, Any]] = {}
     for path in files:
-        for r in read_records(path, repair=False):
+        for r in read_records(path, repair=False, check=sweep_fault):
             r["family"] = canonical_family(r["family"])
             seen[r["id"], r["family"]] = r
     return list(seen.values())
@@ -56,7 +55,9 @@ def fit_labels(
         raise RagateError(
             f"{sweep_dir} holds no sweep (no config.json): run `ragate sweep ... --out {sweep_dir}`"
         )
-    saved = json.loads(config_path.read_text())
+    saved = read_run_config(sweep_dir)
+    if "dataset" not in saved or "methods" not in saved:
+        raise RagateError(f"{config_path} names no dataset or methods: restore it, or sweep again")
     if saved.get("kind") != "sweep":
         raise RagateError(
             f"{sweep_dir} is an eval run, not a sweep: SKR's labels come from `ragate sweep` records"

@@ -31,7 +31,16 @@ from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.datasets import Example
 from ragate.eval.provenance import provenance
-from ragate.eval.records import RecordWriter, read_records, write_records
+from ragate.eval.records import (
+    RecordWriter,
+    is_count,
+    is_number,
+    is_real,
+    read_records,
+    scores_fault,
+    short,
+    write_records,
+)
 from ragate.eval.run import (
     LOCK_FILE,
     EvalConfig,
@@ -40,10 +49,12 @@ from ragate.eval.run import (
     _open_retriever,
     _save_config,
     answer_fields,
+    check_asked,
     check_index,
     default_call_cache,
     open_call_cache,
     open_run,
+    read_run_config,
 )
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
@@ -141,6 +152,7 @@ def sweep_pass(
         path = out_dir / "sweep.jsonl"
         fold_parts(path)
         done = {(r["id"], r["family"]): r for r in compact(path, rewrite=True)}
+        check_asked(list(done.values()), examples, path)
         jobs = [
             (i, ex, fam, done.get((ex.id, fam)))
             for i, ex in enumerate(examples)
@@ -174,7 +186,7 @@ def compact(path: Path, *, rewrite: bool = False) -> list[dict[str, Any]]:
     """The records of ``path``, one per (question, family): the last written, which holds every gate scored so
     far (a sweep that gained gates appends a fuller copy of a record). With ``rewrite`` (only the sweep itself,
     under the run's lock) the file is rewritten without the copies; readers leave it as it is."""
-    records = read_records(path, repair=rewrite)
+    records = read_records(path, repair=rewrite, check=sweep_fault)
     last: dict[tuple[str, str], dict[str, Any]] = {}
     for r in records:
         r["family"] = canonical_family(r["family"])
@@ -182,6 +194,49 @@ def compact(path: Path, *, rewrite: bool = False) -> list[dict[str, Any]]:
     if rewrite and len(last) < len(records):
         write_records(path, last.values())
     return list(last.values())
+
+
+def sweep_fault(record: dict[str, Any]) -> str | None:
+    """What is wrong with one pass-1 record for pass 2 and its other readers (frontiers, SKR labels, calibration
+    from a sweep), else None: its family and methods, the two answers and every gate's score (a gate may score
+    +inf, an empty draft; never NaN)."""
+    if not isinstance(record.get("family"), str) or not record["family"]:
+        return f'"family" must be a family key, not {short(record.get("family"))}'
+    methods = record.get("methods")
+    if not isinstance(methods, list) or not all(isinstance(m, str) and m for m in methods):
+        return f'"methods" must be a list of method names, not {short(methods)}'
+    for side in ("closed", "open"):
+        answer = record.get(side)
+        if not isinstance(answer, dict) or not isinstance(answer.get("prediction"), str):
+            return f'"{side}" must be an answer with a "prediction", not {short(answer)}'
+        if (fault := scores_fault(answer.get("scores"), f"{side}.scores")) is not None:
+            return fault
+        if not is_number(answer.get("seconds")) or not is_count(answer.get("tokens")):
+            return f'"{side}" needs "seconds" (a finite number) and "tokens" (a count)'
+    gates = record.get("gates")
+    if not isinstance(gates, dict):
+        return f'"gates" must be an object of gate scores, not {short(gates)}'
+    for method, gate in gates.items():
+        if method not in methods:
+            return f'"gates" scores {short(method)}, which is not one of the record\'s "methods"'
+        if not _gate_ok(gate):
+            return (
+                f'"gates"."{method}" must be {{"score": a number (not NaN), "threshold": a finite number, '
+                f'"retrieve": true or false, "seconds": a finite number}}, not {short(gate)}'
+            )
+    return None
+
+
+def _gate_ok(gate: Any) -> bool:
+    if not isinstance(gate, dict) or "threshold" not in gate:
+        return False
+    score, threshold = gate.get("score"), gate["threshold"]
+    return (
+        is_real(score)
+        and (threshold is None or is_number(threshold))  # written to sweep.json as the default point's tau
+        and isinstance(gate.get("retrieve"), bool)
+        and is_number(gate.get("seconds"))
+    )
 
 
 def _missing(record: dict[str, Any] | None, methods: Sequence[str], specs: dict[str, MethodSpec]) -> bool:
@@ -302,8 +357,8 @@ def method_records(records: Sequence[dict[str, Any]], method: str) -> list[dict[
 def frontier(records: Sequence[dict[str, Any]], method: str) -> dict[str, Any]:
     """Every distinct operating point of ``method``'s gate, its default point, its best-EM point and its points
     at the standard budgets (tau = F^-1(1 - rho) on these questions' own scores)."""
-    rows = method_records(records, method)
-    scores = np.array([r["gates"][method]["score"] for r in rows])
+    rows = [r for r in method_records(records, method) if method in r["gates"]]
+    scores = np.array(finite_scores([r["gates"][method]["score"] for r in rows]))
     taus = [float(np.nextafter(scores.min(), -np.inf)), *sorted(set(scores.tolist()))]
     points = [{"tau": t} | point(rows, [s > t for s in scores]) for t in taus]
     default = {"tau": rows[0]["gates"][method]["threshold"]} | point(rows, decisions(rows, method))
@@ -322,6 +377,13 @@ def frontier(records: Sequence[dict[str, Any]], method: str) -> dict[str, Any]:
         "budgets": budgets,
         "points": points,
     }
+
+
+def finite_scores(scores: Sequence[float]) -> list[float]:
+    """Gate scores with +-inf (a gate's score for an empty draft) as +-1e300, beyond any real score: the order,
+    and so every threshold's decisions (score > tau), stay the same, a budget's quantile becomes defined, and
+    every tau (also one just below the smallest score) is a number JSON can write."""
+    return np.clip(np.asarray(scores, dtype=np.float64), -1e300, 1e300).tolist()  # type: ignore[no-any-return]
 
 
 def swept_methods(records: Sequence[dict[str, Any]]) -> list[str]:
@@ -362,14 +424,18 @@ def write_sweep(out_dir: Path, records: Sequence[dict[str, Any]], metric: str = 
     ``results.json``: what the records came from (the run's ``config.json``: configuration, dataset files with
     sha256, the last computing part's provenance with commit and model sha256), as an eval run has it."""
     out_dir = Path(out_dir)
+    if not records:
+        raise RagateError(
+            f"{out_dir / 'sweep.jsonl'} holds no records: run pass 1 (`ragate sweep --dataset D --methods M "
+            f"--out {out_dir}`), or --resume it"
+        )
     fronts = [frontier(records, m) for m in swept_methods(records)]
     with atomic_writer(out_dir / "sweep.json") as f:
         f.write(json.dumps(fronts, indent=2).encode())
     with atomic_writer(out_dir / "sweep.md") as f:
         f.write(sweep_markdown(fronts, metric).encode())
-    config_path = out_dir / "config.json"
-    if config_path.exists():
-        saved = json.loads(config_path.read_text())
+    if (out_dir / "config.json").exists():
+        saved = read_run_config(out_dir)
         results = {
             "kind": "sweep",
             "questions": len({r["id"] for r in records}),
@@ -415,6 +481,7 @@ def default_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out += [
             _default_record(r, m, bool(r["gates"][m]["retrieve"]), r["gates"][m])
             for r in method_records(records, m)
+            if m in r["gates"]
         ]
     return out
 

@@ -24,6 +24,7 @@ import json
 import re
 import unicodedata
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +164,11 @@ def _load(path: str, mtime_ns: int, size: int) -> LabelSet:  # keyed by mtime an
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"])) if "meta" in data.files else {}
-            if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+            if (
+                not isinstance(meta, dict)
+                or meta.get("format") != FORMAT
+                or meta.get("format_version") != FORMAT_VERSION
+            ):
                 raise RagateError(
                     f"{path} is not an SKR label set of format {FORMAT} v{FORMAT_VERSION}; {fix}"
                 )
@@ -173,19 +178,52 @@ def _load(path: str, mtime_ns: int, size: int) -> LabelSet:  # keyed by mtime an
         ValueError,
         KeyError,
         EOFError,
+        RuntimeError,  # a member flagged as encrypted (RecursionError, deep JSON, is one too)
+        NotImplementedError,  # a member of an unknown compression method
         zipfile.BadZipFile,
-    ) as err:  # JSONDecodeError is a ValueError
-        raise RagateError(f"{path} is not an SKR label set ({err}); {fix}") from None
-    emb = arrays["embeddings"]
-    if emb.ndim != 2 or emb.dtype != np.float32 or arrays["retrieve"].dtype != bool:
-        raise RagateError(f"{path}: damaged arrays (embeddings {emb.dtype} {emb.shape}); {fix}")
+        zlib.error,
+    ) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RagateError(f"{path} is not an SKR label set ({type(err).__name__}: {err}); {fix}") from None
+    fault = _label_set_fault(arrays, meta)
+    if fault is not None:
+        raise RagateError(f"{path}: damaged label set: {fault}; {fix}")
     return LabelSet(
         tuple(str(x) for x in arrays["ids"]),
         tuple(str(x) for x in arrays["questions"]),
         arrays["retrieve"],
-        emb,
+        arrays["embeddings"],
         meta,
     )
+
+
+def _label_set_fault(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with a label set's arrays and record, else None: one id, question (text), label (bool) and
+    finite float32 embedding (of the dimension its encoder records) per question, at least one question; its
+    encoder and model recorded as objects."""
+    emb, retrieve = arrays["embeddings"], arrays["retrieve"]
+    if emb.ndim != 2 or emb.dtype != np.float32 or retrieve.dtype != bool or retrieve.ndim != 1:
+        return f"embeddings {emb.dtype} {emb.shape}, labels {retrieve.dtype} {retrieve.shape}"
+    texts = [arrays["ids"], arrays["questions"]]
+    if any(a.ndim != 1 or a.dtype.kind != "U" for a in texts):
+        return f"ids {texts[0].dtype} {texts[0].shape} and questions {texts[1].dtype} {texts[1].shape} are not text"
+    if not len(texts[0]) == len(texts[1]) == len(retrieve) == len(emb) >= 1:
+        return (
+            f"{len(texts[0])} ids, {len(texts[1])} questions, {len(retrieve)} labels, {len(emb)} embeddings"
+        )
+    if not np.all(np.isfinite(emb)):
+        return "embeddings hold NaN or infinity"
+    encoder, model = meta.get("encoder") or {}, meta.get("model") or {}
+    if not isinstance(encoder, dict) or not isinstance(model, dict):
+        return f"its encoder ({encoder!r}) and model ({model!r}) must be objects"
+    dim = encoder.get("dim")
+    if dim is not None and dim != emb.shape[1]:
+        return f"embeddings of dimension {emb.shape[1]}, but its encoder's is {dim!r}"
+    for text in (*texts[0], *texts[1]):
+        try:
+            str(text).encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{str(text)!r} holds a lone surrogate, which is not text"
+    return None
 
 
 def check_encoder(labels: LabelSet, encoder: Mapping[str, Any] | None, where: str) -> None:

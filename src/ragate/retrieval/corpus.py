@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ragate.errors import CorpusFormatError, DataNotFoundError
-from ragate.fileio import atomic_writer
+from ragate.fileio import BOM, atomic_writer, lone_surrogate
 from ragate.retrieval.types import Passage
 
 Format = Literal["jsonl", "flashrag", "tsv"]
@@ -78,6 +78,8 @@ def detect_format(path: Path | str) -> Format:
                 f"{path}: cannot tell the corpus format from its first line (neither JSON nor tab-separated); "
                 f"pass --format {'|'.join(FORMATS)}"
             ) from None
+        except (ValueError, RecursionError):
+            return "jsonl"  # JSON with a number too long or nesting too deep: the reader names the line
         if isinstance(obj, dict) and "contents" in obj and "text" not in obj:
             return "flashrag"
         return "jsonl"
@@ -154,7 +156,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     try:
         with opener(path, "rb") as f:
             for line_no, raw in enumerate(f, start=1):
-                yield line_no, raw
+                yield line_no, raw.removeprefix(BOM) if line_no == 1 else raw  # an editor's byte-order mark
     except (EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise CorpusFormatError(
             f"{path}: the gzip stream is truncated or corrupt after line {line_no} ({err}); re-create or "
@@ -167,9 +169,18 @@ def _json_object(line: str) -> dict[str, Any]:
         obj = json.loads(line)
     except json.JSONDecodeError as err:
         raise _BadLine(f"not valid JSON ({err.msg} at column {err.colno})") from None
+    except (ValueError, RecursionError) as err:  # a number of over 4,300 digits; nesting too deep
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0]
+        raise _BadLine(f"not valid JSON ({why})") from None
     if not isinstance(obj, dict):
         raise _BadLine(f"expected a JSON object, found {type(obj).__name__}")
+    if _SURROGATE_ESCAPE.search(line) and (fault := lone_surrogate(obj)) is not None:
+        raise _BadLine(f"{fault} (a \\ud800-style escape without its pair), which is not text")
     return obj
+
+
+# a JSON escape of a UTF-16 surrogate: the one way a line of valid UTF-8 can hold a lone one
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _id(value: object) -> str:

@@ -22,12 +22,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ragate.errors import CorpusFormatError, DataNotFoundError, IndexFormatError
+from ragate.fileio import lone_surrogate
 from ragate.retrieval.corpus import MAX_EXAMPLES, chunk_spans, document_id
 from ragate.retrieval.dense import HNSWParams
 from ragate.retrieval.encoders import Encoder
@@ -107,6 +109,8 @@ class FileRecord:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> FileRecord:
+        if not isinstance(obj["passages"], list):  # a string would read as one id per character
+            raise TypeError(f"'passages' must be a list of passage ids, not {obj['passages']!r}")
         return cls(obj["source"], obj["size"], obj["sha256"], obj["documents"], tuple(obj["passages"]))
 
 
@@ -187,8 +191,13 @@ def _jsonl_document(line: str, source: str, line_no: int) -> Document:
         obj = json.loads(line)
     except json.JSONDecodeError as err:
         raise _BadLine(f"not valid JSON ({err.msg} at column {err.colno})") from None
+    except (ValueError, RecursionError) as err:  # a number of over 4,300 digits; nesting too deep
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0]
+        raise _BadLine(f"not valid JSON ({why})") from None
     if not isinstance(obj, dict):
         raise _BadLine(f"expected a JSON object, found {type(obj).__name__}")
+    if (fault := lone_surrogate(obj)) is not None:
+        raise _BadLine(f"{fault} (a \\ud800-style escape without its pair), which is not text")
     text, title, doc_id = obj.get("text"), obj.get("title"), obj.get("id")
     if not isinstance(text, str):
         raise _BadLine('missing "text"' if text is None else '"text" must be a string')
@@ -267,8 +276,9 @@ def _read_all(
         sha = hashlib.sha256(data).hexdigest()
         records.append(FileRecord(doc_file.source, len(data), sha, len(docs), tuple(ids)))
     if need_text and not stats.passages:
+        names = ", ".join(str(f.path) for f in files[:3]) + (", ..." if len(files) > 3 else "")
         raise DataNotFoundError(
-            f"no text in the documents ({stats.files} files read, {stats.empty} empty documents, "
+            f"no text in the documents ({stats.files} files read: {names}; {stats.empty} empty documents, "
             f"{stats.bad} skipped as damaged); check the paths given to --docs"
         )
 
@@ -300,14 +310,35 @@ def _write_records(root: Path, records: Sequence[FileRecord]) -> None:
 
 
 def read_records(index_dir: Path) -> list[FileRecord]:
-    """The files an index built from documents holds (``documents.json``), in the order they were added."""
+    """The files an index built from documents holds (``documents.json``), in the order they were added; one
+    that cannot be read as such (not JSON, a field of another type, text that is not Unicode) is an
+    :class:`IndexFormatError` naming it."""
+    path = Path(index_dir) / DOCUMENTS
     try:
-        data = json.loads((Path(index_dir) / DOCUMENTS).read_text(encoding="utf-8"))
-        return [FileRecord.from_json(obj) for obj in data["files"]]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        records = [FileRecord.from_json(obj) for obj in data["files"]]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
         raise IndexFormatError(
-            f"{Path(index_dir) / DOCUMENTS} cannot be read ({err}); rebuild the index"
+            f"{path} cannot be read ({type(err).__name__}: {err}); rebuild the index"
         ) from None
+    fault = next((f for f in [lone_surrogate(data), *map(_record_fault, records)] if f is not None), None)
+    if fault is not None:
+        raise IndexFormatError(f"{path} cannot be read ({fault}); rebuild the index")
+    return records
+
+
+def _record_fault(record: FileRecord) -> str | None:
+    """What is wrong with one entry of ``documents.json``, else None."""
+    if not isinstance(record.source, str) or not record.source:
+        return f"a file's source must be its name, not {record.source!r}"
+    counts = (record.size, record.documents)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return f"{record.source}: size and documents must be counts, not {counts}"
+    if not isinstance(record.sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", record.sha256):
+        return f"{record.source}: sha256 must be 64 hex digits, not {record.sha256!r}"
+    if not all(isinstance(p, str) and p for p in record.passages):
+        return f"{record.source}: passages must be passage ids"
+    return None
 
 
 def index_documents(
