@@ -79,6 +79,8 @@ HOSTILE_BYTES: tuple[bytes, ...] = (
     b"NaN",
     b"Infinity",
     b"1e999",
+    b"1" * 5000,  # an integer past Python's 4,300-digit limit for int()
+    b"[" * 100_000,  # nesting past the interpreter's recursion limit
 )
 
 

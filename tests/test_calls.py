@@ -96,9 +96,15 @@ def test_a_call_store_with_damaged_pages_is_a_named_error(tmp_path: Path) -> Non
         CallStore(path)
 
 
-def test_a_damaged_call_cache_stops_eval_before_the_model_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--workers", "2"], ["sweep"]],
+    ids=["eval", "eval-workers", "sweep"],
+)
+def test_a_damaged_call_cache_stops_eval_before_the_model_loads(tmp_path: Path, extra: list[str]) -> None:
     """Before: `ragate eval` over a cache with overwritten pages exited 0 with n = 0, every record holding the
-    error. Now it is `ragate: error:` and exit 2, before the model is looked for (this model does not exist)."""
+    error. Now it is `ragate: error:` and exit 2, before the model is looked for (this model does not exist), with
+    worker processes and in a sweep too (the review found both printing a worker's traceback)."""
     path = tmp_path / "calls.sqlite"
     store = CallStore(path)
     for i in range(200):
@@ -112,6 +118,11 @@ def test_a_damaged_call_cache_stops_eval_before_the_model_loads(tmp_path: Path) 
     path.write_bytes(bytes(data))
     out = tmp_path / "run"
     cmd = [*_eval_cmd(out, path), "--model", "no-such-model"]
+    if extra == ["sweep"]:
+        cmd[cmd.index("eval")] = "sweep"
+        cmd[cmd.index("no-retrieval,random")] = "dtr"
+    else:
+        cmd += extra
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "ragate: error:" in done.stderr and "calls.sqlite is damaged" in done.stderr

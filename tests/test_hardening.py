@@ -490,3 +490,37 @@ def test_a_threshold_that_is_not_a_finite_number_is_refused(
     args = [command, "--dataset", "demo", "--methods", "dtr", "--limit", "1", "--out", str(tmp_path / "r")]
     assert main([*args, flag, f"dtr={value}", "--model", "no-such-model"]) == 2
     assert "must be a finite number" in capsys.readouterr().err
+
+
+def test_a_manifest_with_a_huge_number_or_deep_nesting_or_an_unlisted_file_is_named(tmp_path: Path) -> None:
+    """Found by the review: json.loads raises ValueError past 4,300 digits and RecursionError on deep nesting,
+    which read_manifest did not catch; a manifest that omits a file opening reads by name left that file
+    unchecked (a link out of the index would be read)."""
+    from ragate.errors import IndexFormatError
+    from ragate.retrieval.index import open_index
+
+    index = _small_bm25(tmp_path / "ix", "alpha beta gamma delta")
+    text = (index / "manifest.json").read_text()
+    for damaged, words in (
+        (text.replace('"passages": 6', '"passages": ' + "1" * 5000), "not valid JSON"),
+        ("[" * 100_000, "nested too deeply"),
+    ):
+        (index / "manifest.json").write_text(damaged)
+        with pytest.raises(IndexFormatError, match=words):
+            open_index(index)
+    manifest = json.loads(text)
+    del manifest["files"]["passages.jsonl"]
+    (index / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="does not list passages.jsonl, which a bm25 index reads"):
+        open_index(index)
+
+
+def test_a_deeply_nested_budget_state_is_named(tmp_path: Path) -> None:
+    from ragate.errors import RagateError
+    from ragate.methods import get_method
+    from ragate.service.budget import BudgetController
+
+    state = tmp_path / "budget.json"
+    state.write_text("[" * 100_000)
+    with pytest.raises(RagateError, match="budget.json is not a readable budget state"):
+        BudgetController(0.3, 10, get_method("targ-margin"), state, model="m")

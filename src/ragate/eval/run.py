@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ragate.backends.base import Backend
 from ragate.errors import CallCacheError, RagateError, RunFormatError
-from ragate.eval.calls import CallCache, CallStore, Cost, Tally
+from ragate.eval.calls import CallCache, CallStore, Cost, Tally, check_call_cache
 from ragate.eval.datasets import Example, dataset_files, load_dataset
 from ragate.eval.metrics import extract_answer, recall_at_k, score
 from ragate.eval.provenance import model_identity, provenance
@@ -514,6 +514,8 @@ def run_eval(
         # holds when a long run ends; a resume that computes nothing keeps the recorded one
         prov = _kept_provenance(out_dir / "results.json", computed=bool(jobs)) or provenance(config)
         store = None if not cache else (call_cache or default_call_cache())
+        if store is not None and jobs:  # a damaged or misplaced cache: refused before any model loads
+            check_call_cache(store)
         if workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
             try:
@@ -662,7 +664,7 @@ def open_call_cache(
     if own:
         info = model_identity(config.model, config.engine, config.base_url)
         identity = info.get("sha256") or f"{info.get('path') or info.get('base_url')}:{config.model}"
-    opened = CallStore(store) if store is not None else None
+    opened = CallStore(store, check=False) if store is not None else None  # checked by check_call_cache
     return CallCache(lm, opened, identity, exact_prefixes=opened is not None), opened
 
 
@@ -679,8 +681,6 @@ def _answer_jobs(
 ) -> None:
     """Answer ``jobs`` (question index, example, method) and append one record each to ``path``."""
     specs = {m: config.spec(m) for m in config.methods}
-    if store is not None:  # a damaged or misplaced call cache is refused before the model loads
-        CallStore(store).close()
     own_lm, own_retriever = lm is None, retriever is None
     lm = lm or _open_lm(config)
     try:  # a method the backend cannot serve is refused before any answer, or runs with the fallback gate

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
+from ragate.eval.calls import check_call_cache
 from ragate.eval.datasets import Example
 from ragate.eval.provenance import provenance
 from ragate.eval.records import (
@@ -164,6 +165,8 @@ def sweep_pass(
         prov = _kept_provenance(out_dir / "config.json", computed=bool(jobs)) or provenance(config)
         _save_config(out_dir, config.to_json() | {"kind": "sweep", "provenance": prov} | recorded)
         store = None if not cache else (call_cache or default_call_cache())
+        if store is not None and jobs:  # a damaged or misplaced cache: refused before any model loads
+            check_call_cache(store)
         if workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
             try:

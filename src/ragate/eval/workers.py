@@ -83,7 +83,11 @@ def _pinned(core: int, target: Callable[..., None], args: tuple[Any, ...]) -> No
         os.sched_setaffinity(0, {core})
     except (AttributeError, OSError):
         pass
-    target(*args)
+    try:
+        target(*args)
+    except RagateError as err:  # named, not a traceback; the parent names the worker and the fix
+        print(f"ragate: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def run_workers(

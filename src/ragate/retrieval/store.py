@@ -36,7 +36,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ragate.errors import IndexFormatError
-from ragate.fileio import exclusive_lock, sha256_file
+from ragate.fileio import exclusive_lock, parse_json, sha256_file, utf8_text
 from ragate.retrieval.corpus import passage_json
 from ragate.retrieval.types import Passage
 
@@ -48,6 +48,13 @@ OFFSETS = "passages.offsets.npy"
 IDS_SORTED = "ids.sorted.npy"
 IDS_ROWS = "ids.rows.npy"
 KINDS = ("bm25", "dense", "hybrid")
+BM25_FILES = (
+    "data.csc.index.npy",
+    "indices.csc.index.npy",
+    "indptr.csc.index.npy",
+    "params.index.json",
+    "vocab.index.json",
+)
 _HASH_PROGRESS_BYTES = 256 << 20
 
 
@@ -175,12 +182,8 @@ def read_manifest(index_dir: Path) -> dict[str, Any]:
             f"{path} is missing: {index_dir} is not a ragate index or its build was interrupted; "
             f"rebuild it with `{rebuild_hint(index_dir)}`"
         )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise IndexFormatError(
-            f"{path} is not valid JSON ({err}); rebuild the index with `{rebuild_hint(index_dir)}`"
-        ) from err
+    fix = f"rebuild the index with `{rebuild_hint(index_dir)}`"
+    manifest = parse_json(utf8_text(path, IndexFormatError, fix), str(path), IndexFormatError, fix)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise IndexFormatError(
             f"{path} is not a ragate index manifest; rebuild with `{rebuild_hint(index_dir)}`"
@@ -231,6 +234,16 @@ def manifest_fault(manifest: dict[str, Any]) -> str | None:
         ):
             return f"the entry of {rel!r} has no sha256"
     kind, encoder, params = manifest["kind"], manifest.get("encoder"), manifest.get("params")
+    needed = [PASSAGES, OFFSETS, IDS_SORTED, IDS_ROWS]  # what opening reads by name: each must be checked
+    if kind in ("bm25", "hybrid"):
+        needed += [f"bm25/{name}" for name in BM25_FILES]
+    if kind in ("dense", "hybrid"):
+        needed += ["embeddings.npy"] + (
+            ["hnsw.faiss"] if isinstance(params, dict) and params.get("hnsw") else []
+        )
+    missing = [name for name in needed if name not in manifest["files"]]
+    if missing:
+        return f"it does not list {', '.join(missing)}, which a {kind} index reads"
     if not _count(manifest.get("passages")):
         return f"'passages' is {manifest.get('passages')!r}, not a passage count"
     if not isinstance(params, dict):

@@ -61,7 +61,7 @@ def read_state(path: Path) -> dict[str, Any]:
     fix = "delete it to start afresh (or pass another --budget-state file)"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # bad JSON or UTF-8, 4,300+ digits, deep nesting
         raise RagateError(
             f"{path} is not a readable budget state ({type(err).__name__}: {err}); {fix}"
         ) from None
@@ -185,7 +185,7 @@ class BudgetController:
                 log.warning(
                     "cannot write the budget state %s (%s); tau is kept in memory only", self.path, err
                 )
-            self.write_error = f"{type(err).__name__}: {err}"
+            self.write_error = err.strerror or type(err).__name__  # answers carry it: no server paths
         else:
             self.write_error = None
 
