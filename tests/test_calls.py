@@ -79,8 +79,8 @@ def test_a_damaged_or_foreign_entry_is_recomputed_and_overwritten(tmp_path: Path
     assert t.hits == 1 and len(lm.calls) == 4
 
 
-def test_a_call_store_with_damaged_pages_is_a_named_error(tmp_path: Path) -> None:
-    path = tmp_path / "calls.sqlite"
+def _damaged_store(path: Path) -> Path:
+    """A call store of 200 entries whose table pages, past the header, are overwritten."""
     store = CallStore(path)
     for i in range(200):
         store.put(f"k{i}", {"value": "x" * 500})
@@ -89,8 +89,13 @@ def test_a_call_store_with_damaged_pages_is_a_named_error(tmp_path: Path) -> Non
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every entry into the main file
     db.close()
     data = bytearray(path.read_bytes())
-    data[8192:16384] = b"\xab" * 8192  # the table's pages, past the header
+    data[8192:16384] = b"\xab" * 8192
     path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_call_store_with_damaged_pages_is_a_named_error(tmp_path: Path) -> None:
+    path = _damaged_store(tmp_path / "calls.sqlite")
     # before issue N the damage was met at the first read, and every question of a run recorded it as its error
     with pytest.raises(CallCacheError, match=r"calls.sqlite is damaged.*; delete it \(it only saves time\)"):
         CallStore(path)
@@ -105,17 +110,7 @@ def test_a_damaged_call_cache_stops_eval_before_the_model_loads(tmp_path: Path, 
     """Before: `ragate eval` over a cache with overwritten pages exited 0 with n = 0, every record holding the
     error. Now it is `ragate: error:` and exit 2, before the model is looked for (this model does not exist), with
     worker processes and in a sweep too (the review found both printing a worker's traceback)."""
-    path = tmp_path / "calls.sqlite"
-    store = CallStore(path)
-    for i in range(200):
-        store.put(f"k{i}", {"value": "x" * 500})
-    store.close()
-    db = sqlite3.connect(path)
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    db.close()
-    data = bytearray(path.read_bytes())
-    data[8192:16384] = b"\xab" * 8192
-    path.write_bytes(bytes(data))
+    path = _damaged_store(tmp_path / "calls.sqlite")
     out = tmp_path / "run"
     cmd = [*_eval_cmd(out, path), "--model", "no-such-model"]
     if extra == ["sweep"]:

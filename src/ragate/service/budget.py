@@ -34,6 +34,7 @@ from typing import Any
 
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
+from ragate.eval.records import is_number
 from ragate.fileio import atomic_writer
 from ragate.gates.registry import gate_names, get_gate
 from ragate.methods import MethodSpec
@@ -43,16 +44,6 @@ log = logging.getLogger(__name__)
 MIN_WINDOW = 10
 DEFAULT_GAIN = 16.0
 LEVEL_BOUNDS = (0.001, 0.999)
-
-
-def _is_finite_number(value: Any) -> bool:
-    """A JSON number that fits a float (not a bool, NaN, infinity, or an integer beyond float range)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -68,11 +59,11 @@ def read_state(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RagateError(f"{path} is not a budget state (a JSON object); {fix}")
     scores, decisions, tau = data.get("scores"), data.get("decisions"), data.get("tau")
-    if not (isinstance(scores, list) and all(_is_finite_number(s) for s in scores)):
+    if not (isinstance(scores, list) and all(is_number(s) for s in scores)):
         raise RagateError(f"{path}: 'scores' must be a list of finite numbers; {fix}")
     if not (isinstance(decisions, list) and all(isinstance(d, bool) for d in decisions)):
         raise RagateError(f"{path}: 'decisions' must be a list of true/false; {fix}")
-    if not _is_finite_number(tau):
+    if not is_number(tau):
         raise RagateError(f"{path}: 'tau' must be a finite number, got {tau!r}; {fix}")
     return data
 
