@@ -1,31 +1,43 @@
-"""What deciding costs: seconds per question of each gate against the floor it cannot beat.
+"""What deciding costs: each gate's cost per question against the floor it cannot beat, before and after the
+reading prompt reuses the gate's prompt state.
 
-    .venv/bin/python benchmarks/gate_overhead.py [--questions 100] [--budget 0.5] [--out FILE.jsonl]
+    .venv/bin/python benchmarks/gate_overhead.py [--model qwen2.5-coder-1.5b] [--index DIR] [--questions 100] \
+        [--budget 0.5] [--arms before,after] [--out FILE.jsonl]
 
-On the first ``--questions`` NQ-open dev questions, every gate runs with the same reader, prompts (DTR's) and
-selector (the question's top 3), so that only the gate differs. For a gate that retrieves for a share pi of the
-questions, the floor is what an oracle gate with no cost of its own would spend at that rate:
+On the first ``--questions`` NQ-open dev questions, every gate runs with the same reader and selector (the
+question's top 3), so that only the gate differs. Two arms (issue P):
 
-    floor = t(never) + pi * (t(retrieval) + t(context decode))
+- ``before``: the reader puts the documents before the question (TARG's reader as ragate had it, ``targ``
+  prompts), and the backend is used as it was: its key/value cache cleared before each method, a call reusing
+  what the previous call of the same method left in it. Nothing but the system message is shared between the
+  gate's prompt and the reading prompt.
+- ``after``: the question first, then the documents (TARG's x = B(q) ⊕ C, ``targ-question-first``), and every call
+  computed as :class:`ragate.Pipeline` computes it: from a cleared cache, its prompt started from the kept state of
+  the earlier prompt with the longest aligned common prefix (:mod:`ragate.backends.prompt_states`). The states are
+  dropped before each method, so a method reuses only its own prompts (never another method's identical reading
+  prompt).
 
-with t(never) the seconds of the no-retrieval answer and t(retrieval) + t(context decode) the extra seconds of
-the always-retrieve answer, both measured on the same questions in the same run. The table gives that floor
-(means over all questions) and the paired one, which sums t(never, q) + [gate retrieved q] * (t(always, q) -
-t(never, q)) over the questions the gate actually retrieved for, so the cost of *which* questions it picks does
-not count as overhead. Overhead = cost / floor - 1, with cost measured three ways around the whole method call:
-CPU seconds of the process (all threads; the main figure, since this machine is shared and other load inflates
-wall time without changing the work done), wall seconds, and tokens processed (deterministic).
+The gate's draft prompt is the same in both arms (system + question), so the thresholded gates decide the same.
+For a gate that retrieves for the questions R, the paired floor is what an oracle gate with no cost of its own would
+spend on the same questions, in the same arm:
 
-Each question runs every method back to back, in rotated order, so machine drift hits all alike; the backend's
-prompt cache is cleared before each method, or a method would reuse the previous one's identical prompt for free.
+    paired floor = mean over questions q of t(never, q) + [q in R] * (t(always, q) - t(never, q))
 
-Thresholds: with ``--budget RHO`` (default 0.5) the thresholded gates (UGT, TARG's three) are calibrated to
-retrieve for a share RHO of questions: tau = F^-1(1 - RHO) over their scores on ``--calibration`` other NQ-open
-questions (from the end of the file, disjoint from the measured ones), and the random gate's rate is RHO. With
-``--budget paper`` every gate keeps its paper default. ``--threshold GATE=VALUE`` overrides one gate.
-PAIRS and the LLM judge have no threshold: their rate is what the model makes it.
+and overhead = cost / paired floor - 1, with cost measured three ways around the whole method call: CPU seconds of
+the process (all threads; the main figure: other load on this shared machine inflates wall time without changing
+the work done), wall seconds, and tokens the engine evaluated (prompt tokens not taken from a cache, plus generated
+ones; deterministic). ``reused`` is the mean prompt tokens a question's calls took from kept states (after arm).
 
-``--out`` keeps one JSON line per (question, gate) as it finishes; rerunning with the same file resumes.
+Each question runs every (arm, gate) back to back in rotated order, so machine drift hits all alike. Thresholds:
+with ``--budget RHO`` (default 0.5) UGT and TARG's three gates are calibrated to retrieve for a share RHO of
+questions, tau = F^-1(1 - RHO) over their scores on ``--calibration`` other NQ-open questions (from the end of the
+file), and the random gate's rate is RHO; ``--budget paper`` keeps every paper default. PAIRS and the LLM judge
+have no threshold. PAIRS's pseudo-context is capped at ``--pseudo-max-tokens`` (default 128, not the paper's 1024:
+the pseudo-context is all overhead either way, and 1024 tokens would take most of the run's time).
+
+``--out`` keeps one JSON line per (question, arm, gate) as it finishes; rerunning with the same file resumes, and
+``--shard i/n`` runs every n-th question from the i-th (0-based), so two processes pinned to two cores
+(``taskset -c 0``, ``taskset -c 1``) fill two files that ``--report FILE FILE`` reads together.
 """
 
 from __future__ import annotations
@@ -35,23 +47,39 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from ragate.backends import load_backend
 from ragate.eval.calibrate import threshold_for_budget
+from ragate.eval.calls import CallCache
 from ragate.eval.records import RecordWriter, read_records
 from ragate.methods import GateSpec, MethodSpec, SelectorSpec, decide, run_method
+from ragate.methods.prompts import TARG, TARG_CONTEXT_FIRST, PromptSet
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
 
 GATES = (
-    "never", "always", "ugt", "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "pairs",
-    "pairs-exclude-num", "random",
+    "never", "always", "ugt", "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "pairs", "random",
 )  # fmt: skip
 CALIBRATED = ("ugt", "targ-entropy", "targ-margin", "targ-variance")
 NQ = Path("../shared/data/nq_open/NQ-open.dev.jsonl")
+
+
+@dataclass(frozen=True)
+class Arm:
+    prompts: PromptSet
+    exact: bool  # calls computed from a cleared cache with kept prompt states (as ragate.Pipeline does)
+    what: str
+
+
+ARMS = {
+    "before": Arm(TARG_CONTEXT_FIRST, False, "documents before the question; the engine's cache, cleared per method"),
+    "after": Arm(TARG, True, "question first (x = B(q) + C); kept prompt states, dropped per method"),
+}
 
 
 def read_questions(path: Path, first: int, last: int) -> tuple[list[str], list[str]]:
@@ -60,16 +88,40 @@ def read_questions(path: Path, first: int, last: int) -> tuple[list[str], list[s
     return questions[:first], questions[len(questions) - last :] if last else []
 
 
-def calibrate(budget: float, questions: list[str], lm, index) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def spec_for(gate: str, arm: Arm, thresholds: dict[str, float], budget: float, pseudo: int) -> MethodSpec:
+    return MethodSpec(
+        gate, gate, GateSpec(gate, threshold=thresholds.get(gate), rate=budget), SelectorSpec("question"),  # type: ignore[arg-type]
+        prompts=arm.prompts, pseudo_max_tokens=pseudo,
+    )  # fmt: skip
+
+
+def calibrate(budget: float, questions: list[str], lm: Any, index: Any, pseudo: int) -> dict[str, float]:
     thresholds = {}
     for gate in CALIBRATED:
-        spec = MethodSpec(gate, gate, GateSpec(gate), SelectorSpec("question"))  # type: ignore[arg-type]
+        spec = spec_for(gate, ARMS["after"], {}, budget, pseudo)
         scores = [
             decide(spec, q, lm, index, seed=10_000 + i).score
             for i, q in enumerate(tqdm(questions, desc=f"calibrate {gate}", leave=False))
         ]
         thresholds[gate] = threshold_for_budget(scores, budget)
     return thresholds
+
+
+def measure(gate: str, arm_name: str, i: int, question: str, raw: Any, exact: CallCache, index: Any, specs: dict) -> dict:  # type: ignore[type-arg]
+    arm = ARMS[arm_name]
+    raw.clear_cache()  # the previous method's prompt must not make this one's look free
+    raw.drop_prompt_states()
+    lm = exact if arm.exact else raw
+    evaluated = raw.evaluated_tokens
+    with exact.tally() as tally:
+        start, cpu = time.perf_counter(), time.process_time()
+        trace = run_method(specs[arm_name, gate], question, lm, index, seed=i)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "q": i, "arm": arm_name, "gate": gate, "seconds": seconds, "cpu": cpu,
+        "tokens": raw.evaluated_tokens - evaluated, "charged_tokens": trace.tokens, "reused": tally.reused_tokens,
+        "retrieved": trace.retrieved, "score": trace.gate.score, "answer": trace.answer,
+    }  # fmt: skip
 
 
 def main() -> None:
@@ -80,55 +132,57 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=NQ, help="NQ-open JSONL ({'question', 'answer'})")
     parser.add_argument("--index", default=None, help="index directory (default: the demo index)")
     parser.add_argument("--model", default=None)
+    parser.add_argument("--arms", default="before,after", help="comma-separated: before, after")
+    parser.add_argument("--gates", default=",".join(GATES), help="comma-separated; never and always are the floor")
+    parser.add_argument("--pseudo-max-tokens", type=int, default=128, help="PAIRS's pseudo-context cap")
     parser.add_argument("--threshold", action="append", default=[], help="GATE=VALUE, repeatable")
+    parser.add_argument("--shard", default="0/1", help="i/n: every n-th question from the i-th (0-based)")
     parser.add_argument("--out", type=Path, default=None, help="JSONL of measurements; resumes if it exists")
+    parser.add_argument("--report", type=Path, nargs="+", default=None, help="only print the tables of FILEs")
     args = parser.parse_args()
+    arms = args.arms.split(",")
+    gates = args.gates.split(",")
+    if unknown := [a for a in arms if a not in ARMS] + [g for g in gates if g not in GATES]:
+        sys.exit(f"unknown arm or gate: {', '.join(unknown)}")
+    if args.report:
+        rows = [r for path in args.report for r in read_records(path)]
+        report(rows, args.questions, gates)
+        return
     if not args.data.exists():
         sys.exit(
             f"{args.data} not found: pass --data with NQ-open's NQ-open.dev.jsonl (see ../shared/data/README.md)"
         )
+    shard, shards = (int(x) for x in args.shard.split("/"))
     paper = args.budget == "paper"
     budget = 0.5 if paper else float(args.budget)
     questions, held_out = read_questions(args.data, args.questions, 0 if paper else args.calibration)
     overrides = {k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)}
-    rows = read_records(args.out) if args.out else []
-    with open_index(args.index or demo_index()) as index, load_backend(args.model, "llama.cpp") as lm:
-        saved = next((r["thresholds"] for r in rows if "thresholds" in r), None)
+    rows = read_records(args.out) if args.out and args.out.exists() else []
+    with open_index(args.index or demo_index()) as index, load_backend(args.model, "llama.cpp") as raw:
+        exact = CallCache(raw, None, f"{raw.engine}:{raw.model}", exact_prefixes=True)
+        saved = next((r for r in rows if "thresholds" in r), None)
         if saved is None:
-            thresholds = {} if paper else calibrate(budget, held_out, lm, index)
+            thresholds = {} if paper else calibrate(budget, held_out, exact, index, args.pseudo_max_tokens)
             thresholds.update(overrides)
-            rows.append({"thresholds": thresholds})
-            _append(args.out, rows[-1])
-        else:
-            thresholds = saved
+            saved = {"thresholds": thresholds, "model": raw.model, "budget": args.budget}
+            rows.append(saved)
+            _append(args.out, saved)
+        thresholds = saved["thresholds"]
         specs = {
-            g: MethodSpec(
-                g, g, GateSpec(g, threshold=thresholds.get(g), rate=budget), SelectorSpec("question")
-            )  # type: ignore[arg-type]
-            for g in GATES
+            (a, g): spec_for(g, ARMS[a], thresholds, budget, args.pseudo_max_tokens) for a in ARMS for g in GATES
         }
-        done = {(r["q"], r["gate"]) for r in rows if "gate" in r}
-        run_method(specs["always"], questions[0], lm, index)  # warm-up: encoder, caches
-        for i, question in enumerate(tqdm(questions, desc="questions")):
-            order = GATES[i % len(GATES) :] + GATES[: i % len(GATES)]
-            for gate in order:
-                if (i, gate) in done:
-                    continue
-                lm.clear_cache()  # the previous method's prompt must not make this one's look free
-                start, cpu = time.perf_counter(), time.process_time()
-                trace = run_method(specs[gate], question, lm, index, seed=i)
-                row = {
-                    "q": i,
-                    "gate": gate,
-                    "seconds": time.perf_counter() - start,
-                    "cpu": time.process_time() - cpu,
-                    "tokens": trace.tokens,
-                    "retrieved": trace.retrieved,
-                }
-                rows.append(row)
-                _append(args.out, row)
-        model = lm.model
-    report(rows, len(questions), thresholds, budget, paper, model, args.index or "demo")
+        done = {(r["q"], r["arm"], r["gate"]) for r in rows if "gate" in r}
+        run_method(specs["after", "always"], questions[0], exact, index)  # warm-up: encoder, caches
+        pairs = [(a, g) for a in arms for g in gates]
+        mine = [i for i in range(len(questions)) if i % shards == shard]
+        for i in tqdm(mine, desc="questions"):
+            order = pairs[i % len(pairs) :] + pairs[: i % len(pairs)]
+            for arm, gate in order:
+                if (i, arm, gate) not in done:
+                    row = measure(gate, arm, i, questions[i], raw, exact, index, specs)
+                    rows.append(row)
+                    _append(args.out, row)
+    report(rows, len(questions), gates)
 
 
 def _append(path: Path | None, row: dict) -> None:  # type: ignore[type-arg]
@@ -137,41 +191,68 @@ def _append(path: Path | None, row: dict) -> None:  # type: ignore[type-arg]
             writer.append(row)
 
 
-def report(rows, n, thresholds, budget, paper, model, index) -> None:  # type: ignore[no-untyped-def]
-    done = [r for r in rows if "gate" in r and r["q"] < n]
-    how = "paper defaults" if paper else f"calibrated to budget {budget} on held-out questions"
-    print(f"{n} NQ-open questions; model {model}; index {index}; thresholds: {how}")
-    print("  " + ", ".join(f"{g} {t:.4g}" for g, t in thresholds.items()))
-    for cost, what in COSTS:
-        table(done, n, cost, what)
-
-
 COSTS = (
     ("cpu", "CPU seconds of the process (all threads): what the method costs, little moved by other load"),
     ("seconds", "wall seconds: what a user waits, on a shared 2-core machine (noisy)"),
-    ("tokens", "tokens processed (prompt + generated): deterministic"),
+    ("tokens", "tokens the engine evaluated (prompt tokens not taken from a cache, plus generated): deterministic"),
 )
 
 
-def table(rows, n, cost, what) -> None:  # type: ignore[no-untyped-def]
-    value = {(r["q"], r["gate"]): r[cost] for r in rows}
-    retrieved = {(r["q"], r["gate"]): r["retrieved"] for r in rows}
-    qs = range(n)
-    t_never = [value[q, "never"] for q in qs]
-    t_extra = [value[q, "always"] - value[q, "never"] for q in qs]
-    never, extra = statistics.mean(t_never), statistics.mean(t_extra)
+def report(rows: list[dict], n: int, gates: list[str]) -> None:  # type: ignore[type-arg]
+    head = next((r for r in rows if "thresholds" in r), {})
+    print(f"model {head.get('model')}; budget {head.get('budget')}; thresholds:")
+    print("  " + ", ".join(f"{g} {t:.4g}" for g, t in head.get("thresholds", {}).items()))
+    done = {(r["q"], r["arm"], r["gate"]): r for r in rows if "gate" in r and r["q"] < n}
+    for arm, setting in ARMS.items():
+        qs = sorted({q for q, a, _ in done if a == arm})
+        qs = [q for q in qs if all((q, arm, g) in done for g in gates)]
+        if not qs:
+            continue
+        print(f"\n## arm {arm}: {setting.what}; {len(qs)} questions")
+        for cost, what in COSTS:
+            table(done, qs, arm, gates, cost, what)
+    both = [q for q in range(n) if all((q, a, g) in done for a in ARMS for g in gates)]
+    if both:
+        print(f"\n## before -> after, on the {len(both)} questions both arms answered\n")
+        print("| gate | retrieval rate (before / after) | overhead CPU before | after | overhead tokens before | after "
+              "| tokens reused / question (after) |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for gate in gates:
+            cells = [_rate(done, both, a, gate) for a in ARMS]
+            cpu = [_overhead(done, both, a, gate, "cpu") for a in ARMS]
+            tok = [_overhead(done, both, a, gate, "tokens") for a in ARMS]
+            reused = statistics.mean(done[q, "after", gate]["reused"] for q in both)
+            print(
+                f"| {gate} | {cells[0]:.2f} / {cells[1]:.2f} | {cpu[0]:+.1f}% | {cpu[1]:+.1f}% | {tok[0]:+.1f}% "
+                f"| {tok[1]:+.1f}% | {reused:.1f} |"
+            )
+
+
+def _rate(done: dict, qs: list[int], arm: str, gate: str) -> float:  # type: ignore[type-arg]
+    return sum(done[q, arm, gate]["retrieved"] for q in qs) / len(qs)
+
+
+def _overhead(done: dict, qs: list[int], arm: str, gate: str, cost: str) -> float:  # type: ignore[type-arg]
+    mean = statistics.mean(done[q, arm, gate][cost] for q in qs)
+    paired = statistics.mean(
+        done[q, arm, "never"][cost]
+        + done[q, arm, gate]["retrieved"] * (done[q, arm, "always"][cost] - done[q, arm, "never"][cost])
+        for q in qs
+    )
+    return 100 * (mean / paired - 1)
+
+
+def table(done: dict, qs: list[int], arm: str, gates: list[str], cost: str, what: str) -> None:  # type: ignore[type-arg]
+    never = statistics.mean(done[q, arm, "never"][cost] for q in qs)
+    extra = statistics.mean(done[q, arm, "always"][cost] - done[q, arm, "never"][cost] for q in qs)
     print(f"\n{what}: never {never:.3f} / question; retrieval + context decode {extra:.3f}\n")
-    print("| gate | retrieval rate | per question | floor | overhead | paired floor | paired overhead |")
-    print("|---|---|---|---|---|---|---|")
-    for gate in GATES:
-        rate = sum(retrieved[q, gate] for q in qs) / n
-        mean = statistics.mean(value[q, gate] for q in qs)
-        floor = never + rate * extra
-        paired = statistics.mean(t_never[q] + retrieved[q, gate] * t_extra[q] for q in qs)
-        print(
-            f"| {gate} | {rate:.2f} | {mean:.3f} | {floor:.3f} | {100 * (mean / floor - 1):+.1f}% "
-            f"| {paired:.3f} | {100 * (mean / paired - 1):+.1f}% |"
-        )
+    print("| gate | retrieval rate | per question | paired floor | paired overhead |")
+    print("|---|---|---|---|---|")
+    for gate in gates:
+        rate = _rate(done, qs, arm, gate)
+        mean = statistics.mean(done[q, arm, gate][cost] for q in qs)
+        paired = mean / (1 + _overhead(done, qs, arm, gate, cost) / 100)
+        print(f"| {gate} | {rate:.2f} | {mean:.3f} | {paired:.3f} | {_overhead(done, qs, arm, gate, cost):+.1f}% |")
 
 
 if __name__ == "__main__":

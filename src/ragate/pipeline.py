@@ -8,6 +8,13 @@
 what the method needs (a backend with logprobs, an index with embeddings, ...) before it loads the model, loads
 the model and the index once, and frees them on ``close()`` (or at the end of a ``with`` block). It is safe to
 share between threads: a local model answers one question at a time.
+
+A local llama.cpp model computes each call as ``ragate eval`` does (:class:`ragate.eval.calls.CallCache`, with no
+store): from a cleared cache, its prompt started from the kept state of the earlier prompt sharing the longest
+aligned prefix (the gate's draft prompt for the reading prompt after it; the instruction and exemplars of a dynamic
+method), which gives the same logits bit for bit (:mod:`ragate.backends.prompt_states`). So an answer does not
+depend on the questions before it and equals ``ragate eval``'s. The kept states are bounded in bytes:
+``backend_options={"prompt_state_bytes": N}`` (0 keeps none; ``ragate serve --prompt-state-mb``).
 """
 
 from __future__ import annotations
@@ -168,7 +175,8 @@ class Pipeline:
     ``calibration`` (a ``ragate calibrate`` file) set the gate's tau; ``budget`` holds the share of calls that
     retrieve at that rate over the last ``window`` answers instead (the live controller of ``ragate serve
     --budget``). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
-    replace the method's own; ``fallback`` names a gate to run where the backend cannot serve the method's.
+    replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
+    ``fallback`` names a gate to run where the backend cannot serve the method's.
     ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close.
     """
 
@@ -195,6 +203,7 @@ class Pipeline:
         fallback: str | None = None,
         skr_labels: str | Path | None = None,
         cross_encoder: str | Path | None = None,
+        prompts: str | None = None,
         seed: int = 0,
         lm: Backend | None = None,
         retriever: Retriever | None = None,
@@ -211,8 +220,9 @@ class Pipeline:
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
         spec = configure_method(
-            get_method(method), gate, selector, skr_labels, max_tokens, k, cross_encoder=cross_encoder
-        )
+            get_method(method), gate, selector, skr_labels, max_tokens, k, cross_encoder=cross_encoder,
+            prompts=prompts,
+        )  # fmt: skip
         self._max_tokens, self._k = max_tokens, k
         self.calibration: dict[str, Any] | None = None
         if calibration is not None:
@@ -239,7 +249,7 @@ class Pipeline:
                     options.setdefault("base_url", base_url)
                 lm = load_backend(model, engine, **options)
                 self._owned.append(lm)
-            self.lm: Backend = lm
+            self.lm: Backend = _exact_calls(lm)
             self.spec: MethodSpec = require(spec, lm.capabilities, engine=lm.engine, fallback=fallback)
             self.budget = None
             if budget is not None:
@@ -412,6 +422,13 @@ class Pipeline:
         self.spec = self.spec.with_threshold(calibration.tau)
         return calibration
 
+    @property
+    def prompt_states(self) -> dict[str, int] | None:
+        """The prompt states the model keeps for exact reuse (``kept``, ``bytes``, ``max_bytes``); None where the
+        backend keeps none (an API, transformers)."""
+        states = getattr(self.lm, "prompt_states", None)
+        return dict(states) if isinstance(states, dict) else None
+
     # -- lifetime -----------------------------------------------------------------------------------------------
     def close(self, *, wait: float | None = None) -> None:
         """Free the model and the index this pipeline opened (ready-made ones stay open). A question being
@@ -440,9 +457,12 @@ def configure_method(
     k: int | None,
     *,
     cross_encoder: str | Path | None = None,
+    prompts: str | None = None,
 ) -> MethodSpec:
-    """``spec`` with another gate or selector, SKR's label set, an answer length, a number of documents or the
-    cross-encoder a rerank selector reads; a rerank selector without one is an error here, before any cost."""
+    """``spec`` with another gate or selector, SKR's label set, an answer length, a number of documents, the
+    cross-encoder a rerank selector reads or another prompt set (a name of ``ragate.methods.prompts.PROMPT_SETS``,
+    e.g. ``targ`` for TARG's reader with the documents first); a rerank selector without a cross-encoder is an error
+    here, before any cost."""
     from ragate.gates.registry import get_gate
     from ragate.methods.needs import require_reranker
     from ragate.methods.spec import RERANK_SELECTORS, SELECTORS, GateSpec
@@ -481,5 +501,25 @@ def configure_method(
                 f"not {spec.name!r}"
             )
         spec = spec.with_(selector=replace(spec.selector, cross_encoder=str(cross_encoder)))
+    if prompts is not None:
+        from ragate.methods.prompts import PROMPT_SETS
+
+        if prompts not in PROMPT_SETS:
+            raise RagateError(f"unknown prompt set {prompts!r}; choose one of {', '.join(PROMPT_SETS)}")
+        if spec.dynamic is not None:
+            raise RagateError(
+                f"{spec.name!r} is a dynamic method: it writes with its few-shot exemplars, not a prompt set"
+            )
+        spec = spec.with_(prompts=PROMPT_SETS[prompts])
     require_reranker(spec)
     return spec
+
+
+def _exact_calls(lm: Backend) -> Backend:
+    """``lm`` computing each call from a cleared cache and kept prompt states, where the engine keeps them
+    (llama.cpp's ``exact_prefix_reuse``); other backends as they are."""
+    from ragate.eval.calls import CallCache
+
+    if isinstance(lm, CallCache) or not hasattr(lm, "exact_prefix_reuse"):
+        return lm
+    return CallCache(lm, None, f"{lm.engine}:{lm.model}", exact_prefixes=True)

@@ -82,6 +82,7 @@ class LlamaCppBackend(Backend):
         self.model = name or str(path)
         self.max_context = n_ctx
         self._states = PromptStates(prompt_state_bytes)
+        self.evaluated_tokens = 0  # tokens the engine has evaluated (prompt and generated), for cost measurements
         self._reuse: PrefixReuse | None = None
         self._n_vocab = self._llm.n_vocab()
         template = self._llm.metadata.get("tokenizer.chat_template")
@@ -118,6 +119,7 @@ class LlamaCppBackend(Backend):
             keep -= 1  # re-evaluate the last token to get its logits
         llm.n_tokens = keep
         llm.eval(list(token_ids[keep:]))
+        self.evaluated_tokens += len(token_ids) - keep
         return self._last_logits()
 
     def _last_logits(self) -> np.ndarray:
@@ -143,13 +145,26 @@ class LlamaCppBackend(Backend):
         """Forget the prompt states kept for :meth:`exact_prefix_reuse` (their memory is freed)."""
         self._states.clear()
 
+    @property
+    def prompt_states(self) -> dict[str, int]:
+        """The prompt states kept for :meth:`exact_prefix_reuse`: how many, their bytes, and the bound."""
+        return {"kept": len(self._states), "bytes": self._states.nbytes, "max_bytes": self._states.max_bytes}
+
     def _exact_prompt_logits(self, token_ids: Sequence[int], reuse: PrefixReuse) -> np.ndarray:
         llm = self._llm
         wall, cpu = time.perf_counter(), time.process_time()
         keep, kept = self._states.best(token_ids)
-        if kept is not None and not self._restore(kept, keep):
+        if kept is None or not self._restore(kept, keep):
             keep, kept = 0, None
-        llm.eval(list(token_ids[keep:]))
+            llm.n_tokens = 0
+        # batches end where evaluating the whole prompt would end them (multiples of n_batch), so the last, possibly
+        # short, batch holds the same tokens either way (a batch under 8 tokens takes another kernel path)
+        start, step = keep, llm.n_batch
+        while start < len(token_ids):
+            end = min(len(token_ids), (start // step + 1) * step)
+            llm.eval(list(token_ids[start:end]))
+            self.evaluated_tokens += end - start
+            start = end
         logits = self._last_logits()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         share_wall, share_cpu = kept.share(keep) if kept is not None else (0.0, 0.0)

@@ -176,6 +176,7 @@ def ask_with_method(
     calibration: str | None = None,
     max_tokens: int | None = None,
     cross_encoder: str | None = None,
+    prompts: str | None = None,
     progress: Any = None,
     **options: Any,
 ) -> tuple[Trace, dict[str, Any]]:
@@ -198,6 +199,7 @@ def ask_with_method(
         skr_labels=skr_labels,
         max_tokens=max_tokens,
         cross_encoder=cross_encoder,
+        prompts=prompts,
         backend_options=options,
     ) as rag:
         answer = rag.answer(question, progress=progress)
@@ -275,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         raise RagateError("--openai-logprobs goes with --backend openai")
     if args.fallback and not args.method:
         raise RagateError("--fallback goes with --method (the gate to run where the backend cannot serve it)")
+    if args.prompts and not args.method:
+        raise RagateError("--prompts goes with --method (the method whose prompt set it replaces)")
     if args.calibration and not args.method:
         raise RagateError("--calibration goes with --method (the method whose threshold it sets)")
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -292,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
             args.max_tokens,
             None,
             cross_encoder=args.cross_encoder,
+            prompts=args.prompts,
         )
         status = StageLine(not args.quiet)
         if args.index is None and spec.retrieves:
@@ -316,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
                 calibration=args.calibration,
                 max_tokens=args.max_tokens,
                 cross_encoder=args.cross_encoder,
+                prompts=args.prompts,
                 progress=status,
                 **options,
             )
@@ -428,6 +434,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="with --method: the threshold from `ragate calibrate` (same method and model)",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        metavar="SET",
+        help="with --method: another prompt set for it (dtr, pairs, targ-question-first, targ: TARG's reader with the "
+        "documents first); benchmarks/prompt_layouts.py prints how much of each gate's prompt the reader reuses",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no status line on stderr while it works")

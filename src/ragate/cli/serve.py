@@ -55,6 +55,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             request_timeout=args.timeout,
             read_timeout=args.read_timeout,
             backend_timeout=args.openai_timeout,
+            prompt_state_mb=args.prompt_state_mb,
+            prompts=args.prompts,
         )
     except ValueError as err:
         raise RagateError(str(err)) from err
@@ -152,6 +154,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument(
         "--openai-timeout", type=float, default=d.backend_timeout, help="seconds per LM server call"
+    )
+    p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="SET",
+        help="another prompt set for the served method (dtr, pairs, targ-question-first, targ)",
+    )
+    p.add_argument(
+        "--prompt-state-mb",
+        type=int,
+        default=d.prompt_state_mb,
+        metavar="MB",
+        help="llama.cpp: memory for the kept prompt states a new prompt starts from (the gate's draft for the "
+        f"reading prompt, a dynamic method's exemplars); 0 keeps none (default {d.prompt_state_mb})",
     )
     p.add_argument(
         "--openai-logprobs",

@@ -14,8 +14,11 @@ once (the caller's backend).
 
 Work is not redone: the llama.cpp and transformers backends keep their key/value cache between calls, and every
 call here extends the previous sequence (the same prompt with a longer answer prefix) except right after a
-retrieval, when the prompt changes after the exemplars, which stay cached. ``recompute=True`` turns that off
-and re-runs the whole sequence at every token: the naive loop, for ``benchmarks/dynamic.py`` only.
+retrieval, when the prompt changes after the exemplars, which stay cached. Each question starts from a cleared
+cache, so its answer does not depend on the question before; through :class:`ragate.Pipeline` or ``ragate eval``
+the first prompt then starts from the kept state of an earlier one (the instruction and exemplars every question
+shares; :mod:`ragate.backends.prompt_states`), exactly. ``recompute=True`` turns the reuse off and re-runs the whole
+sequence at every token: the naive loop, for ``benchmarks/dynamic.py`` only.
 
 The answer: generation stops once a sentence with "the answer is" is finished (or at the end of the reply); if
 the output has no such sentence, " So the answer is" is appended and a few tokens more are decoded (DRAGIN's and
@@ -85,6 +88,7 @@ def run_dynamic(
         raise spec.no_index()
     form = _query_form(d, lm)
     state = _State()
+    lm.clear_cache()  # the question starts from an empty cache: its answer does not depend on the one before it
     if d.initial:
         _retrieve(state, d, retriever, question, "initial", None)
     first: Fire | None = None

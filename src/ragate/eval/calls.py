@@ -356,11 +356,15 @@ class CallCache(Backend):
     def generate_watched(
         self, request: GenerationRequest, watch: Watch, *, recompute: bool = False
     ) -> Generation:
-        """Watched generations are not stored (their end depends on the watcher) and keep the engine's reuse."""
-        wall, cpu = time.perf_counter(), time.process_time()
-        gen = self.inner.generate_watched(request, watch, recompute=recompute)
-        cost = _cost([gen], time.process_time() - cpu, time.perf_counter() - wall)
-        self._count(cost, paid=cost)
+        """Watched generations are not stored (their end depends on the watcher) and are not started from a cleared
+        cache: one that extends the engine's current sequence (a dynamic loop writing on) continues it. A prompt
+        the engine evaluates from a cleared cache (the loop's first, after :func:`~ragate.dynamic.loop.run_dynamic`
+        cleared it) starts from a kept prompt state as other calls do."""
+        with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
+            wall, cpu = time.perf_counter(), time.process_time()
+            gen = self.inner.generate_watched(request, watch, recompute=recompute)
+            paid = _cost([gen], time.process_time() - cpu, time.perf_counter() - wall)
+        self._count(paid + Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds), paid=paid, reused=reused.tokens)
         return gen
 
     def __getattr__(self, name: str) -> Any:

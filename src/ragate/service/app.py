@@ -284,6 +284,9 @@ class Runtime:
             "in_progress": self.slots.used, "max_concurrency": self.slots.n,
             "capabilities": capability_summary(self.lm),
         }  # fmt: skip
+        states = self.pipeline.prompt_states
+        if states is not None:  # what the kept prompt states hold, against their bound (--prompt-state-mb)
+            info["prompt_states"] = states
         if self.served.name != self.settings.method:  # require() renamed it: a fallback gate decides
             info["fallback"] = (
                 f"the {self.lm.engine} backend cannot serve {self.settings.method!r}'s gate "
@@ -412,6 +415,7 @@ def load_pipeline(
             skr_labels=settings.skr_labels,
             lm=lm,
             backend_options=settings.backend_options,
+            prompts=settings.prompts,
             max_question_chars=settings.max_question_chars,
         )
     except BaseException:

@@ -60,6 +60,8 @@ class ServiceSettings:
     openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate votes with
     calibration: str | None = None  # a `ragate calibrate` file: the served method's threshold
+    prompt_state_mb: int = 512  # llama.cpp: the prompt states kept for exact prefix reuse (0: none)
+    prompts: str | None = None  # another prompt set for the served method (e.g. targ: its documents first)
 
     def __post_init__(self) -> None:
         positive = {
@@ -74,6 +76,8 @@ class ServiceSettings:
             raise ValueError(f"service settings must be positive: {', '.join(bad)}")
         if self.port > 65535:
             raise ValueError(f"port must be at most 65535, got {self.port}")
+        if self.prompt_state_mb < 0:
+            raise ValueError(f"prompt_state_mb must be >= 0 (0 keeps no prompt states), got {self.prompt_state_mb}")
         if self.backend_retries < 0:
             raise ValueError(f"backend_retries must be >= 0, got {self.backend_retries}")
         if self.engine == "openai" and not self.openai_base_url:
@@ -119,7 +123,10 @@ class ServiceSettings:
 
     @property
     def backend_options(self) -> dict[str, Any]:
-        """Constructor options for the LM backend (only the OpenAI-compatible one takes any here)."""
+        """Constructor options for the LM backend: the kept prompt states' bound (llama.cpp), the server and its
+        limits (OpenAI-compatible)."""
+        if self.engine == "llama.cpp":
+            return {"prompt_state_bytes": self.prompt_state_mb * 2**20}
         if self.engine != "openai":
             return {}
         return {

@@ -1,0 +1,145 @@
+"""Prompt-state reuse on every path that answers (issue P): ``ragate.Pipeline`` (so ``ask`` and ``serve``) and the
+dynamic loops compute each call from a cleared cache, its prompt started from a kept prompt state where the engine
+offers one; turning the states off changes no answer, and a long-running server keeps them within their bound.
+
+Real SmolLM2 on llama.cpp, the demo index, the demo questions; a real ``ragate serve`` process for the bound.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ragate.methods import MethodSpec, all_methods, run_method
+from ragate.methods.spec import RERANK_SELECTORS
+from ragate.pipeline import Pipeline
+from ragate.retrieval.demo import demo_dir
+
+if importlib.util.find_spec("llama_cpp") is None:
+    pytest.skip("llama-cpp-python is not installed (pip install 'ragate[llamacpp]')", allow_module_level=True)
+
+QUESTIONS = [json.loads(line)["question"] for line in (demo_dir() / "questions.jsonl").open()][:2]
+LONG_QUESTION = (
+    "In which year did the author of the novel Pride and Prejudice publish her first book, and who was the "
+    "publisher of that first edition?"
+)
+
+
+def _short(spec: MethodSpec) -> MethodSpec:
+    """The method with short generations and one document (the test's time); its prompts, calls and decisions
+    otherwise its own."""
+    spec = spec.with_(max_tokens=12, pseudo_max_tokens=24, expansion_max_tokens=24)
+    spec = spec.with_(selector=replace(spec.selector, k=1))
+    return spec.with_(dynamic=replace(spec.dynamic, max_tokens=24, k=1)) if spec.dynamic is not None else spec
+
+
+def _needs_a_file(spec: MethodSpec) -> bool:
+    """SKR votes with a label set and the rerank selectors read a cross-encoder: files no test fixture has."""
+    return spec.gate.kind == "skr" or spec.selector.kind in RERANK_SELECTORS
+
+
+def _seen(trace: Any) -> tuple[Any, ...]:
+    stages = tuple((s.name, s.prompt_tokens, s.completion_tokens) for s in trace.stages)
+    return trace.answer, trace.retrieved, trace.gate.score, tuple(h.id for h in trace.documents), stages
+
+
+@pytest.fixture(scope="module")
+def twins(smollm2_path: Path) -> Iterator[dict[str, Pipeline]]:
+    from ragate.backends.llamacpp import LlamaCppBackend
+
+    pipelines = {}
+    for name, nbytes in (("on", 256 * 2**20), ("off", 0)):
+        lm = LlamaCppBackend(smollm2_path, name="smollm2-135m", n_ctx=2048, prompt_state_bytes=nbytes)
+        pipelines[name] = Pipeline(lm=lm)
+        pipelines[name]._owned.append(lm)  # closed with the pipeline
+    yield pipelines
+    for p in pipelines.values():
+        p.close()
+
+
+def test_every_method_answers_the_same_with_prompt_states_on_and_off(twins: dict[str, Pipeline]) -> None:
+    methods = {name: _short(spec) for name, spec in all_methods().items() if not _needs_a_file(spec)}
+    assert len(methods) >= 40
+    seen: dict[str, dict[str, Any]] = {}
+    for mode, rag in twins.items():
+        with rag.lm.tally() as tally:  # type: ignore[attr-defined]
+            # every method in turn on one backend: each answer starts after all the states the earlier ones left
+            seen[mode] = {
+                name: _seen(run_method(spec, QUESTIONS[0], rag.lm, rag.retriever)) for name, spec in methods.items()
+            }
+        if mode == "on":
+            assert tally.reused_tokens > 0  # the states were used (else this test compares nothing)
+            states = rag.prompt_states
+            assert states is not None and 0 < states["bytes"] <= states["max_bytes"]
+        else:
+            assert tally.reused_tokens == 0 and rag.prompt_states == {"kept": 0, "bytes": 0, "max_bytes": 0}
+    differ = [key for key, value in seen["on"].items() if seen["off"][key] != value]
+    assert not differ, differ
+
+
+def test_the_reading_prompt_starts_from_the_drafts_state(twins: dict[str, Pipeline]) -> None:
+    """TARG's reader puts the question first (x = B(q) + C), so the draft's prompt state starts it; with the
+    documents first only the system message is shared."""
+    rag = twins["on"]
+    raw = rag.lm.inner  # type: ignore[attr-defined]
+    reused = {}
+    for name in ("targ-always", "targ-always-context-first"):
+        raw.drop_prompt_states()
+        spec = _short(all_methods()[name])
+        spec = spec.with_(gate=replace(spec.gate, kind="targ-margin", threshold=-1.0))  # a draft, then retrieve
+        with rag.lm.tally() as tally:  # type: ignore[attr-defined]
+            trace = run_method(spec, LONG_QUESTION, rag.lm, rag.retriever)
+        assert trace.retrieved and [s.name for s in trace.stages if s.prompt_tokens] == ["draft", "answer"]
+        reused[name] = tally.reused_tokens
+    # the documents-first reader shares the system message (16 tokens after the cut to a multiple of 16); the
+    # question-first one the question too
+    assert reused["targ-always-context-first"] == 16 and reused["targ-always"] >= 48, reused
+
+
+def test_an_answer_does_not_depend_on_the_questions_before_it(twins: dict[str, Pipeline]) -> None:
+    rag = twins["on"]
+    first = rag.answer(QUESTIONS[0], method="etc", max_tokens=24)
+    rag.answer(QUESTIONS[1], method="etc", max_tokens=24)
+    again = rag.answer(QUESTIONS[0], method="etc", max_tokens=24)
+    assert _seen(first.trace) == _seen(again.trace)
+
+
+def test_a_server_keeps_its_prompt_states_within_their_bound(smollm2_path: Path, tmp_path: Path) -> None:
+    """1,000 distinct questions through one ``ragate serve`` process: the kept states stay under
+    ``--prompt-state-mb`` and the process does not grow with the questions (unbounded, each question would keep
+    about a megabyte)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_service import _serve, _stop
+
+    log = tmp_path / "serve.log"
+    proc, url = _serve(["--method", "no-retrieval", "--prompt-state-mb", "8"], log, env={"RAGATE_API_KEY": ""})
+    try:
+        rss = {}
+        with httpx.Client(base_url=url, timeout=60) as client:
+            for i in range(1000):
+                body = {"question": f"What is the number {i} known for in mathematics?", "options": {"max_tokens": 1}}
+                assert client.post("/v1/answer", json=body).status_code == 200
+                if i + 1 in (100, 1000):
+                    rss[i + 1] = _rss_mb(proc)
+                    states = client.get("/healthz").json()["prompt_states"]
+                    assert states["max_bytes"] == 8 * 2**20 and 0 < states["bytes"] <= states["max_bytes"]
+                    assert 0 < states["kept"] < 100
+        assert rss[1000] - rss[100] < 64, rss  # 900 more questions, well under a megabyte each
+    finally:
+        _stop(proc)
+
+
+def _rss_mb(proc: subprocess.Popen[bytes]) -> float:
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
