@@ -233,7 +233,8 @@ def test_turning_the_cache_off_changes_no_prediction(llama_backend: Any, tmp_pat
     # no-retrieval's answer is DTR's draft, the TARG drafts are one call
     assert paid["calls"] < charged["calls"]
     # prompts that share passages started from an earlier prompt's state, and still predicted the same
-    assert paid["reused_prompt_tokens"] > 0 and paid["reused_prompt_tokens"] % PREFIX_ALIGN == 0
+    # (an aligned prefix, or a whole prompt seen before: TARG-variance's samples after its greedy draft)
+    assert paid["reused_prompt_tokens"] > 0
     off = runs["off"]["calls"]
     assert off["paid"]["reused_prompt_tokens"] == 0
     assert {k: v for k, v in off["paid"].items() if k != "reused_prompt_tokens"} == off["charged"]

@@ -23,6 +23,7 @@ from ragate.methods import MethodSpec, all_methods, run_method
 from ragate.methods.spec import RERANK_SELECTORS
 from ragate.pipeline import Pipeline
 from ragate.retrieval.demo import demo_dir
+from ragate.types import GenerationRequest, Message
 
 if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("llama-cpp-python is not installed (pip install 'ragate[llamacpp]')", allow_module_level=True)
@@ -103,6 +104,23 @@ def test_the_reading_prompt_starts_from_the_drafts_state(twins: dict[str, Pipeli
     # the documents-first reader shares the system message (16 tokens after the cut to a multiple of 16); the
     # question-first one the question too
     assert reused["targ-always-context-first"] == 16 and reused["targ-always"] >= 48, reused
+
+
+def test_a_prompt_evaluated_before_is_restored_whole_with_its_logits(twins: dict[str, Pipeline]) -> None:
+    """TARG's N samples after its greedy draft, or a question asked again: nothing of the prompt is evaluated, and
+    the generation is the same bit for bit."""
+    calls = twins["on"].lm
+    raw = calls.inner  # type: ignore[attr-defined]
+    raw.drop_prompt_states()
+    request = GenerationRequest((Message("user", LONG_QUESTION),), max_tokens=6, top_logprobs=3)
+    first = calls.generate([request])[0]
+    before = raw.evaluated_tokens
+    with calls.tally() as again:  # type: ignore[attr-defined]
+        second = calls.generate([request])[0]
+    assert again.reused_tokens == first.prompt_tokens and again.hits == 0
+    assert raw.evaluated_tokens - before < len(second.token_ids)  # only the generated tokens
+    fields = ("token_ids", "logprobs", "entropies", "top_logprobs", "text", "finish_reason", "prompt_tokens")
+    assert all(getattr(first, f) == getattr(second, f) for f in fields)
 
 
 def test_an_answer_does_not_depend_on_the_questions_before_it(twins: dict[str, Pipeline]) -> None:

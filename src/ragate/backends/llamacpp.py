@@ -152,6 +152,12 @@ class LlamaCppBackend(Backend):
 
     def _exact_prompt_logits(self, token_ids: Sequence[int], reuse: PrefixReuse) -> np.ndarray:
         llm = self._llm
+        whole = self._states.whole(token_ids)
+        if whole is not None and self._restore(whole, len(token_ids)):  # evaluated before: nothing to compute
+            reuse.tokens += len(token_ids)
+            reuse.seconds += whole.seconds
+            reuse.cpu_seconds += whole.cpu_seconds
+            return np.array(whole.logits, copy=True)
         wall, cpu = time.perf_counter(), time.process_time()
         keep, kept = self._states.best(token_ids)
         if kept is None or not self._restore(kept, keep):
@@ -174,9 +180,13 @@ class LlamaCppBackend(Backend):
         if self._states.keeps(len(token_ids)):
             state, nbytes = self._save()
             if nbytes:
+                kept_logits = logits.copy()
                 self._states.add(
-                    KeptPrompt(tuple(token_ids), state, nbytes, wall + share_wall, cpu + share_cpu)
-                )
+                    KeptPrompt(
+                        tuple(token_ids), state, nbytes, wall + share_wall,
+                        cpu + share_cpu, kept_logits,
+                    )
+                )  # fmt: skip
         return logits
 
     def _save(self) -> tuple[object, int]:

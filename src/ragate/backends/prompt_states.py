@@ -9,9 +9,11 @@ identical logits, at 1, 33, 370 and 373 not; SmolLM2-135M Q4_1 has no such kerne
 `benchmarks/prefix_reuse.py` prints the check). Reuse is therefore cut down to a multiple of :data:`PREFIX_ALIGN`,
 four times the group size measured, so a kernel that groups 8 or 16 rows is covered too. A batch of fewer than 8
 tokens takes yet another path (an aligned split that left 1-7 tokens to evaluate differed, one that left 8 or more
-did not), so at least :data:`MIN_SUFFIX` tokens, again four times that, are always evaluated: a prompt seen before
-is not restored whole. Then a call's output does not depend on which calls ran before it, and the call cache
-(:mod:`ragate.eval.calls`) may store it.
+did not), so at least :data:`MIN_SUFFIX` tokens, again four times that, are evaluated after a restored prefix. A
+prompt seen before, token for token, is restored whole with the logits its evaluation ended with (kept beside its
+state): the same numbers, with nothing evaluated (TARG's N samples after its greedy draft, a question asked again).
+Then a call's output does not depend on which calls ran before it, and the call cache (:mod:`ragate.eval.calls`)
+may store it.
 
 :class:`PromptStates` keeps the states (an engine's opaque bytes) of the latest prompts up to a byte budget and finds
 the one to start a new prompt from. It knows nothing of the engine; :class:`~ragate.backends.llamacpp.LlamaCppBackend`
@@ -34,14 +36,21 @@ DEFAULT_STATE_BYTES = 512 * 2**20
 
 @dataclass(frozen=True)
 class KeptPrompt:
-    """One evaluated prompt: its token ids, the engine's state after it, and what evaluating the whole prompt from an
-    empty cache took (seconds; a share reused from an earlier state is counted at what it took then)."""
+    """One evaluated prompt: its token ids, the engine's state after it, the logits its last token gave (None: not
+    kept), and what evaluating the whole prompt from an empty cache took (seconds; a share reused from an earlier
+    state is counted at what it took then). ``nbytes`` is the state's size, :attr:`footprint` with the logits."""
 
     token_ids: tuple[int, ...]
     state: Any  # the engine's bytes (a ctypes array for llama.cpp)
     nbytes: int
     seconds: float
     cpu_seconds: float
+    logits: Any = None  # a float array over the vocabulary
+
+    @property
+    def footprint(self) -> int:
+        """The bytes it holds: its state and its logits."""
+        return self.nbytes + (int(self.logits.nbytes) if self.logits is not None else 0)
 
     def share(self, keep: int) -> tuple[float, float]:
         """What the first ``keep`` tokens took, apportioned by token count: (wall, CPU) seconds."""
@@ -89,6 +98,14 @@ class PromptStates:
         """Whether a prompt of ``n_tokens`` would be kept (so an engine need not copy its state otherwise)."""
         return self.max_bytes > 0 and n_tokens >= self.align
 
+    def whole(self, token_ids: Sequence[int]) -> KeptPrompt | None:
+        """The kept prompt equal to ``token_ids`` with its last logits, if any (it becomes the newest)."""
+        found = self._kept.get(tuple(token_ids))
+        if found is None or found.logits is None:
+            return None
+        self._kept.move_to_end(found.token_ids)
+        return found
+
     def best(self, token_ids: Sequence[int]) -> tuple[int, KeptPrompt | None]:
         """The kept prompt sharing the longest reusable prefix with ``token_ids``, and that prefix's length
         ((0, None) when none shares at least ``align`` tokens). The one chosen becomes the newest."""
@@ -106,14 +123,14 @@ class PromptStates:
         budget is not kept)."""
         old = self._kept.pop(kept.token_ids, None)
         if old is not None:
-            self._bytes -= old.nbytes
-        if kept.nbytes > self.max_bytes or not self.keeps(len(kept.token_ids)):
+            self._bytes -= old.footprint
+        if kept.footprint > self.max_bytes or not self.keeps(len(kept.token_ids)):
             return
         self._kept[kept.token_ids] = kept
-        self._bytes += kept.nbytes
+        self._bytes += kept.footprint
         while self._bytes > self.max_bytes:
             _, dropped = self._kept.popitem(last=False)
-            self._bytes -= dropped.nbytes
+            self._bytes -= dropped.footprint
 
     def clear(self) -> None:
         self._kept.clear()
