@@ -77,7 +77,7 @@ class ServiceSettings:
         if self.port > 65535:
             raise ValueError(f"port must be at most 65535, got {self.port}")
         if self.prompt_state_mb < 0:
-            raise ValueError(f"prompt_state_mb must be >= 0 (0 keeps no prompt states), got {self.prompt_state_mb}")
+            raise ValueError(f"--prompt-state-mb must be >= 0 (0 keeps no prompt states), got {self.prompt_state_mb}")
         if self.backend_retries < 0:
             raise ValueError(f"backend_retries must be >= 0, got {self.backend_retries}")
         if self.engine == "openai" and not self.openai_base_url:
