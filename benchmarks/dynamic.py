@@ -92,6 +92,12 @@ def _records(outs: list[Path]) -> list[dict[str, Any]] | None:
     ]
 
 
+def _split_fault(row: dict[str, Any]) -> str | None:
+    """What is wrong with one line of the speed run's ``--out`` (one loop on one question), else None."""
+    missing = [k for k in ("id", "method", "loop", "cpu", "wall", "positions", "generated_tokens") if k not in row]
+    return f"no {', '.join(missing)} in this line (not a dynamic.py speed file?)" if missing else None
+
+
 def split(args: argparse.Namespace) -> int:
     """Where a trigger method gains or loses: the questions where it retrieved and those where it did not, each
     method's EM on both halves, paired intervals of the trigger method against the others (question order, as
@@ -172,7 +178,7 @@ def speed(args: argparse.Namespace) -> int:
     from ragate.retrieval.index import open_index
 
     out = Path(args.out)
-    done = {(r["id"], r["method"], r["loop"]) for r in read_records(out)}
+    done = {(r["id"], r["method"], r["loop"]) for r in read_records(out, fault=_split_fault)}
     examples = load_dataset(args.dataset, limit=args.questions)
     methods = args.methods.split(",") if args.methods else list(SPEED_METHODS)
     stop_words = load_stop_words()
@@ -211,7 +217,7 @@ def speed(args: argparse.Namespace) -> int:
                     "output": info.output,
                 }
             )
-    rows = [r for r in read_records(out) if r["method"] in methods]
+    rows = [r for r in read_records(out, fault=_split_fault) if r["method"] in methods]
     print(f"{args.dataset}: cached loop vs naive loop, model {args.model or 'smollm2-135m'} on {args.engine}")
     print(
         "| method | questions | cached CPU s/q | naive CPU s/q | naive / cached | same positions | same output |"

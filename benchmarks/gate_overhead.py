@@ -145,7 +145,7 @@ def main() -> None:
     if unknown := [a for a in arms if a not in ARMS] + [g for g in gates if g not in GATES]:
         sys.exit(f"unknown arm or gate: {', '.join(unknown)}")
     if args.report:
-        rows = [r for path in args.report for r in read_records(path)]
+        rows = [r for path in args.report for r in read_records(path, fault=_row_fault)]
         report(rows, args.questions, gates)
         return
     if not args.data.exists():
@@ -157,7 +157,7 @@ def main() -> None:
     budget = 0.5 if paper else float(args.budget)
     questions, held_out = read_questions(args.data, args.questions, 0 if paper else args.calibration)
     overrides = {k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)}
-    rows = read_records(args.out) if args.out and args.out.exists() else []
+    rows = read_records(args.out, fault=_row_fault) if args.out else []
     with open_index(args.index or demo_index()) as index, load_backend(args.model, "llama.cpp") as raw:
         exact = CallCache(raw, None, f"{raw.engine}:{raw.model}", exact_prefixes=True)
         saved = next((r for r in rows if "thresholds" in r), None)
@@ -183,6 +183,13 @@ def main() -> None:
                     rows.append(row)
                     _append(args.out, row)
     report(rows, len(questions), gates)
+
+
+def _row_fault(row: dict) -> str | None:  # type: ignore[type-arg]
+    """What is wrong with one line of ``--out`` (the thresholds, or one measurement), else None."""
+    keys = ("thresholds",) if "thresholds" in row else ("q", "arm", "gate", "cpu", "seconds", "tokens", "retrieved")
+    missing = [k for k in keys if k not in row]
+    return f"no {', '.join(missing)} in this line (not a gate_overhead.py file?)" if missing else None
 
 
 def _append(path: Path | None, row: dict) -> None:  # type: ignore[type-arg]
@@ -232,14 +239,17 @@ def _rate(done: dict, qs: list[int], arm: str, gate: str) -> float:  # type: ign
     return sum(done[q, arm, gate]["retrieved"] for q in qs) / len(qs)
 
 
-def _overhead(done: dict, qs: list[int], arm: str, gate: str, cost: str) -> float:  # type: ignore[type-arg]
-    mean = statistics.mean(done[q, arm, gate][cost] for q in qs)
-    paired = statistics.mean(
+def _paired_floor(done: dict, qs: list[int], arm: str, gate: str, cost: str) -> float:  # type: ignore[type-arg]
+    return statistics.mean(
         done[q, arm, "never"][cost]
         + done[q, arm, gate]["retrieved"] * (done[q, arm, "always"][cost] - done[q, arm, "never"][cost])
         for q in qs
     )
-    return 100 * (mean / paired - 1)
+
+
+def _overhead(done: dict, qs: list[int], arm: str, gate: str, cost: str) -> float:  # type: ignore[type-arg]
+    mean = statistics.mean(done[q, arm, gate][cost] for q in qs)
+    return 100 * (mean / _paired_floor(done, qs, arm, gate, cost) - 1)
 
 
 def table(done: dict, qs: list[int], arm: str, gates: list[str], cost: str, what: str) -> None:  # type: ignore[type-arg]
@@ -251,8 +261,8 @@ def table(done: dict, qs: list[int], arm: str, gates: list[str], cost: str, what
     for gate in gates:
         rate = _rate(done, qs, arm, gate)
         mean = statistics.mean(done[q, arm, gate][cost] for q in qs)
-        paired = mean / (1 + _overhead(done, qs, arm, gate, cost) / 100)
-        print(f"| {gate} | {rate:.2f} | {mean:.3f} | {paired:.3f} | {_overhead(done, qs, arm, gate, cost):+.1f}% |")
+        paired = _paired_floor(done, qs, arm, gate, cost)
+        print(f"| {gate} | {rate:.2f} | {mean:.3f} | {paired:.3f} | {100 * (mean / paired - 1):+.1f}% |")
 
 
 if __name__ == "__main__":

@@ -78,12 +78,14 @@ def main() -> None:
         for name in args.sets.split(","):
             prompts = LAYOUTS[name]
             spec = MethodSpec(name, name, GateSpec("always"), SelectorSpec("question"), prompts=prompts)
+            runs = [QuestionRun(spec, q, lm, index) for q in questions]
+            readers = [
+                lm.tokenize(run.messages(prompts.with_context, context=prompts.format_passages([h.passage for h in found])))
+                for run, found in zip(runs, hits, strict=True)
+            ]  # each question's reading prompt, tokenised once for every gate family
             for gate, templates in GATE_PROMPTS.items():
                 cells: list[tuple[int, int, int, int]] = []
-                for q, found in zip(questions, hits, strict=True):
-                    run = QuestionRun(spec, q, lm, index)
-                    context = prompts.format_passages([h.passage for h in found])
-                    reader = lm.tokenize(run.messages(prompts.with_context, context=context))
+                for run, reader in zip(runs, readers, strict=True):
                     kept = [
                         lm.tokenize(run.messages(getattr(prompts, t, t), context=PSEUDO)) for t in templates
                     ]

@@ -37,7 +37,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib import metadata
@@ -337,13 +337,7 @@ class CallCache(Backend):
                 self._count(_cost(gens, cpu_seconds, seconds), paid=None)
                 return gens
         self.inner.clear_cache()
-        with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
-            wall, cpu = time.perf_counter(), time.process_time()
-            gens = self.inner.generate(requests)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        paid = _cost(gens, cpu, wall)
-        charged = paid + Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds)
-        self._count(charged, paid=paid, reused=reused.tokens)
+        gens, charged = self._computed(lambda: self.inner.generate(requests))
         if key is not None and self.store is not None:
             value = {
                 "generations": [generation_to_json(g) for g in gens],
@@ -360,12 +354,20 @@ class CallCache(Backend):
         cache: one that extends the engine's current sequence (a dynamic loop writing on) continues it. A prompt
         the engine evaluates from a cleared cache (the loop's first, after :func:`~ragate.dynamic.loop.run_dynamic`
         cleared it) starts from a kept prompt state as other calls do."""
+        gens, _ = self._computed(lambda: [self.inner.generate_watched(request, watch, recompute=recompute)])
+        return gens[0]
+
+    def _computed(self, compute: Callable[[], list[Generation]]) -> tuple[list[Generation], Cost]:
+        """Run ``compute`` (inside the engine's exact prefix reuse, where on), count it, and return its generations
+        and what it is charged: what it measured plus what its reused prompt tokens took when first evaluated."""
         with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
             wall, cpu = time.perf_counter(), time.process_time()
-            gen = self.inner.generate_watched(request, watch, recompute=recompute)
-            paid = _cost([gen], time.process_time() - cpu, time.perf_counter() - wall)
-        self._count(paid + Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds), paid=paid, reused=reused.tokens)
-        return gen
+            gens = compute()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        paid = _cost(gens, cpu, wall)
+        charged = paid + Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds)
+        self._count(charged, paid=paid, reused=reused.tokens)
+        return gens, charged
 
     def __getattr__(self, name: str) -> Any:
         # engine-specific helpers the dynamic loop uses (head_attentions, token_spans, piece, ...)

@@ -17,13 +17,18 @@ from ragate.fileio import atomic_writer, lone_surrogate
 Check = Callable[[dict[str, Any]], "str | None"]
 
 
-def read_records(path: Path, *, repair: bool = True, check: Check | None = None) -> list[dict[str, Any]]:
+def read_records(
+    path: Path, *, repair: bool = True, check: Check | None = None, fault: Check | None = None
+) -> list[dict[str, Any]]:
     """Every complete record of ``path`` (none if it does not exist). A last line cut short by a kill (anywhere,
     also inside a multi-byte character) is dropped and the file rewritten without it (atomically), so appending
     can go on (``repair=False``: left as it is, for readers of a run another process may be appending to); a bad
     line anywhere else is a :class:`RunFormatError` naming the line, since that is not what a
     kill leaves behind. So is a record that parses but that the readers cannot use (:func:`record_fault`, and
-    ``check``, e.g. a sweep's :func:`ragate.eval.sweep.sweep_fault`): a wrong type, NaN, a missing field."""
+    ``check``, e.g. a sweep's :func:`ragate.eval.sweep.sweep_fault`): a wrong type, NaN, a missing field.
+    ``fault`` replaces :func:`record_fault` for JSON-lines files that are not a run's (a benchmark's rows), which
+    keep the same append-and-resume handling."""
+    fault = fault or record_fault
     if not path.exists():
         return []
     raw = path.read_bytes()
@@ -41,9 +46,9 @@ def read_records(path: Path, *, repair: bool = True, check: Check | None = None)
                 cut = True  # the line a kill interrupted
                 continue
             raise RunFormatError(f"{path}, line {number}: not a JSON record ({_why(err)}); {fix}") from None
-        fault = record_fault(record) or (check(record) if check is not None else None)
-        if fault is not None:
-            raise RunFormatError(f"{path}, line {number}: {fault}; {fix}")
+        problem = fault(record) or (check(record) if check is not None else None)
+        if problem is not None:
+            raise RunFormatError(f"{path}, line {number}: {problem}; {fix}")
         records.append(record)
     if repair and (cut or (raw and not raw.endswith(b"\n"))):  # readers of a live run pass repair=False
         write_records(path, records)
