@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
@@ -169,7 +170,7 @@ class Pipeline:
 
     ``method``: a method name (``ragate.all_methods()``; a registered gate's name works too). ``model`` /
     ``backend`` / ``base_url``: the LM (default SmolLM2-135M on llama.cpp; ``base_url`` of an OpenAI-compatible
-    server implies ``backend="openai"``). ``index``: an index directory; or ``search``: your own search, a function
+    server, or a list of several serving one model, implies ``backend="openai"``). ``index``: an index directory; or ``search``: your own search, a function
     ``(query, k) -> list of str | dict(text, title?, id?, score?, source?)`` or an object with ``search(query, k)``
     (ragate embeds what DTR/PAIRS selection needs with ``encoder``); neither: the demo index. ``threshold`` or
     ``calibration`` (a ``ragate calibrate`` file) set the gate's tau; ``budget`` holds the share of calls that
@@ -186,7 +187,7 @@ class Pipeline:
         *,
         model: str | None = None,
         backend: str | None = None,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         index: str | Path | None = None,
         search: Any = None,
         encoder: Any = None,
@@ -376,13 +377,25 @@ class Pipeline:
             retriever = self.retriever if needs_index else self._retriever
             return decide(self.spec, question, self.lm, retriever, seed=self.seed if seed is None else seed)
 
-    def scores(self, questions: Iterable[str], *, progress: bool = False) -> list[GateDecision]:
-        """The gate's decisions for many questions (question i with seed ``seed + i``, as ``ragate eval``)."""
+    def scores(
+        self, questions: Iterable[str], *, progress: bool = False, concurrency: int = 1
+    ) -> list[GateDecision]:
+        """The gate's decisions for many questions (question i with seed ``seed + i``, as ``ragate eval``), in
+        their order; ``concurrency`` of them at once over a server backend (a local model takes one at a time)."""
         items = list(questions)
-        return [
-            self.decide(q, seed=self.seed + i)
-            for i, q in enumerate(tqdm(items, desc=f"score {self.spec.name}", unit="q", disable=not progress))
-        ]
+        if concurrency < 1:
+            raise RagateError(f"concurrency must be >= 1, not {concurrency}")
+        with tqdm(total=len(items), desc=f"score {self.spec.name}", unit="q", disable=not progress) as bar:
+
+            def one(item: tuple[int, str]) -> GateDecision:
+                decision = self.decide(item[1], seed=self.seed + item[0])
+                bar.update(1)
+                return decision
+
+            if concurrency == 1 or self._local:
+                return [one(item) for item in enumerate(items)]
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                return list(pool.map(one, enumerate(items)))
 
     def calibrate(
         self,
@@ -393,6 +406,7 @@ class Pipeline:
         batch: int | None = None,
         progress: bool = False,
         source: str | None = None,
+        concurrency: int = 1,
     ) -> Calibration:
         """Set this pipeline's threshold so that a share ``budget`` of questions like ``questions`` retrieves.
 
@@ -400,7 +414,8 @@ class Pipeline:
         not needed). Without ``confidence``, tau = F^-1(1 - budget) over their scores (TARG section 3.3); with it,
         the order statistic that keeps the rate on *new* questions at most ``budget`` with that probability
         (``batch``: over every ``batch`` new questions). It holds only while new questions are like these: for
-        live traffic, ``budget=`` (the controller) holds the rate as the mix drifts."""
+        live traffic, ``budget=`` (the controller) holds the rate as the mix drifts. ``concurrency``: questions
+        scored at once over a server backend."""
         from ragate.eval.calibrate import check_calibratable, threshold_from_scores
 
         check_calibratable(self.spec)
@@ -409,7 +424,7 @@ class Pipeline:
 
             source = source or str(questions)
             questions = read_questions(questions)
-        scores = [d.score for d in self.scores(questions, progress=progress)]
+        scores = [d.score for d in self.scores(questions, progress=progress, concurrency=concurrency)]
         found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
         calibration = Calibration(
             method=self.method,  # the name asked for (a fallback gate renames the spec)

@@ -36,6 +36,8 @@ class Capabilities:
     every step's exact entropy over the vocabulary is available (``Generation.entropies``); without it, callers
     fall back to :func:`ragate.uncertainty.topk_entropy`, an approximation. ``token_ids`` means generations carry
     token ids. ``prefix_cache`` means a request whose prompt extends an earlier one reuses the earlier work.
+    ``continues`` means a message prompt may end in an ``assistant_prefix`` that the model continues (an
+    OpenAI-style chat endpoint cannot: callers generate the whole answer instead).
     """
 
     logprobs: bool
@@ -46,6 +48,7 @@ class Capabilities:
     full_distribution: bool
     token_ids: bool
     prefix_cache: bool
+    continues: bool = True
 
 
 class Backend(Closeable, ABC):

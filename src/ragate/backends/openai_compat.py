@@ -22,7 +22,9 @@ from __future__ import annotations
 import codecs
 import email.utils
 import json
+import logging
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,11 +36,20 @@ from ragate.backends.base import Backend, Capabilities
 from ragate.errors import BackendError, BackendTimeoutError, BackendUnavailableError, CapabilityError
 from ragate.types import FinishReason, Generation, GenerationRequest, TopLogprob
 
+_log = logging.getLogger("ragate")
+
 Step = tuple[str, float, list[tuple[str, float]], bytes | None]  # token, logprob, alternatives, raw bytes
 
 
 class OpenAICompatBackend(Backend):
-    """Requests to an OpenAI-compatible server at ``base_url``, which must include the ``/v1`` part.
+    """Requests to an OpenAI-compatible server at ``base_url``, which must include the ``/v1`` part, or to a fleet
+    of servers serving one model: ``base_url`` a sequence of URLs.
+
+    A fleet's requests are spread over its servers, each to the one with the fewest requests in flight; a retry
+    goes to whichever is least busy then. A server that cannot be connected to is left out for the rest of the
+    backend's life (a warning names it) while others answer; when none is left the call fails with
+    :class:`BackendUnavailableError` naming every server. The servers must serve the same model: each one's first
+    ``GET /models`` id is compared when the backend opens, and a difference is an error.
 
     ``model`` defaults to the first id of ``GET {base_url}/models``. ``api_key`` defaults to ``$OPENAI_API_KEY``.
     Each HTTP exchange takes at most ``timeout`` seconds; 429, 5xx and dropped connections are retried
@@ -57,7 +68,7 @@ class OpenAICompatBackend(Backend):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str | None = None,
         *,
         api_key: str | None = None,
@@ -69,30 +80,44 @@ class OpenAICompatBackend(Backend):
         extra_body: Mapping[str, Any] | None = None,
         logprobs: Literal["auto", "on", "off"] = "auto",
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
-            )
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("base_url: give at least one server URL, e.g. http://127.0.0.1:8000/v1")
+        for url in urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {url!r}"
+                )
+        if len(set(urls)) < len(urls):
+            raise ValueError(f"base_url names a server twice: {urls}")
         if logprobs not in ("auto", "on", "off"):
             raise ValueError(f"logprobs must be 'auto', 'on' or 'off', got {logprobs!r}")
         if timeout <= 0 or max_retries < 0 or backoff < 0 or max_concurrency < 1 or top_k < 0:
             raise ValueError(
                 "need timeout > 0, max_retries >= 0, backoff >= 0, max_concurrency >= 1, top_k >= 0"
             )
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = tuple(url.rstrip("/") for url in urls)
+        self.base_url = self.base_urls[0]
+        self._in_flight = dict.fromkeys(self.base_urls, 0)
+        self._down: dict[str, str] = {}  # a fleet's servers that refused connection, and why
+        self._pick_lock = threading.Lock()
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self.max_concurrency = max_concurrency
         self.extra_body = dict(extra_body or {})
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
+        connections = max_concurrency * len(self.base_urls)  # each server gets max_concurrency at once
         self._client = httpx.Client(
-            headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=max_concurrency)
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
         )
         self.capabilities = _caps(top_k if logprobs != "off" else None)
         self.capability_note = {"on": "logprobs=on: not checked", "off": "logprobs=off: text only"}.get(
             logprobs, ""
         )
-        self.model = model if model is not None else self._first_model()
+        served = self._served_models() if model is None or len(self.base_urls) > 1 else {}
+        self.model = model if model is not None else next(iter(served.values()))
         if logprobs == "auto":
             self.capabilities, self.capability_note = self._probe(top_k)
 
@@ -116,13 +141,29 @@ class OpenAICompatBackend(Backend):
         seen = max(len(s[2]) for s in steps)
         return _caps(min(top_k, seen)), f"probed: token logprobs with top-{min(top_k, seen)} alternatives"
 
-    def _first_model(self) -> str:
-        data = self._request("GET", "/models").get("data") or []
-        if not data or not isinstance(data[0], dict) or "id" not in data[0]:
+    def _served_models(self) -> dict[str, str]:
+        """Each server's first ``GET /models`` id; a fleet whose servers serve different models is an error."""
+        served: dict[str, str] = {}
+        for url in self.base_urls:
+            try:
+                data = self._request("GET", "/models", server=url).get("data") or []
+            except BackendUnavailableError as err:
+                if len(self.base_urls) == 1 or len(self._down) == len(self.base_urls) - 1:
+                    raise  # nothing left to answer
+                self._leave_out(url, str(err).split(" (")[0])
+                continue
+            if not data or not isinstance(data[0], dict) or "id" not in data[0]:
+                raise BackendError(
+                    f"the server at {url}/models lists no models; pass the model name explicitly (model=...)"
+                )
+            served[url] = str(data[0]["id"])
+        if len(set(served.values())) > 1:
+            said = ", ".join(f"{url} serves {name!r}" for url, name in served.items())
             raise BackendError(
-                f"the server at {self.base_url}/models lists no models; pass the model name explicitly (model=...)"
+                f"the servers serve different models ({said}): a fleet answers with one model, or its answers "
+                "would depend on which server took each call; give only servers of the same model"
             )
-        return str(data[0]["id"])
+        return served
 
     # -- hook 1: the request body ---------------------------------------------------------------------------------
     def payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
@@ -219,21 +260,58 @@ class OpenAICompatBackend(Backend):
         )
 
     # -- HTTP with retries ----------------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = f"{self.base_url}{path}"
+    def _pick(self) -> str:
+        """The live server with the fewest requests in flight (the first such, in the order given)."""
+        with self._pick_lock:
+            live = [url for url in self.base_urls if url not in self._down]
+            if not live:
+                said = "; ".join(f"{url}: {why}" for url, why in self._down.items())
+                raise BackendUnavailableError(
+                    f"every OpenAI-compatible server of the fleet is down ({said}); restart them (or give others "
+                    "with --base-url) and rerun with --resume: the answers so far are kept"
+                )
+            url = min(live, key=lambda u: self._in_flight[u])
+            self._in_flight[url] += 1
+            return url
+
+    def _leave_out(self, url: str, why: str) -> None:
+        """A fleet's server that cannot be reached answers no more calls while others can."""
+        with self._pick_lock:
+            if len(self.base_urls) > 1 and url not in self._down:
+                self._down[url] = why
+                left = len(self.base_urls) - len(self._down)
+                _log.warning("ragate: the server at %s is down (%s); %d other(s) go on", url, why, left)
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, *, server: str | None = None
+    ) -> dict[str, Any]:
+        """One call, retried on 429, 5xx and dropped connections. In a fleet each attempt goes to the least busy
+        live server (``server`` pins the call to one), and a server that cannot be connected to is left out and
+        the call tried at once on another, without counting the attempt."""
         problems: list[str] = []  # distinct failures, in order
-        for attempt in range(self.max_retries + 1):
+        fleet = server is None and len(self.base_urls) > 1
+        url, attempt = f"{server or self.base_url}{path}", 0
+        while attempt <= self.max_retries:
             delay = self.backoff * 2**attempt
+            base = self._pick() if fleet else server or self.base_url
+            url = f"{base}{path}"
             try:
                 status, headers, content = self._send(method, url, body)
-            except (httpx.ConnectTimeout, httpx.PoolTimeout) as e:
-                problem = f"{type(e).__name__}: could not connect within {self.timeout} s"
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                problem = f"{type(e).__name__}: could not connect" + (
+                    f" within {self.timeout} s" if isinstance(e, httpx.ConnectTimeout) else f" ({e})"
+                )
+                if fleet:
+                    self._leave_out(base, problem)
+                    continue  # another server takes it now (or _pick says every one is down)
+            except httpx.PoolTimeout:
+                problem = f"PoolTimeout: no free connection within {self.timeout} s"
             except httpx.TimeoutException as e:
                 raise BackendTimeoutError(
                     f"request to {url} timed out after {self.timeout} s ({type(e).__name__}); raise the timeout "
                     "(timeout=..., --openai-timeout) or ask for fewer tokens (max_tokens)"
                 ) from e
-            except httpx.TransportError as e:  # ConnectError, ReadError, RemoteProtocolError, WriteError, ...
+            except httpx.TransportError as e:  # ReadError, RemoteProtocolError, WriteError, ...
                 problem = f"{type(e).__name__}: {e}"
             else:
                 if status < 400:
@@ -250,10 +328,15 @@ class OpenAICompatBackend(Backend):
                     )
                 problem = f"HTTP {status}: {message}"
                 delay = _retry_after(headers.get("Retry-After"), default=delay, cap=self.timeout)
+            finally:
+                if fleet:
+                    with self._pick_lock:
+                        self._in_flight[base] -= 1
             if problem not in problems:
                 problems.append(problem)
             if attempt < self.max_retries:
                 time.sleep(delay)
+            attempt += 1
         attempts, problem = f"{self.max_retries + 1} attempts", "; then ".join(problems)
         if problems[-1].startswith("HTTP"):
             raise BackendUnavailableError(
@@ -289,14 +372,15 @@ class OpenAICompatBackend(Backend):
         self._client.close()
 
     def __repr__(self) -> str:
-        return f"OpenAICompatBackend(base_url={self.base_url!r}, model={self.model!r})"
+        where = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
+        return f"OpenAICompatBackend(base_url={where!r}, model={self.model!r})"
 
 
 def _caps(top_k: int | None) -> Capabilities:
     """An OpenAI-style server's capabilities: token logprobs with ``top_k`` alternatives, or none (``None``)."""
     return Capabilities(
         logprobs=top_k is not None, top_k=top_k or 0, attentions=False, sampling=True, chat_template=True,
-        full_distribution=False, token_ids=False, prefix_cache=False,
+        full_distribution=False, token_ids=False, prefix_cache=False, continues=False,
     )  # fmt: skip
 
 

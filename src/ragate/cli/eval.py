@@ -22,14 +22,9 @@ def register(subparsers: Any) -> None:
         description="Run methods over a dataset. Writes OUT/questions.jsonl as it goes (rerun with --resume after "
         "a kill), then OUT/results.json and OUT/results.md.",
     )
-    _common(ev)
-    ev.add_argument("--methods", required=True, help="comma-separated method names (see `ragate ask --help`)")
-    ev.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        help="questions in flight at once; above 1 only with --backend openai (a local model runs one at a time)",
-    )
+    _common(ev, dataset_required=False)
+    ev.add_argument("--methods", help="comma-separated method names (see `ragate ask --help`)")
+    _concurrency(ev)
     ev.set_defaults(run=_run_eval)
 
     sw = subparsers.add_parser(
@@ -42,6 +37,7 @@ def register(subparsers: Any) -> None:
     sw.add_argument("run_dir", nargs="?", type=Path, help="an existing sweep directory (pass 2 only)")
     _common(sw, dataset_required=False)
     sw.add_argument("--methods", help="comma-separated gate methods, e.g. dtr,targ-margin,random")
+    _concurrency(sw)
     sw.add_argument("--at", action="append", default=[], help="METHOD=TAU: print that operating point")
     sw.add_argument(
         "--metric",
@@ -100,7 +96,16 @@ def register(subparsers: Any) -> None:
     cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200; --dev only)")
     cal.add_argument("--model", default=None)
     cal.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
-    cal.add_argument("--base-url", "--openai-base-url", dest="base_url", default=None)
+    cal.add_argument(
+        "--base-url",
+        "--openai-base-url",
+        dest="base_url",
+        action="append",
+        default=[],
+        help="an OpenAI-compatible server's /v1 URL (with --backend openai); repeat it for a fleet of servers "
+        "of one model",
+    )
+    _concurrency(cal)
     cal.add_argument("--index", default=None, help="index directory (gates that embed, and --objective em)")
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
@@ -161,7 +166,13 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
     p.add_argument("--index", default=None, help="index directory (default: the demo index)")
     p.add_argument("--model", default=None, help="model name or GGUF path (default: smollm2-135m)")
     p.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (with --backend openai)")
+    p.add_argument(
+        "--base-url",
+        action="append",
+        default=[],
+        help="an OpenAI-compatible server's /v1 URL (with --backend openai); repeat it to spread the calls over a "
+        "fleet of servers of one model",
+    )
     p.add_argument("--limit", type=int, default=None, help="first N questions (after --offset)")
     p.add_argument(
         "--offset",
@@ -209,6 +220,22 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         "(use the number of cores for a local model)",
     )
     p.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="answer every N-th question from the I-th (0-based), e.g. 0/2 on one machine and 1/2 on another; "
+        "fold the shards' directories with --fold",
+    )
+    p.add_argument(
+        "--fold",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="merge the directories of every shard of one run into --out (checks they are one run: same settings, "
+        "dataset file, index and model); nothing is computed",
+    )
+    p.add_argument(
         "--call-cache",
         type=Path,
         default=None,
@@ -221,6 +248,41 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         help="compute every LM call in full: no stored call, no prompt started from an earlier one's state "
         "(same predictions; every call paid)",
     )
+
+
+def _concurrency(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="questions in flight at once; above 1 only with --backend openai (a local model runs one at a time). "
+        "Each question's calls stay in order, so the answers are those of --concurrency 1",
+    )
+
+
+def base_urls(values: list[str] | None) -> str | tuple[str, ...] | None:
+    """Repeated ``--base-url`` values: None, one URL, or a fleet (several)."""
+    urls = list(dict.fromkeys(values or []))
+    return None if not urls else urls[0] if len(urls) == 1 else tuple(urls)
+
+
+def _check_concurrency(args: argparse.Namespace) -> None:
+    if args.concurrency < 1:
+        raise RagateError(f"--concurrency must be >= 1, not {args.concurrency}")
+    if args.concurrency > 1 and args.engine != "openai":
+        raise RagateError("--concurrency above 1 needs --backend openai: a local model answers one at a time")
+
+
+def _fold(args: argparse.Namespace, kind: str) -> int:
+    from ragate.eval.shards import fold_runs
+
+    if args.out is None:
+        raise RagateError("--fold writes the folded run into --out DIR: name a new directory")
+    folded = fold_runs(args.fold, args.out)
+    if folded != kind:
+        raise RagateError(f"the shards are {folded} runs: fold them with `ragate {folded} --fold`")
+    print(f"folded {len(args.fold)} shards into {args.out}")
+    return 0
 
 
 def _config(args: argparse.Namespace, methods: str) -> Any:
@@ -251,6 +313,10 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         thresholds[method] = _finite(value, f"--threshold {item!r}")
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
+    if args.shard is not None:
+        from ragate.eval.shards import parse_shard
+
+        parse_shard(args.shard)
     return EvalConfig(
         dataset=str(args.dataset),
         methods=names,
@@ -260,8 +326,9 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         limit=args.limit,
         seed=args.seed,
         thresholds=tuple(sorted(thresholds.items())),
-        base_url=args.base_url,
+        base_url=base_urls(args.base_url),
         fallback=getattr(args, "fallback", None),
+        shard=args.shard,
         offset=getattr(args, "offset", 0),
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
         cross_encoder=getattr(args, "cross_encoder", None),
@@ -279,9 +346,12 @@ def _run_eval(args: argparse.Namespace) -> int:
     from ragate.eval.run import run_eval
     from ragate.eval.summary import summary_table
 
+    if args.fold:
+        return _fold(args, "eval")
+    if not args.dataset or not args.methods:
+        raise RagateError("ragate eval needs --dataset and --methods (or --fold DIR... to merge shards)")
+    _check_concurrency(args)
     config = _config(args, args.methods)
-    if args.concurrency > 1 and config.engine != "openai":
-        raise RagateError("--concurrency above 1 needs --backend openai: a local model answers one at a time")
     out = _default_out(args, "eval")
     print(f"run directory: {out}")
     results = run_eval(
@@ -311,6 +381,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from ragate.eval.sweep import compact, method_records, point, sweep_markdown, sweep_pass, write_sweep
 
     at = [(item.partition("=")[0], _finite(item.partition("=")[2], f"--at {item!r}")) for item in args.at]
+    if args.fold:
+        return _fold(args, "sweep")
     if args.run_dir is not None:
         out = args.run_dir
         records = compact(out / "sweep.jsonl")
@@ -321,6 +393,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     else:
         if not args.dataset or not args.methods:
             raise RagateError("give RUN_DIR, or --dataset and --methods to run pass 1")
+        _check_concurrency(args)
         config = _config(args, args.methods)
         out = _default_out(args, "sweep")
         print(f"sweep directory: {out}")
@@ -333,6 +406,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             call_cache=args.call_cache,
             cache=args.cache,
             accept_rebuilt_index=args.accept_rebuilt_index,
+            concurrency=args.concurrency,
         )
     fronts = write_sweep(out, records, args.metric)
     print(sweep_markdown(fronts, args.metric))
@@ -359,6 +433,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         raise RagateError("--objective em needs answers: pass --dev DATASET (questions with answers)")
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
+    _check_concurrency(args)
     if args.dev is not None:
         from ragate.eval.calibrate import calibrate
 
@@ -372,10 +447,11 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             limit=args.limit,
             model=args.model,
             engine=args.engine,
-            base_url=args.base_url,
+            base_url=base_urls(args.base_url),
             index=args.index,
             seed=args.seed,
             progress=not args.quiet,
+            concurrency=args.concurrency,
         )
         source = Path(args.dev).stem
     elif args.from_sweep is not None:
@@ -419,9 +495,10 @@ def _pipeline(args: argparse.Namespace) -> Any:
         args.gate,
         model=args.model,
         backend=args.engine,
-        base_url=args.base_url,
+        base_url=base_urls(args.base_url),
         index=args.index,
         seed=args.seed,
+        backend_options={"max_concurrency": max(4, args.concurrency)} if args.engine == "openai" else None,
     )
 
 
@@ -435,7 +512,12 @@ def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
         raise RagateError("--questions has no answers to score EM with: use --budget RHO")
     with _pipeline(args) as rag:
         found = rag.calibrate(
-            args.questions, args.budget, confidence=args.confidence, batch=args.batch, progress=not args.quiet
+            args.questions,
+            args.budget,
+            confidence=args.confidence,
+            batch=args.batch,
+            progress=not args.quiet,
+            concurrency=args.concurrency,
         )
     return found.to_json() | {"seed": args.seed}
 
@@ -447,7 +529,7 @@ def _check_rate(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     questions = read_questions(args.check)
     with _pipeline(args) as rag:
-        scores = [d.score for d in rag.scores(questions, progress=not args.quiet)]
+        scores = [d.score for d in rag.scores(questions, progress=not args.quiet, concurrency=args.concurrency)]
     rate = retrieval_rate(scores, float(result["tau"]))
     verdict = "within" if rate <= (args.budget or 1.0) else "above"
     print(

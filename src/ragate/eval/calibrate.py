@@ -250,17 +250,20 @@ def calibrate(
     limit: int | None = 200,
     model: str | None = None,
     engine: str = "llama.cpp",
-    base_url: str | None = None,
+    base_url: str | tuple[str, ...] | None = None,
     index: str | None = None,
     seed: int = 0,
     progress: bool = True,
     work_dir: Path | None = None,
+    concurrency: int = 1,
 ) -> dict[str, Any]:
     """Score ``method``'s gate on the dev questions and pick tau: F^-1(1 - budget) (``objective="budget"``; with
     ``confidence``, the :func:`conservative_threshold` that keeps new questions' rate at most ``budget`` with that
     confidence), or the tau of the best dev EM over the exact frontier (``"em"``, which needs the closed-book
     and retrieval answers too, so it runs a sweep pass in ``work_dir``). Returns what ``ragate calibrate``
-    saves."""
+    saves. ``concurrency``: questions scored at once over a server backend (``base_url``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ragate.eval.datasets import load_dataset
     from ragate.eval.run import EvalConfig, _open_lm
     from ragate.methods import decide, get_method
@@ -285,12 +288,17 @@ def calibrate(
     if objective == "budget":
         if budget is None:
             raise RagateError("a budget calibration needs --budget RHO in [0, 1]")
-        lm = _open_lm(config)
+        lm = _open_lm(config, concurrency)
         try:
-            scores = [
-                decide(spec, ex.question, lm, None, seed=seed + i).score
-                for i, ex in enumerate(tqdm(examples, desc=f"score {method}", disable=not progress))
-            ]
+            with tqdm(total=len(examples), desc=f"score {method}", disable=not progress) as bar:
+
+                def score(item: tuple[int, Any]) -> float:
+                    found = decide(spec, item[1].question, lm, None, seed=seed + item[0]).score
+                    bar.update(1)
+                    return found
+
+                with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                    scores = list(pool.map(score, enumerate(examples)))
         finally:
             lm.close()
         found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
@@ -304,7 +312,9 @@ def calibrate(
     work = (
         work_dir or Path("calibration") / ".work" / f"{method}-{Path(dev).stem}-{model or 'default'}-{limit}"
     )
-    records = sweep_pass(config, work, resume=True, progress=progress, examples=examples)
+    records = sweep_pass(
+        config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency
+    )
     best = frontier(records, method)["best_em"]
     return result | {"tau": best["tau"], "dev_retrieval_rate": best["retrieval_rate"], "dev_em": best["em"]}
 

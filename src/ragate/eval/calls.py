@@ -361,9 +361,12 @@ class CallCache(Backend):
         """Run ``compute`` (inside the engine's exact prefix reuse, where on), count it, and return its generations
         and what it is charged: what it measured plus what its reused prompt tokens took when first evaluated."""
         with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
-            wall, cpu = time.perf_counter(), time.process_time()
+            clock = time.thread_time if self.engine == "openai" else time.process_time  # see below
+            wall, cpu = time.perf_counter(), clock()
             gens = compute()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            # a local engine computes in its own threads (the process's CPU); a server's client computes in the
+            # calling thread alone, and other questions' threads must not be charged to this call
+            wall, cpu = time.perf_counter() - wall, clock() - cpu
         paid = _cost(gens, cpu, wall)
         charged = paid + Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds)
         self._count(charged, paid=paid, reused=reused.tokens)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import platform
 import subprocess
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,14 @@ def git_commit(where: Path | None = None) -> dict[str, Any]:
     return {"commit": head, "dirty": bool(dirty)}
 
 
-def model_identity(model: str | None, engine: str, base_url: str | None = None) -> dict[str, Any]:
-    """For a local engine: the resolved file or directory, its size and (files) sha256; for a server: its URL."""
+def model_identity(
+    model: str | None, engine: str, base_url: str | Sequence[str] | None = None
+) -> dict[str, Any]:
+    """For a local engine: the resolved file or directory, its size and (files) sha256; for a server: its URL
+    (a fleet: the list of them)."""
     if engine == "openai":
-        return {"engine": engine, "model": model, "base_url": base_url}
+        urls = base_url if base_url is None or isinstance(base_url, str) else list(base_url)
+        return {"engine": engine, "model": model, "base_url": urls}
     from ragate.models import resolve_model
 
     try:

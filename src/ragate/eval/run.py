@@ -62,17 +62,20 @@ class EvalConfig:
     limit: int | None = None
     seed: int = 0
     thresholds: tuple[tuple[str, float], ...] = ()  # (method, tau) overrides, e.g. from `ragate calibrate`
-    base_url: str | None = None
+    base_url: str | tuple[str, ...] | None = None  # an OpenAI-compatible server, or a fleet serving one model
     fallback: str | None = None  # the gate that replaces one the backend cannot serve (ragate.methods.needs)
     offset: int = 0  # skip the dataset's first N questions (a training split before, a test split after)
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate reads
     cross_encoder: str | None = None  # the CrossEncoder folder that rerank and dpr-ais-rerank read K from
+    shard: str | None = None  # "i/n": this run answers question j when j % n == i (ragate.eval.shards)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (not compared on resume)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["methods"] = list(self.methods)
         data["thresholds"] = dict(self.thresholds)
+        if isinstance(self.base_url, tuple):
+            data["base_url"] = list(self.base_url)
         return data
 
     def examples(self) -> list[Example]:
@@ -83,6 +86,14 @@ class EvalConfig:
             raise RagateError(f"--limit must be >= 0, not {self.limit}")
         examples = load_dataset(self.dataset)[self.offset :]
         return examples if self.limit is None else examples[: self.limit]
+
+    def mine(self, examples: Sequence[Example]) -> list[tuple[int, Example]]:
+        """The questions this run answers, each with its place in the whole run (its seed is ``seed + place``, so
+        a shard's answers are those of the unsharded run): every one, or with ``shard`` "i/n" every n-th from i."""
+        from ragate.eval.shards import parse_shard
+
+        i, n = parse_shard(self.shard) if self.shard else (0, 1)
+        return [(j, ex) for j, ex in enumerate(examples) if j % n == i]
 
     def spec(self, method: str) -> MethodSpec:
         spec = get_method(method)
@@ -124,7 +135,7 @@ def check_config(
     now = config.to_json()
     for key in (
         "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
-        "offset", "skr_labels", "cross_encoder",
+        "offset", "skr_labels", "cross_encoder", "shard",
     ):  # fmt: skip
         if key == "methods" and add_methods and set(saved.get(key) or ()) <= set(now[key]):
             continue  # a sweep may gain gates: their scores join the stored answers
@@ -133,6 +144,14 @@ def check_config(
         if key == "skr_labels" and add_methods and "skr" not in (saved.get("methods") or ()):
             continue  # no skr gate was swept before: no label set to keep
         same = _index_path(saved.get(key)) == _index_path(now.get(key)) if key == "index" else None
+        if key == "base_url" and saved.get("model") and saved.get(key) and now.get(key):
+            continue  # servers come and go: the named model (checked above) is what the answers depend on
+        if key == "base_url" and saved.get(key) and now.get(key) and not same and saved[key] != now[key]:
+            raise RagateError(
+                f"cannot resume {out_dir} on other servers ({_urls(now[key])} instead of {_urls(saved[key])}): "
+                "it was run without --model, so nothing says the new servers serve the model it was run with; "
+                "resume on the same servers, or start a new run with --model naming the served model"
+            )
         if not same and saved.get(key, _ADDED.get(key)) != now.get(key):
             raise RagateError(
                 f"cannot resume {out_dir}: it was run with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}; "
@@ -230,8 +249,12 @@ _CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dataset": (lambda v: isinstance(v, str) and bool(v), "a dataset name or path"),
     "methods": (_names, "a list of method names"),
     **dict.fromkeys(
-        ("model", "engine", "index", "base_url", "fallback", "skr_labels", "cross_encoder", "kind"),
+        ("model", "engine", "index", "fallback", "skr_labels", "cross_encoder", "kind", "shard"),
         (_text_or_none, "a string or null"),
+    ),
+    "base_url": (
+        lambda v: _text_or_none(v) or (_names(v) and len(v) > 1),
+        "a server URL, a list of them, or null",
     ),
     "limit": (lambda v: v is None or is_count(v), "a count or null"),
     "offset": (is_count, "a count"),
@@ -267,13 +290,17 @@ def _config_fault(saved: Any) -> str | None:
     return None
 
 
+def _urls(value: Any) -> str:
+    return " ".join(value) if isinstance(value, list | tuple) else str(value)
+
+
 def _grows(before: int | None, now: int | None) -> bool:
     """Whether ``--limit now`` extends a run of ``--limit before`` (None: every question of the file)."""
     return before is not None and (now is None or now >= before)
 
 
 # keys added after runs were saved without them: their value then
-_ADDED: dict[str, Any] = {"offset": 0, "cross_encoder": None}
+_ADDED: dict[str, Any] = {"offset": 0, "cross_encoder": None, "shard": None}
 
 
 def open_run(
@@ -505,7 +532,7 @@ def run_eval(
         done = {(r["id"], r["method"]) for r in stored if "error" not in r}
         jobs = [
             (i, ex, m)
-            for i, ex in enumerate(examples)
+            for i, ex in config.mine(examples)
             for m in _rotated(config.methods, i)
             if (ex.id, m) not in done
         ]
@@ -547,7 +574,7 @@ def run_eval(
         }
         results = {
             "config": config.to_json(),
-            "questions": len(examples),
+            "questions": len(config.mine(examples)),
             "dataset_files": recorded["dataset_files"],
             "provenance": prov,
             **times,
@@ -663,7 +690,8 @@ def open_call_cache(
     identity = f"{lm.engine}:{lm.model}"
     if own:
         info = model_identity(config.model, config.engine, config.base_url)
-        identity = info.get("sha256") or f"{info.get('path') or info.get('base_url')}:{config.model}"
+        where = info.get("path") or _urls(info.get("base_url"))
+        identity = info.get("sha256") or f"{where}:{config.model}"
     opened = CallStore(store, check=False) if store is not None else None  # checked by check_call_cache
     return CallCache(lm, opened, identity, exact_prefixes=opened is not None), opened
 
@@ -682,7 +710,7 @@ def _answer_jobs(
     """Answer ``jobs`` (question index, example, method) and append one record each to ``path``."""
     specs = {m: config.spec(m) for m in config.methods}
     own_lm, own_retriever = lm is None, retriever is None
-    lm = lm or _open_lm(config)
+    lm = lm or _open_lm(config, concurrency)
     try:  # a method the backend cannot serve is refused before any answer, or runs with the fallback gate
         specs = {
             m: require(s, lm.capabilities, engine=lm.engine, fallback=config.fallback, rename=False)
@@ -702,6 +730,9 @@ def _answer_jobs(
         _warm_up(lm, retriever, jobs[0][1].question)
     calls, opened = open_call_cache(lm, store, config, own=own_lm)
     lock = threading.Lock()
+    # questions in flight share the process: each record is charged its own thread's CPU (the model computes on
+    # the server); one at a time, the process's (a local engine computes in its own threads)
+    clock = time.thread_time if concurrency > 1 else time.process_time
     try:
         with (
             RecordWriter(path) as writer,
@@ -716,11 +747,11 @@ def _answer_jobs(
                 lm.clear_cache()
                 try:
                     with calls.tally() as tally:
-                        start, cpu = time.perf_counter(), time.process_time()
+                        start, cpu = time.perf_counter(), clock()
                         trace = run_method(
                             spec, ex.question, target, retriever, seed=config.seed + i, dataset=ex.dataset
                         )
-                        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                        wall, cpu = time.perf_counter() - start, clock() - cpu
                     counted = tally if target is calls else None
                     record = record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted)
                 except CallCacheError:
@@ -789,10 +820,13 @@ def _rotated(methods: Sequence[str], i: int) -> list[str]:
     return list(methods[k:]) + list(methods[:k])
 
 
-def _open_lm(config: EvalConfig) -> Backend:
+def _open_lm(config: EvalConfig, concurrency: int = 1) -> Backend:
+    """The run's model; a server backend with a connection for each of ``concurrency`` calls in flight."""
     from ragate.backends import load_backend
 
-    options: dict[str, Any] = {"base_url": config.base_url} if config.engine == "openai" else {}
+    options: dict[str, Any] = {}
+    if config.engine == "openai":
+        options = {"base_url": config.base_url, "max_concurrency": max(4, concurrency)}
     return load_backend(config.model, config.engine, **options)
 
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +114,12 @@ def sweep_pass(
     call_cache: Path | None = None,
     cache: bool = True,
     accept_rebuilt_index: bool = False,
+    concurrency: int = 1,
 ) -> list[dict[str, Any]]:
     """Pass 1 into ``out_dir/sweep.jsonl``: per (question, family) the two answers and every gate's score.
 
+    ``concurrency``: (question, family) jobs in flight at once, for a server backend (each job's calls stay in
+    order, so its record is the one a single job at a time writes).
     ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
     store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls;
     ``accept_rebuilt_index`` as in :func:`ragate.eval.run.check_config`."""
@@ -147,8 +152,12 @@ def sweep_pass(
             )
         if workers < 1:
             raise RagateError(f"--workers must be >= 1, not {workers}")
-        if workers > 1 and (lm is not None or retriever is not None):
-            raise RagateError("--workers above 1 opens a model per worker: not with a backend handed in")
+        if workers > 1 and (lm is not None or retriever is not None or concurrency > 1):
+            raise RagateError(
+                "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
+            )
+        if concurrency < 1:
+            raise RagateError(f"--concurrency must be >= 1, not {concurrency}")
         families = _families(specs)
         path = out_dir / "sweep.jsonl"
         fold_parts(path)
@@ -156,7 +165,7 @@ def sweep_pass(
         check_asked(list(done.values()), examples, path)
         jobs = [
             (i, ex, fam, done.get((ex.id, fam)))
-            for i, ex in enumerate(examples)
+            for i, ex in config.mine(examples)
             for fam in families
             if _missing(done.get((ex.id, fam)), families[fam], specs)
         ]
@@ -181,7 +190,16 @@ def sweep_pass(
             finally:  # what the workers wrote is kept, even when one of them was killed
                 fold_parts(path)
         elif jobs:
-            _sweep_jobs(config, jobs, path, store, lm=lm, retriever=retriever, progress=progress)
+            _sweep_jobs(
+                config,
+                jobs,
+                path,
+                store,
+                lm=lm,
+                retriever=retriever,
+                progress=progress,
+                concurrency=concurrency,
+            )
         return compact(path, rewrite=True)
 
 
@@ -265,65 +283,78 @@ def _sweep_jobs(
     lm: Any = None,
     retriever: Any = None,
     progress: bool = False,
+    concurrency: int = 1,
 ) -> None:
     """Pass 1 for ``jobs`` (question index, example, family, its stored record or None), one record each
-    appended to ``path``. A stored record keeps its two answers; only the gates it lacks are scored."""
+    appended to ``path``, ``concurrency`` jobs at a time. A stored record keeps its two answers; only the gates
+    it lacks are scored."""
     specs = {m: config.spec(m) for m in config.methods}
     families = _families(specs)
     own_lm, own_retriever = lm is None, retriever is None
-    lm = lm or _open_lm(config)
+    lm = lm or _open_lm(config, concurrency)
     retriever = retriever or _open_retriever(config)
     owned = [x for x, own in ((retriever, own_retriever), (lm, own_lm)) if own]
     check_index(specs.values(), retriever, close=owned)
     calls, opened = open_call_cache(lm, store, config, own=own_lm)
+    lock = threading.Lock()
+
+    def one(job: tuple[int, Example, str, dict[str, Any] | None]) -> dict[str, Any]:
+        i, ex, fam, stored = job
+        base = specs[families[fam][0]]
+        seed = config.seed + i
+        if stored is None:
+            closed = _answer(
+                run_method(base.with_(gate=GateSpec("never")), ex.question, calls, retriever, seed=seed), ex
+            )
+            opened_answer = _answer(
+                run_method(base.with_(gate=GateSpec("always")), ex.question, calls, retriever, seed=seed), ex
+            )
+        else:
+            closed, opened_answer = stored["closed"], stored["open"]
+        gates: dict[str, Any] = dict(stored["gates"]) if stored else {}
+        for m in families[fam]:
+            if unswept(specs[m]) or m in gates:
+                continue
+            with calls.tally() as tally:
+                start = time.perf_counter()
+                d = decide(specs[m], ex.question, calls, retriever, seed=seed)
+                wall = time.perf_counter() - start
+            gates[m] = {
+                "score": d.score,
+                "threshold": d.threshold,
+                "retrieve": d.retrieve,
+                "seconds": wall - tally.paid.seconds + tally.charged.seconds,  # charged, as in eval
+            }
+        methods = list(dict.fromkeys([*(stored["methods"] if stored else ()), *families[fam]]))
+        return {
+            "id": ex.id,
+            "family": fam,
+            "methods": methods,
+            "closed": closed,
+            "open": opened_answer,
+            "gates": gates,
+        }
+
     try:
-        with RecordWriter(path) as writer:
-            for i, ex, fam, stored in tqdm(
-                jobs, desc=f"sweep {config.dataset}", unit="question", disable=not progress
-            ):
-                base = specs[families[fam][0]]
-                seed = config.seed + i
-                if stored is None:
-                    closed = _answer(
-                        run_method(
-                            base.with_(gate=GateSpec("never")), ex.question, calls, retriever, seed=seed
-                        ),
-                        ex,
-                    )
-                    opened_answer = _answer(
-                        run_method(
-                            base.with_(gate=GateSpec("always")), ex.question, calls, retriever, seed=seed
-                        ),
-                        ex,
-                    )
-                else:
-                    closed, opened_answer = stored["closed"], stored["open"]
-                gates: dict[str, Any] = dict(stored["gates"]) if stored else {}
-                for m in families[fam]:
-                    if unswept(specs[m]) or m in gates:
-                        continue
-                    with calls.tally() as tally:
-                        start = time.perf_counter()
-                        d = decide(specs[m], ex.question, calls, retriever, seed=seed)
-                        wall = time.perf_counter() - start
-                    gates[m] = {
-                        "score": d.score,
-                        "threshold": d.threshold,
-                        "retrieve": d.retrieve,
-                        "seconds": wall - tally.paid.seconds + tally.charged.seconds,  # charged, as in eval
-                    }
-                writer.append(
-                    {
-                        "id": ex.id,
-                        "family": fam,
-                        "methods": list(
-                            dict.fromkeys([*(stored["methods"] if stored else ()), *families[fam]])
-                        ),
-                        "closed": closed,
-                        "open": opened_answer,
-                        "gates": gates,
-                    }
-                )
+        with (
+            RecordWriter(path) as writer,
+            tqdm(
+                total=len(jobs), desc=f"sweep {config.dataset}", unit="question", disable=not progress
+            ) as bar,
+        ):
+
+            def work(job: tuple[int, Example, str, dict[str, Any] | None]) -> None:
+                record = one(job)
+                with lock:  # one writer and one bar, whichever thread finishes
+                    writer.append(record)
+                    bar.update(1)
+
+            if concurrency <= 1:
+                for job in jobs:
+                    work(job)
+            else:
+                with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                    list(pool.map(work, jobs))
     finally:
         if opened is not None:
             opened.close()

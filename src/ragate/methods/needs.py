@@ -72,6 +72,11 @@ def support(need: Need, caps: Capabilities) -> tuple[Support, str]:
 
 
 def method_support(spec: MethodSpec, caps: Capabilities) -> tuple[Support, str]:
+    if spec.dynamic is not None and not caps.continues:
+        return "unavailable", (
+            "the backend cannot continue the model's own text (an OpenAI-style chat endpoint), which a dynamic "
+            "method does after every retrieval; run it with a local engine"
+        )
     return support(method_need(spec), caps)
 
 

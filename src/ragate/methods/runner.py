@@ -110,7 +110,8 @@ class QuestionRun:
 
     def closed_book_answer(self) -> str:
         """The answer when the gate says "no": what the gate set, else its draft (continued where it was cut at a
-        shorter length than the answer's), else the direct answer generated now."""
+        shorter length than the answer's; generated whole on a backend that cannot continue a prefix, which the
+        greedy draft of the same prompt begins), else the direct answer generated now."""
         if self._answer is not None:
             return self._answer
         draft = self._draft
@@ -120,6 +121,8 @@ class QuestionRun:
         if len(draft) > self.spec.max_tokens and len(draft.offsets) == len(draft):  # a gate's draft is longer
             return text[: draft.offsets[self.spec.max_tokens - 1][1]]  # than the answer may be: cut it there
         if draft.finish_reason == "length" and self.spec.max_tokens > len(draft):
+            if not self.lm.capabilities.continues:  # a chat endpoint: the whole greedy answer, which the draft
+                return self.one("answer", self.spec.prompts.direct).text  # (greedy, same prompt) begins
             rest = GenerationRequest(
                 self.messages(self.spec.prompts.direct),
                 max_tokens=self.spec.max_tokens - len(draft),

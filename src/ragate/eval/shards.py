@@ -1,0 +1,191 @@
+"""A run split across machines: ``--shard i/n`` answers every n-th question from the i-th, and :func:`fold_runs`
+merges the shards' directories into one run directory, as if one machine had run them all.
+
+A shard is a whole run directory of its own (``config.json`` with ``"shard": "i/n"``, resumable). Question j keeps
+its place in the whole run, so its seed is ``seed + j`` on any machine and the folded answers are those of the
+unsharded run. Folding refuses shards that are not one run: another configuration (any setting but the shard and
+the servers), another dataset file (by sha256), another index (by its files' digest), another model (a local
+model file's sha256, or a server's model name), a missing or doubled shard, or one that has not finished.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import RagateError
+from ragate.fileio import atomic_writer
+
+# settings that may differ between shards: where each machine keeps its files, which servers it asked, and what
+# the run computed them with (recorded per shard in "folded_from")
+_LOCAL = frozenset(
+    {
+        "shard", "base_url", "index", "skr_labels", "cross_encoder", "provenance", "provenance_history",
+        "index_rebuilds", "extra", "dataset_files", "index_identity", "skr_label_set",
+    }
+)  # fmt: skip
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` as (i, n), 0 <= i < n; anything else is an error naming the form."""
+    found = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not found or not 0 <= int(found[1]) < int(found[2]):
+        raise RagateError(
+            f"--shard {text!r}: write I/N with 0 <= I < N, e.g. --shard 0/2 on one machine and --shard 1/2 on "
+            "another (every N-th question from the I-th)"
+        )
+    return int(found[1]), int(found[2])
+
+
+def _identity(config: dict[str, Any]) -> dict[str, Any]:
+    """What must be the same in every shard beyond the settings: the files and the model the answers came from."""
+    model = (config.get("provenance") or {}).get("model") or {}
+    index = config.get("index_identity") or {}
+    return {
+        "dataset sha256": [f.get("sha256") for f in config.get("dataset_files") or []],
+        "index": index.get("files_sha256") or index.get("passages_sha256"),
+        "model": model.get("sha256") or model.get("model"),
+        "skr labels": (config.get("skr_label_set") or {}).get("content_sha256"),
+    }
+
+
+def fold_runs(dirs: Sequence[Path], out: Path) -> str:
+    """Fold the shard directories ``dirs`` (every shard of one run, each finished) into the run directory ``out``;
+    returns the run's kind ("eval" or "sweep"). ``out`` then reads, reports and resumes as an unsharded run."""
+    from ragate.eval.run import LOCK_FILE, read_run_config
+    from ragate.fileio import exclusive_lock
+
+    if len(dirs) < 2:
+        raise RagateError("--fold needs the directories of every shard of a run (at least two)")
+    out = Path(out)
+    if (out / "config.json").exists():
+        raise RagateError(f"{out} already holds a run: fold into a new --out directory")
+    configs = []
+    for d in dirs:
+        if not (Path(d) / "config.json").is_file():
+            raise RagateError(
+                f"{d} is not a run directory (no config.json): give the shards' --out directories"
+            )
+        configs.append(read_run_config(Path(d)))
+    shards: dict[int, Path] = {}
+    total = None
+    for d, config in zip(dirs, configs, strict=True):
+        if not config.get("shard"):
+            raise RagateError(
+                f"{d} is not a shard (its config.json has no shard): fold only --shard I/N runs"
+            )
+        i, n = parse_shard(config["shard"])
+        if total is not None and n != total:
+            raise RagateError(
+                f"{d} is shard {i}/{n}, but another is of {total}: fold the shards of one split"
+            )
+        if i in shards:
+            raise RagateError(f"{shards[i]} and {d} are both shard {i}/{n}: give each shard once")
+        total, shards[i] = n, Path(d)
+    assert total is not None
+    if missing := [f"{i}/{total}" for i in range(total) if i not in shards]:
+        raise RagateError(f"shard {', '.join(missing)} missing: give every shard's directory to --fold")
+    first = configs[0]
+    for d, config in zip(dirs[1:], configs[1:], strict=True):
+        for key in sorted((set(first) | set(config)) - _LOCAL):
+            if first.get(key) != config.get(key):
+                raise RagateError(
+                    f"{d} was run with {key}={config.get(key)!r} but {dirs[0]} with {key}={first.get(key)!r}: "
+                    "the shards are not one run, so their answers cannot be folded"
+                )
+        for what, value in _identity(config).items():
+            if value != (was := _identity(first)[what]):
+                raise RagateError(
+                    f"{d} read another {what} than {dirs[0]} ({short_id(value)} vs {short_id(was)}): the shards' "
+                    "answers come from different files or models, so they cannot be folded into one run"
+                )
+    kind = "sweep" if first.get("kind") == "sweep" else "eval"
+    name = "sweep.jsonl" if kind == "sweep" else "questions.jsonl"
+    merged = _merged(dirs, configs, name, kind)
+    out.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out / LOCK_FILE, f"run directory {out}"):
+        folded = {k: v for k, v in first.items() if k != "shard"} | {
+            "folded_from": [
+                {"dir": str(Path(d).resolve()), "shard": c["shard"], "provenance": c.get("provenance")}
+                for d, c in zip(dirs, configs, strict=True)
+            ]
+        }
+        from ragate.eval.records import write_records
+
+        write_records(out / name, merged)
+        if kind == "sweep":
+            from ragate.eval.sweep import compact, write_sweep
+
+            with atomic_writer(out / "config.json") as f:
+                f.write(json.dumps(folded, indent=2).encode())
+            write_sweep(out, compact(out / name))
+        else:
+            _write_results(out, dirs, folded, merged)
+    return kind
+
+
+def short_id(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _merged(
+    dirs: Sequence[Path], configs: Sequence[dict[str, Any]], name: str, kind: str
+) -> list[dict[str, Any]]:
+    """Every shard's records, refusing an unfinished shard and a record two shards both hold."""
+    from ragate.eval.records import latest, read_records
+    from ragate.eval.sweep import compact
+    from ragate.eval.workers import unfolded
+
+    merged: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str], Path] = {}
+    for d, config in zip(dirs, configs, strict=True):
+        path = Path(d) / name
+        finished = (Path(d) / ("sweep.json" if kind == "sweep" else "results.json")).is_file()
+        if not finished or unfolded(path):
+            raise RagateError(
+                f"{d} (shard {config['shard']}) has not finished: rerun its command with --resume there, then fold"
+            )
+        records = compact(path) if kind == "sweep" else latest(read_records(path, repair=False))
+        for r in records:
+            key = (r["id"], r["family"] if kind == "sweep" else r["method"])
+            if key in seen:
+                raise RagateError(
+                    f"{seen[key]} and {d} both answer question {key[0]!r} ({key[1]}): they are not shards of one "
+                    "split; fold each shard once"
+                )
+            seen[key] = Path(d)
+            merged.append(r)
+    return merged
+
+
+def _write_results(
+    out: Path, dirs: Sequence[Path], config: dict[str, Any], records: list[dict[str, Any]]
+) -> None:
+    """An eval run's ``config.json``, ``results.json`` and ``results.md`` from the shards' own results: the first
+    shard's provenance (the others' in ``folded_from``), the earliest start and the latest finish."""
+    from ragate.eval.run import cost_totals, read_results
+    from ragate.eval.summary import summarize, summary_markdown
+
+    results = [read_results(Path(d)) for d in dirs]
+    with atomic_writer(out / "config.json") as f:
+        f.write(json.dumps(config, indent=2).encode())
+    saved = {k: v for k, v in config.items() if k in results[0].get("config", {})}
+    folded = {
+        "config": saved,
+        "questions": sum(int(r.get("questions") or 0) for r in results),
+        "dataset_files": config.get("dataset_files"),
+        "provenance": results[0]["provenance"],
+        "started": min(float(r.get("started") or 0) for r in results),
+        "finished": max(float(r.get("finished") or 0) for r in results),
+        "calls": {"cache": None, "workers": None, "shards": len(results)} | cost_totals(records),
+        "summary": summarize(records, list(config["methods"])),
+        "folded_from": config["folded_from"],
+    }
+    with atomic_writer(out / "results.json") as f:
+        f.write(json.dumps(folded, indent=2).encode())
+    with atomic_writer(out / "results.md") as f:
+        f.write(summary_markdown(folded).encode())

@@ -1,0 +1,266 @@
+"""Issue O: runs against model servers at full concurrency, spread over a fleet, split across machines.
+
+Every test talks to real HTTP servers on 127.0.0.1: ``benchmarks/latency_server.py`` processes, which answer each
+call after a fixed latency with text and logprobs that depend on the request alone (a GPU server with many slots,
+without the model), so that records must be identical whatever the concurrency, the server or the shard.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragate.cli.main import main
+from ragate.errors import BackendError, RagateError
+from ragate.eval.records import latest, read_records
+from ragate.eval.sweep import compact
+
+SERVER = Path(__file__).resolve().parents[1] / "benchmarks" / "latency_server.py"
+MODEL = "latency-stub"
+SWEEP = ["--dataset", "demo", "--limit", "10", "--methods", "targ-margin,targ-variance,dtr", "--quiet"]
+KEEP = ("prediction", "scores", "doc_ids")  # of an answer; times differ from run to run
+
+
+def start(*args: str, model: str = MODEL) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "--latency", "0.05", "--model", model, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().decode().strip()
+    if not url.startswith("http://127.0.0.1:"):
+        proc.kill()
+        pytest.fail(f"the latency server did not start: {url!r}")
+    return proc, url
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    proc, url = start()
+    yield url
+    stop(proc)
+
+
+def sweep(out: Path, *urls: str, extra: tuple[str, ...] = ()) -> int:
+    flags = [f for url in urls for f in ("--base-url", url)]
+    argv = [
+        "sweep",
+        *SWEEP,
+        "--backend",
+        "openai",
+        "--model",
+        MODEL,
+        *flags,
+        "--no-call-cache",
+        "--out",
+        str(out),
+    ]
+    return main([*argv, *extra])
+
+
+def sweep_rows(out: Path) -> dict[tuple[str, str], Any]:
+    """What a sweep record says, without its times: both answers and every gate's score and decision."""
+    rows = {}
+    for r in compact(out / "sweep.jsonl"):
+        answers = [{k: r[side][k] for k in KEEP} for side in ("closed", "open")]
+        gates = {m: (g["score"], g["retrieve"]) for m, g in r["gates"].items()}
+        rows[r["id"], r["family"]] = (answers, gates)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Any]:
+    """The sweep at --concurrency 1 on one server: what every other arrangement must reproduce."""
+    proc, url = start()
+    try:
+        out = tmp_path_factory.mktemp("reference") / "sweep"
+        assert sweep(out, url) == 0
+    finally:
+        stop(proc)
+    rows = sweep_rows(out)
+    assert len(rows) == 20  # 10 questions x 2 families (targ, dtr)
+    return rows
+
+
+def test_sweep_concurrency_8_gives_the_records_of_1(server: str, tmp_path: Path, reference: Any) -> None:
+    assert sweep(tmp_path / "c8", server, extra=("--concurrency", "8")) == 0
+    assert sweep_rows(tmp_path / "c8") == reference
+
+
+def test_concurrency_needs_a_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sweep", *SWEEP, "--concurrency", "4", "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    assert "--concurrency above 1 needs --backend openai" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+def test_a_burst_of_429_and_503_is_retried(tmp_path: Path, reference: Any) -> None:
+    for status in ("429", "503"):
+        proc, url = start("--fail", f"{status}:3")
+        try:
+            assert sweep(tmp_path / status, url, extra=("--concurrency", "4")) == 0
+        finally:
+            stop(proc)
+        assert sweep_rows(tmp_path / status) == reference
+
+
+def test_a_fleet_spreads_calls_and_answers_as_one_server(tmp_path: Path, reference: Any) -> None:
+    procs = [start() for _ in range(2)]
+    try:
+        urls = [url for _, url in procs]
+        assert sweep(tmp_path / "fleet", *urls, extra=("--concurrency", "8")) == 0
+        served = [int(json.loads(_get(f"{url}/stats"))["posts"]) for url in urls]
+    finally:
+        for proc, _ in procs:
+            stop(proc)
+    assert sweep_rows(tmp_path / "fleet") == reference
+    assert all(n > 10 for n in served), served  # both servers answered a share
+
+
+def test_a_fleet_goes_on_without_a_dead_server_and_refuses_mixed_models(
+    tmp_path: Path, reference: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ragate.backends.openai_compat import OpenAICompatBackend
+
+    proc, url = start()
+    dead_proc, dead = start()
+    other_proc, other = start(model="another-model")
+    try:
+        with pytest.raises(BackendError, match="serve different models.*another-model"):
+            OpenAICompatBackend([url, other], logprobs="on")
+        stop(dead_proc)
+        assert sweep(tmp_path / "one-dead", dead, url, extra=("--concurrency", "4")) == 0
+    finally:
+        stop(proc)
+        stop(other_proc)
+    assert sweep_rows(tmp_path / "one-dead") == reference
+    assert f"the server at {dead} is down" in caplog.text
+
+
+def test_a_dead_server_is_a_clear_error_and_the_run_resumes(
+    tmp_path: Path, reference: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "killed"
+    proc, url = start()
+    killer = threading.Timer(1.5, stop, args=(proc,))
+    killer.start()
+    try:
+        assert sweep(out, url) == 2
+    finally:
+        killer.cancel()
+        stop(proc)
+    err = capsys.readouterr().err
+    assert f"OpenAI-compatible server at {url}" in err and "is it running?" in err
+    kept = len(compact(out / "sweep.jsonl"))
+    assert 0 < kept < 20  # what was answered before the kill is kept
+    proc, url = start()  # restarted, on another port: the named model lets the run go on there
+    try:
+        assert sweep(out, url, extra=("--resume",)) == 0
+    finally:
+        stop(proc)
+    assert sweep_rows(out) == reference
+
+
+def test_resuming_on_other_servers_needs_the_model_named(tmp_path: Path, server: str) -> None:
+    from ragate.eval.run import EvalConfig, check_config
+
+    saved = EvalConfig("demo", ("dtr",), None, "openai", base_url="http://127.0.0.1:1/v1")
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_json()))
+    moved = EvalConfig("demo", ("dtr",), None, "openai", base_url=server)
+    with pytest.raises(RagateError, match="without --model, so nothing says the new servers serve"):
+        check_config(moved, tmp_path, resume=True)
+
+
+def eval_rows(out: Path) -> dict[tuple[str, str], Any]:
+    records = latest(read_records(out / "questions.jsonl"))
+    assert not [r["error"] for r in records if "error" in r]
+    return {
+        (r["id"], r["method"]): ({k: r[k] for k in KEEP}, r["gate_score"], r["retrieved"]) for r in records
+    }
+
+
+def test_two_shards_folded_equal_the_unsharded_run(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["eval", "--dataset", "demo", "--limit", "9", "--methods", "random,pairs", "--backend", "openai"]
+    base += ["--base-url", server, "--model", MODEL, "--quiet", "--no-call-cache", "--concurrency", "4"]
+    assert main([*base, "--out", str(tmp_path / "whole")]) == 0
+    for i in (0, 1):
+        assert main([*base, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")]) == 0
+    assert len(eval_rows(tmp_path / "s0")) == 10 and len(eval_rows(tmp_path / "s1")) == 8  # 5 and 4 questions
+    shards = [str(tmp_path / "s0"), str(tmp_path / "s1")]
+    assert main(["eval", "--fold", *shards, "--out", str(tmp_path / "folded")]) == 0
+    assert eval_rows(tmp_path / "folded") == eval_rows(tmp_path / "whole")
+    folded = json.loads((tmp_path / "folded" / "results.json").read_text())
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert [(r["method"], r["n"], r["em"]) for r in folded["summary"]] == [
+        (r["method"], r["n"], r["em"]) for r in whole["summary"]
+    ]
+    assert [f["shard"] for f in folded["folded_from"]] == ["0/2", "1/2"]
+    # the folded run reads as the unsharded one: a resume of the whole command computes nothing
+    assert main([*base, "--out", str(tmp_path / "folded"), "--resume"]) == 0
+    capsys.readouterr()
+    # not one run: a missing shard, a shard given twice, another setting
+    assert main(["eval", "--fold", shards[0], shards[0], "--out", str(tmp_path / "f2")]) == 2
+    assert "both shard 0/2" in capsys.readouterr().err
+    assert main(["eval", "--fold", shards[0], str(tmp_path / "whole"), "--out", str(tmp_path / "f3")]) == 2
+    assert "is not a shard" in capsys.readouterr().err
+    assert main([*base, "--shard", "1/2", "--seed", "7", "--out", str(tmp_path / "s1-seed7")]) == 0
+    assert main(["eval", "--fold", shards[0], str(tmp_path / "s1-seed7"), "--out", str(tmp_path / "f4")]) == 2
+    assert "was run with seed=7" in capsys.readouterr().err
+    assert main(["eval", "--shard", "2/2", *base[1:], "--out", str(tmp_path / "bad")]) == 2
+    assert "write I/N with 0 <= I < N" in capsys.readouterr().err
+
+
+def test_calibrate_with_concurrency_finds_the_same_tau(server: str, tmp_path: Path) -> None:
+    questions = tmp_path / "questions.txt"
+    questions.write_text("".join(f"Who wrote book number {i}?\n" for i in range(24)))
+    taus = []
+    for n in ("1", "8"):
+        out = tmp_path / f"cal{n}.json"
+        argv = ["calibrate", "--gate", "targ-margin", "--budget", "0.25", "--questions", str(questions)]
+        argv += ["--backend", "openai", "--base-url", server, "--model", MODEL, "--concurrency", n, "--quiet"]
+        assert main([*argv, "--out", str(out)]) == 0
+        taus.append(json.loads(out.read_text())["tau"])
+    assert taus[0] == taus[1]
+
+
+def _get(url: str) -> str:
+    import httpx
+
+    return httpx.get(url, timeout=10).text
+
+
+def test_over_a_server_drafts_are_answered_whole_and_dynamic_methods_refused_first(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["eval", "--dataset", "demo", "--limit", "6", "--backend", "openai", "--base-url", server]
+    base += ["--model", MODEL, "--quiet", "--no-call-cache"]
+    assert main([*base, "--methods", "targ-margin,targ-variance", "--out", str(tmp_path / "targ")]) == 0
+    records = latest(read_records(tmp_path / "targ" / "questions.jsonl"))
+    assert len(records) == 12 and not [r["error"] for r in records if "error" in r]
+    whole = [
+        r for r in records if not r["retrieved"] and "answer" in [s["name"] for s in r["trace"]["stages"]]
+    ]
+    assert whole, "no draft was cut short: the fallback went untested"
+    assert main([*base, "--methods", "targ-margin,etc", "--out", str(tmp_path / "etc")]) == 2
+    assert "cannot continue the model's own text" in capsys.readouterr().err
+    assert not (tmp_path / "etc" / "questions.jsonl").exists() or not read_records(
+        tmp_path / "etc" / "questions.jsonl"
+    )
