@@ -264,3 +264,47 @@ def test_over_a_server_drafts_are_answered_whole_and_dynamic_methods_refused_fir
     assert not (tmp_path / "etc" / "questions.jsonl").exists() or not read_records(
         tmp_path / "etc" / "questions.jsonl"
     )
+
+
+def test_every_pack_names_real_methods_and_datasets() -> None:
+    from ragate.eval.datasets import DATASETS
+    from ragate.eval.reproduce import load_pack, pack_names
+    from ragate.methods import get_method
+
+    assert pack_names() == ["dtr-table2", "etc-table2", "pairs-table2", "targ-table1"]
+    for name in pack_names():
+        pack = load_pack(name)
+        for d in pack["datasets"]:
+            assert d["ragate"] is None and d["why_missing"] or d["ragate"] in DATASETS, (name, d)
+        papers = {d["paper"] for d in pack["datasets"]}
+        for row in pack["rows"]:
+            assert row["dataset"] in papers, (name, row)
+            if row["method"]:
+                get_method(row["method"])
+            assert any(v is not None for v in row["paper"].values()), (name, row)
+    with pytest.raises(RagateError, match="no reproduction pack 'targ-table9'.*targ-table1"):
+        load_pack("targ-table9")
+
+
+def test_reproduce_puts_the_paper_beside_ragate(server: str, tmp_path: Path, capsys: Any) -> None:
+    from ragate.eval.datasets import load_dataset
+
+    try:
+        load_dataset("nq-open", limit=1)
+    except RagateError as err:
+        pytest.skip(f"NQ-open is not here ({err}): ../shared/data is absent")
+    argv = ["reproduce", "targ-table1", "--limit", "4", "--datasets", "nq-open", "--backend", "openai"]
+    argv += ["--base-url", server, "--model", MODEL, "--concurrency", "4", "--quiet", "--no-call-cache"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    printed = capsys.readouterr().out
+    table = json.loads((tmp_path / "r" / "reproduce.json").read_text())
+    rows = {r["label"]: r for r in table["rows"]}
+    assert set(rows) == {"NEVER", "ALWAYS", "ENTROPY", "MARGIN", "VARIANCE"}
+    assert rows["NEVER"]["method"] == "never@targ-question-first" and rows["ALWAYS"]["ours"]["retrieval_rate"] == 1.0
+    assert rows["MARGIN"]["paper"]["em"] == 39.6 and rows["MARGIN"]["n"] == 4
+    assert "at the paper's rate 0.304" in rows["MARGIN"]["note"]
+    assert "| NQ-Open | MARGIN | targ-margin | 4 | 39.6 |" in printed
+    assert "| model | Qwen2.5-7B-Instruct | latency-stub (openai) |" in printed
+    # the runs are ordinary run directories: a rerun computes nothing and prints the same table
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    assert json.loads((tmp_path / "r" / "reproduce.json").read_text())["rows"] == table["rows"]

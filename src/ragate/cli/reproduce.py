@@ -44,6 +44,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight (with --backend openai)")
     p.add_argument("--workers", type=int, default=1, help="processes for a local model, one per core")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--call-cache", type=Path, default=None, help="where LM calls are stored (as ragate eval)")
+    p.add_argument("--no-call-cache", dest="cache", action="store_false", help="compute every call in full")
     p.add_argument(
         "--out", type=Path, default=None, help="where the runs and the table go (default runs/reproduce-NAME)"
     )
@@ -80,6 +82,8 @@ def _run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         workers=args.workers,
         progress=not args.quiet,
+        call_cache=args.call_cache,
+        cache=args.cache,
     )
     print(markdown(table))
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}")

@@ -169,8 +169,10 @@ class CallStore:
             ) from None
         if self.path.is_dir():
             raise CallCacheError(f"the call cache {self.path} is a directory; pass a --call-cache file path")
+        self._lock = threading.Lock()
         try:
-            self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            # one connection for every thread of a run (questions in flight over a server), used under a lock
+            self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
             columns = [(row[1], row[2]) for row in self._db.execute("PRAGMA table_info(calls)")]
@@ -204,7 +206,8 @@ class CallStore:
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
-            row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
+            with self._lock:
+                row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
         except sqlite3.DatabaseError as err:
             raise self._error(err) from None
         if row is None:
@@ -218,18 +221,21 @@ class CallStore:
     def put(self, key: str, value: dict[str, Any]) -> None:
         blob = zlib.compress(json.dumps(value, separators=(",", ":")).encode("utf-8"), 6)
         try:
-            self._db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES (?, ?)", (key, blob))
+            with self._lock:
+                self._db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES (?, ?)", (key, blob))
         except sqlite3.DatabaseError as err:
             raise self._error(err) from None
 
     def __len__(self) -> int:
         try:
-            return int(self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+            with self._lock:
+                return int(self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
         except sqlite3.DatabaseError as err:
             raise self._error(err) from None
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
 
 def check_call_cache(path: Path | str) -> None:

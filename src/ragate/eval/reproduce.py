@@ -101,6 +101,8 @@ def reproduce(
     concurrency: int = 1,
     workers: int = 1,
     progress: bool = True,
+    call_cache: Path | None = None,
+    cache: bool = True,
 ) -> dict[str, Any]:
     """Run pack ``name``'s protocol into ``out`` (one run directory per dataset and kind) and return the table
     (also written to ``out/reproduce.json`` and ``out/reproduce.md``)."""
@@ -158,6 +160,8 @@ def reproduce(
                 progress=progress,
                 workers=workers,
                 concurrency=concurrency,
+                call_cache=call_cache,
+                cache=cache,
             )
         eval_records: list[dict[str, Any]] = []
         if evaluated:
@@ -169,6 +173,8 @@ def reproduce(
                 progress=progress,
                 workers=workers,
                 concurrency=concurrency,
+                call_cache=call_cache,
+                cache=cache,
             )
             eval_records = latest(read_records(out / f"{dataset}-eval" / "questions.jsonl"))
         for r in ds_rows:
@@ -224,6 +230,7 @@ def _ours(
         if not family:
             return Row(paper_ds, row["label"], method, row["paper"], note="the sweep holds no answer for it")
         if side:
+            method = f"{'never' if side == 'closed' else 'always'}@{family[0]['family'].split('|')[0]}"  # prompts
             chosen = [r[side] for r in family]
             retrieved = [side == "open"] * len(family)
         else:
