@@ -101,6 +101,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str],
 def test_sweep_concurrency_8_gives_the_records_of_1(server: str, tmp_path: Path, reference: Any) -> None:
     assert sweep(tmp_path / "c8", server, extra=("--concurrency", "8")) == 0
     assert sweep_rows(tmp_path / "c8") == reference
+    stats = json.loads(_get(f"{server}/stats"))
+    assert stats["most_in_flight"] >= 4, stats  # calls really were in flight together
+    # with the call store on: its one connection serves every thread, and a second sweep computes no call
+    argv = ["sweep", *SWEEP, "--backend", "openai", "--model", MODEL, "--base-url", server, "--concurrency", "8"]
+    argv += ["--call-cache", str(tmp_path / "calls.sqlite")]
+    assert main([*argv, "--out", str(tmp_path / "cached")]) == 0
+    posts = json.loads(_get(f"{server}/stats"))["posts"]
+    assert main([*argv, "--out", str(tmp_path / "cached-again")]) == 0
+    assert json.loads(_get(f"{server}/stats"))["posts"] - posts <= 2  # the probe (and one warm-up) only
+    assert sweep_rows(tmp_path / "cached") == sweep_rows(tmp_path / "cached-again") == reference
 
 
 def test_concurrency_needs_a_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

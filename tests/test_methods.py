@@ -132,3 +132,13 @@ def test_pseudo_contexts_get_the_authors_1024_tokens_and_query_expansions_keep_1
     trace = run_method(get_method(method), "Who discovered penicillin?", lm, wiki_dense)
     assert trace.stages[0].name == stage
     assert lm.calls[0].max_tokens == cap
+
+
+def test_standard_rag_pairs_prompts_differs_from_standard_rag_in_the_prompt_alone() -> None:
+    """Issue M, Why 4: the reader-prompt ablation reads what Standard RAG reads (the question's top 3, always)
+    with DPR-AIS's (PAIRS's) prompts, so DPR-AIS minus it is the retrieval's effect and it minus Standard RAG
+    the prompt's."""
+    ablation, standard, dpr_ais = (get_method(m) for m in ("standard-rag-pairs-prompts", "standard-rag", "dpr-ais"))
+    assert ablation.prompts == dpr_ais.prompts != standard.prompts
+    assert (ablation.gate, ablation.selector) == (standard.gate, standard.selector)
+    assert ablation.selector != dpr_ais.selector
