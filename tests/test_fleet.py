@@ -318,3 +318,18 @@ def test_reproduce_puts_the_paper_beside_ragate(server: str, tmp_path: Path, cap
     # the runs are ordinary run directories: a rerun computes nothing and prints the same table
     assert main([*argv, "--out", str(tmp_path / "r")]) == 0
     assert json.loads((tmp_path / "r" / "reproduce.json").read_text())["rows"] == table["rows"]
+
+
+def test_server_specific_fields_go_with_every_request_and_are_compared_on_resume(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["eval", "--dataset", "demo", "--limit", "2", "--methods", "no-retrieval", "--backend", "openai"]
+    base += ["--base-url", server, "--model", MODEL, "--quiet", "--no-call-cache", "--out", str(tmp_path / "r")]
+    assert main([*base, "--extra-body", '{"repeat_penalty": 1.0}']) == 0
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["extra_body"] == {"repeat_penalty": 1.0}
+    capsys.readouterr()
+    assert main([*base, "--resume", "--extra-body", '{"repeat_penalty": 1.1}']) == 2
+    assert "it was run with extra_body={'repeat_penalty': 1.0}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--extra-body", "[1]"])
+    assert "not a JSON object" in capsys.readouterr().err

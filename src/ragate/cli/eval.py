@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
     source.add_argument(
         "--questions",
         type=Path,
-        help="your own questions, without answers: a text file (one a line) or JSONL with \"question\"",
+        help='your own questions, without answers: a text file (one a line) or JSONL with "question"',
     )
     source.add_argument(
         "--from-sweep",
@@ -93,7 +93,9 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="other questions (same forms as --questions): score them and print the rate tau gives there",
     )
-    cal.add_argument("--limit", type=int, default=200, help="dev questions to score (default 200; --dev only)")
+    cal.add_argument(
+        "--limit", type=int, default=200, help="dev questions to score (default 200; --dev only)"
+    )
     cal.add_argument("--model", default=None)
     cal.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
     cal.add_argument(
@@ -106,6 +108,7 @@ def register(subparsers: Any) -> None:
         "of one model",
     )
     _concurrency(cal)
+    extra_body_option(cal)
     cal.add_argument("--index", default=None, help="index directory (gates that embed, and --objective em)")
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
@@ -219,6 +222,7 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         help="shard the questions over N processes, each pinned to its own core with a one-thread engine "
         "(use the number of cores for a local model)",
     )
+    extra_body_option(p)
     p.add_argument(
         "--shard",
         default=None,
@@ -248,6 +252,28 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         help="compute every LM call in full: no stored call, no prompt started from an earlier one's state "
         "(same predictions; every call paid)",
     )
+
+
+def extra_body_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--extra-body",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="server-specific fields added to every request with --backend openai, e.g. '{\"repeat_penalty\": 1.0}' "
+        "for llama-cpp-python's server (which penalises repeats unless told otherwise); recorded and compared on "
+        "--resume",
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r} (e.g. '{{\"repeat_penalty\": 1.0}}')")
+    return value
 
 
 def _concurrency(p: argparse.ArgumentParser) -> None:
@@ -313,6 +339,8 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         thresholds[method] = _finite(value, f"--threshold {item!r}")
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
+    if args.extra_body and args.engine != "openai":
+        raise RagateError("--extra-body adds fields to a server's requests: use it with --backend openai")
     if args.shard is not None:
         from ragate.eval.shards import parse_shard
 
@@ -329,6 +357,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         base_url=base_urls(args.base_url),
         fallback=getattr(args, "fallback", None),
         shard=args.shard,
+        extra_body=args.extra_body,
         offset=getattr(args, "offset", 0),
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
         cross_encoder=getattr(args, "cross_encoder", None),
@@ -452,6 +481,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=not args.quiet,
             concurrency=args.concurrency,
+            extra_body=args.extra_body,
         )
         source = Path(args.dev).stem
     elif args.from_sweep is not None:
@@ -465,7 +495,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         result = _calibrate_questions(args)
         source = args.questions.stem
     out = args.out or Path("calibration") / (
-        f"{args.gate}-{source}-{args.objective}" + (f"-{args.budget:g}" if args.objective == "budget" else "") + ".json"
+        f"{args.gate}-{source}-{args.objective}"
+        + (f"-{args.budget:g}" if args.objective == "budget" else "")
+        + ".json"
     )
     from ragate.fileio import atomic_writer
 
@@ -498,7 +530,10 @@ def _pipeline(args: argparse.Namespace) -> Any:
         base_url=base_urls(args.base_url),
         index=args.index,
         seed=args.seed,
-        backend_options={"max_concurrency": max(4, args.concurrency)} if args.engine == "openai" else None,
+        backend_options={"max_concurrency": max(4, args.concurrency)}
+        | ({"extra_body": args.extra_body} if args.extra_body else {})
+        if args.engine == "openai"
+        else None,
     )
 
 
@@ -529,7 +564,9 @@ def _check_rate(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     questions = read_questions(args.check)
     with _pipeline(args) as rag:
-        scores = [d.score for d in rag.scores(questions, progress=not args.quiet, concurrency=args.concurrency)]
+        scores = [
+            d.score for d in rag.scores(questions, progress=not args.quiet, concurrency=args.concurrency)
+        ]
     rate = retrieval_rate(scores, float(result["tau"]))
     verdict = "within" if rate <= (args.budget or 1.0) else "above"
     print(

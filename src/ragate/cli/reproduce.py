@@ -10,7 +10,7 @@ from ragate.errors import RagateError
 
 
 def register(subparsers: Any) -> None:
-    from ragate.cli.eval import BACKEND_CHOICES
+    from ragate.cli.eval import BACKEND_CHOICES, extra_body_option
 
     p = subparsers.add_parser(
         "reproduce",
@@ -40,6 +40,7 @@ def register(subparsers: Any) -> None:
         default=[],
         help="an OpenAI-compatible server's /v1 URL (with --backend openai); repeat it for a fleet",
     )
+    extra_body_option(p)
     p.add_argument("--index", default=None, help="index directory (default: the demo index)")
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight (with --backend openai)")
     p.add_argument("--workers", type=int, default=1, help="processes for a local model, one per core")
@@ -84,6 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         call_cache=args.call_cache,
         cache=args.cache,
+        extra_body=args.extra_body,
     )
     print(markdown(table))
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}")

@@ -129,7 +129,9 @@ def threshold_from_scores(
     these scores (the fields of :class:`ragate.pipeline.Calibration`). A bound the scores cannot give is a
     :class:`RagateError` naming the fix."""
     if batch is not None and confidence is None:
-        raise RagateError("batch needs confidence (e.g. 0.95): it bounds the rate of every batch of new questions")
+        raise RagateError(
+            "batch needs confidence (e.g. 0.95): it bounds the rate of every batch of new questions"
+        )
     try:
         if confidence is None:
             tau = threshold_for_budget(scores, budget)
@@ -143,7 +145,12 @@ def threshold_from_scores(
             }  # fmt: skip
     except ValueError as err:
         raise RagateError(str(err)) from None
-    return found | {"tau": tau, "budget": budget, "n": len(scores), "retrieval_rate": retrieval_rate(scores, tau)}
+    return found | {
+        "tau": tau,
+        "budget": budget,
+        "n": len(scores),
+        "retrieval_rate": retrieval_rate(scores, tau),
+    }
 
 
 def read_calibration(path: str | Path) -> dict[str, Any]:
@@ -256,6 +263,7 @@ def calibrate(
     progress: bool = True,
     work_dir: Path | None = None,
     concurrency: int = 1,
+    extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Score ``method``'s gate on the dev questions and pick tau: F^-1(1 - budget) (``objective="budget"``; with
     ``confidence``, the :func:`conservative_threshold` that keeps new questions' rate at most ``budget`` with that
@@ -270,7 +278,9 @@ def calibrate(
 
     spec = get_method(method)
     check_calibratable(spec)
-    config = EvalConfig(dev, (method,), model, engine, index, limit, seed, base_url=base_url)
+    config = EvalConfig(
+        dev, (method,), model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body
+    )
     examples = load_dataset(dev, limit=limit)
     if not examples:
         raise RagateError(f"dev set {dev!r} has no questions")

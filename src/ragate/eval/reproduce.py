@@ -103,6 +103,7 @@ def reproduce(
     progress: bool = True,
     call_cache: Path | None = None,
     cache: bool = True,
+    extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run pack ``name``'s protocol into ``out`` (one run directory per dataset and kind) and return the table
     (also written to ``out/reproduce.json`` and ``out/reproduce.md``)."""
@@ -148,6 +149,7 @@ def reproduce(
             "limit": limit,
             "seed": seed,
             "base_url": base_url,
+            "extra_body": extra_body,
         }
         sweep_records: list[dict[str, Any]] = []
         if swept or any(_side(r) for r in runnable):
@@ -230,7 +232,9 @@ def _ours(
         if not family:
             return Row(paper_ds, row["label"], method, row["paper"], note="the sweep holds no answer for it")
         if side:
-            method = f"{'never' if side == 'closed' else 'always'}@{family[0]['family'].split('|')[0]}"  # prompts
+            method = (
+                f"{'never' if side == 'closed' else 'always'}@{family[0]['family'].split('|')[0]}"  # prompts
+            )
             chosen = [r[side] for r in family]
             retrieved = [side == "open"] * len(family)
         else:

@@ -68,6 +68,7 @@ class EvalConfig:
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate reads
     cross_encoder: str | None = None  # the CrossEncoder folder that rerank and dpr-ais-rerank read K from
     shard: str | None = None  # "i/n": this run answers question j when j % n == i (ragate.eval.shards)
+    extra_body: dict[str, Any] | None = None  # server-specific request fields (e.g. {"repeat_penalty": 1.0})
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (not compared on resume)
 
     def to_json(self) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def check_config(
     now = config.to_json()
     for key in (
         "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
-        "offset", "skr_labels", "cross_encoder", "shard",
+        "offset", "skr_labels", "cross_encoder", "shard", "extra_body",
     ):  # fmt: skip
         if key == "methods" and add_methods and set(saved.get(key) or ()) <= set(now[key]):
             continue  # a sweep may gain gates: their scores join the stored answers
@@ -269,6 +270,7 @@ _CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
         "an object (its files_sha256 a string)",
     ),
     **dict.fromkeys(("extra", "skr_label_set"), (lambda v: isinstance(v, dict), "an object")),
+    "extra_body": (lambda v: v is None or isinstance(v, dict), "an object of request fields or null"),
     "provenance": (_provenance, "a provenance (git, model, index, packages, machine)"),
     "provenance_history": (
         lambda v: isinstance(v, list) and all(map(_provenance, v)),
@@ -300,7 +302,7 @@ def _grows(before: int | None, now: int | None) -> bool:
 
 
 # keys added after runs were saved without them: their value then
-_ADDED: dict[str, Any] = {"offset": 0, "cross_encoder": None, "shard": None}
+_ADDED: dict[str, Any] = {"offset": 0, "cross_encoder": None, "shard": None, "extra_body": None}
 
 
 def open_run(
@@ -827,6 +829,8 @@ def _open_lm(config: EvalConfig, concurrency: int = 1) -> Backend:
     options: dict[str, Any] = {}
     if config.engine == "openai":
         options = {"base_url": config.base_url, "max_concurrency": max(4, concurrency)}
+        if config.extra_body:
+            options["extra_body"] = config.extra_body
     return load_backend(config.model, config.engine, **options)
 
 
