@@ -227,7 +227,9 @@ def _ours(
 
     method, side = row["method"], _side(row)
     note = ""
-    if side or row["point"] == "rate" or pack["kind"] == "sweep":
+    swept = any(method in r["gates"] for r in sweep)
+    evaluated = any(r.get("method") == method for r in evals)
+    if side or row["point"] == "rate" or pack["kind"] == "sweep" or (swept and not evaluated):
         family = [r for r in sweep if method in r["gates"]] if not side else _family(sweep, method)
         if not family:
             return Row(paper_ds, row["label"], method, row["paper"], note="the sweep holds no answer for it")
@@ -240,9 +242,9 @@ def _ours(
         else:
             rate = row["paper"].get("retrieval_rate")
             scores = finite_scores([r["gates"][method]["score"] for r in family])
-            if rate is None:
+            if rate is None or row["point"] == "default":
                 retrieved = [bool(r["gates"][method]["retrieve"]) for r in family]
-                note = "the paper gives no rate: ragate's default threshold"
+                note = "ragate's default threshold" + (" (the paper gives no rate)" if rate is None else "")
             else:
                 tau = threshold_for_budget(scores, float(rate))
                 retrieved = [s > tau for s in scores]
