@@ -122,6 +122,10 @@ def reproduce(
         get_method(m)  # a typo fails before any work
     out = Path(out)
     results: list[Row] = []
+    running: dict[str, Any] = {  # how each dataset's runs go: resumed where they stopped
+        "resume": True, "progress": progress, "workers": workers, "concurrency": concurrency,
+        "call_cache": call_cache, "cache": cache,
+    }  # fmt: skip
     for paper_ds, info in here.items():
         ds_rows = [r for r in rows if r["dataset"] == paper_ds]
         wanted = not datasets or paper_ds in datasets or info.get("ragate") in datasets
@@ -155,29 +159,11 @@ def reproduce(
         if swept or any(_side(r) for r in runnable):
             gates = sorted(swept) or [m for m in pack.get("sweep_methods", [])]
             config = EvalConfig(dataset, tuple(gates), **common)
-            sweep_records = sweep_pass(
-                config,
-                out / f"{dataset}-sweep",
-                resume=True,
-                progress=progress,
-                workers=workers,
-                concurrency=concurrency,
-                call_cache=call_cache,
-                cache=cache,
-            )
+            sweep_records = sweep_pass(config, out / f"{dataset}-sweep", **running)
         eval_records: list[dict[str, Any]] = []
         if evaluated:
             config = EvalConfig(dataset, tuple(sorted(evaluated)), **common)
-            run_eval(
-                config,
-                out / f"{dataset}-eval",
-                resume=True,
-                progress=progress,
-                workers=workers,
-                concurrency=concurrency,
-                call_cache=call_cache,
-                cache=cache,
-            )
+            run_eval(config, out / f"{dataset}-eval", **running)
             eval_records = latest(read_records(out / f"{dataset}-eval" / "questions.jsonl"))
         for r in ds_rows:
             if not r.get("method"):

@@ -764,12 +764,7 @@ def _answer_jobs(
                     writer.append(record)
                     bar.update(1)
 
-            if concurrency <= 1:
-                for job in jobs:
-                    work(job)
-            else:
-                with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                    list(pool.map(work, jobs))
+            run_concurrently(work, jobs, concurrency)
     finally:
         if opened is not None:
             opened.close()
@@ -777,6 +772,17 @@ def _answer_jobs(
             retriever.close()
         if own_lm:
             lm.close()
+
+
+def run_concurrently(work: Callable[[Any], None], jobs: Sequence[Any], concurrency: int) -> None:
+    """``work(job)`` for every job, ``concurrency`` at a time (each job's own calls stay in order in its thread);
+    one at a time in this thread when ``concurrency`` is 1. The first failure is raised once the pool stops."""
+    if concurrency <= 1:
+        for job in jobs:
+            work(job)
+        return
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(work, jobs))
 
 
 def check_index(specs: Iterable[MethodSpec], retriever: Retriever, *, close: Sequence[Any] = ()) -> None:

@@ -22,7 +22,6 @@ import statistics
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,7 @@ from ragate.eval.run import (
     open_call_cache,
     open_run,
     read_run_config,
+    run_concurrently,
 )
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
@@ -349,12 +349,7 @@ def _sweep_jobs(
                     writer.append(record)
                     bar.update(1)
 
-            if concurrency <= 1:
-                for job in jobs:
-                    work(job)
-            else:
-                with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                    list(pool.map(work, jobs))
+            run_concurrently(work, jobs, concurrency)
     finally:
         if opened is not None:
             opened.close()
