@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,18 @@ def test_sweep_concurrency_8_gives_the_records_of_1(server: str, tmp_path: Path,
     stats = json.loads(_get(f"{server}/stats"))
     assert stats["most_in_flight"] >= 4, stats  # calls really were in flight together
     # with the call store on: its one connection serves every thread, and a second sweep computes no call
-    argv = ["sweep", *SWEEP, "--backend", "openai", "--model", MODEL, "--base-url", server, "--concurrency", "8"]
+    argv = [
+        "sweep",
+        *SWEEP,
+        "--backend",
+        "openai",
+        "--model",
+        MODEL,
+        "--base-url",
+        server,
+        "--concurrency",
+        "8",
+    ]
     argv += ["--call-cache", str(tmp_path / "calls.sqlite")]
     assert main([*argv, "--out", str(tmp_path / "cached")]) == 0
     posts = json.loads(_get(f"{server}/stats"))["posts"]
@@ -168,13 +180,19 @@ def test_a_dead_server_is_a_clear_error_and_the_run_resumes(
 ) -> None:
     out = tmp_path / "killed"
     proc, url = start()
-    killer = threading.Timer(1.5, stop, args=(proc,))
+
+    def kill_after_three_answers() -> None:  # mid-run, whatever the machine's speed
+        while proc.poll() is None and _lines(out / "sweep.jsonl") < 3:
+            time.sleep(0.02)
+        stop(proc)
+
+    killer = threading.Thread(target=kill_after_three_answers, daemon=True)
     killer.start()
     try:
         assert sweep(out, url) == 2
     finally:
-        killer.cancel()
         stop(proc)
+        killer.join(timeout=10)
     err = capsys.readouterr().err
     assert f"OpenAI-compatible server at {url}" in err and "is it running?" in err
     kept = len(compact(out / "sweep.jsonl"))
@@ -251,6 +269,13 @@ def test_calibrate_with_concurrency_finds_the_same_tau(server: str, tmp_path: Pa
     assert taus[0] == taus[1]
 
 
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
 def _get(url: str) -> str:
     import httpx
 
@@ -310,7 +335,10 @@ def test_reproduce_puts_the_paper_beside_ragate(server: str, tmp_path: Path, cap
     table = json.loads((tmp_path / "r" / "reproduce.json").read_text())
     rows = {r["label"]: r for r in table["rows"]}
     assert set(rows) == {"NEVER", "ALWAYS", "ENTROPY", "MARGIN", "VARIANCE"}
-    assert rows["NEVER"]["method"] == "never@targ-question-first" and rows["ALWAYS"]["ours"]["retrieval_rate"] == 1.0
+    assert (
+        rows["NEVER"]["method"] == "never@targ-question-first"
+        and rows["ALWAYS"]["ours"]["retrieval_rate"] == 1.0
+    )
     assert rows["MARGIN"]["paper"]["em"] == 39.6 and rows["MARGIN"]["n"] == 4
     assert "at the paper's rate 0.304" in rows["MARGIN"]["note"]
     assert "| NQ-Open | MARGIN | targ-margin | 4 | 39.6 |" in printed
@@ -324,7 +352,16 @@ def test_server_specific_fields_go_with_every_request_and_are_compared_on_resume
     server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["eval", "--dataset", "demo", "--limit", "2", "--methods", "no-retrieval", "--backend", "openai"]
-    base += ["--base-url", server, "--model", MODEL, "--quiet", "--no-call-cache", "--out", str(tmp_path / "r")]
+    base += [
+        "--base-url",
+        server,
+        "--model",
+        MODEL,
+        "--quiet",
+        "--no-call-cache",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert main([*base, "--extra-body", '{"repeat_penalty": 1.0}']) == 0
     assert json.loads((tmp_path / "r" / "config.json").read_text())["extra_body"] == {"repeat_penalty": 1.0}
     capsys.readouterr()
