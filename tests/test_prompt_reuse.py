@@ -75,7 +75,9 @@ def test_every_method_answers_the_same_with_prompt_states_on_and_off(twins: dict
         with rag.lm.tally() as tally:  # type: ignore[attr-defined]
             # every method in turn on one backend: each answer starts after all the states the earlier ones left
             seen[mode] = {
-                name: _seen(run_method(spec, QUESTIONS[0], rag.lm, rag.retriever)) for name, spec in methods.items()
+                (name, q): _seen(run_method(spec, q, rag.lm, rag.retriever))
+                for q in QUESTIONS
+                for name, spec in methods.items()
             }
         if mode == "on":
             assert tally.reused_tokens > 0  # the states were used (else this test compares nothing)
