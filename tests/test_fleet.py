@@ -370,3 +370,20 @@ def test_server_specific_fields_go_with_every_request_and_are_compared_on_resume
     with pytest.raises(SystemExit):
         main([*base, "--extra-body", "[1]"])
     assert "not a JSON object" in capsys.readouterr().err
+
+
+def test_a_pipeline_takes_a_fleet() -> None:
+    import ragate
+
+    procs = [start() for _ in range(2)]
+    try:
+        urls = [url for _, url in procs]
+        docs = ["Paris is the capital of France.", "Rome is the capital of Italy."]
+        with ragate.Pipeline("targ-margin", base_url=urls, model=MODEL, search=lambda q, k: docs[:k]) as rag:
+            answers = [rag.answer(f"What is the capital of country number {i}?") for i in range(6)]
+        served = [int(json.loads(_get(f"{url}/stats"))["posts"]) for url in urls]
+    finally:
+        for proc, _ in procs:
+            stop(proc)
+    assert all(a.text for a in answers)
+    assert all(n > 0 for n in served), served

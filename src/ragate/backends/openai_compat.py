@@ -45,7 +45,8 @@ class OpenAICompatBackend(Backend):
     """Requests to an OpenAI-compatible server at ``base_url``, which must include the ``/v1`` part, or to a fleet
     of servers serving one model: ``base_url`` a sequence of URLs.
 
-    A fleet's requests are spread over its servers, each to the one with the fewest requests in flight; a retry
+    A fleet's requests are spread over its servers, each to the one with the fewest requests in flight (ties: the
+    one sent the fewest so far, so one call at a time takes turns); a retry
     goes to whichever is least busy then. A server that cannot be connected to is left out for the rest of the
     backend's life (a warning names it) while others answer; when none is left the call fails with
     :class:`BackendUnavailableError` naming every server. The servers must serve the same model: each one's first
@@ -99,6 +100,7 @@ class OpenAICompatBackend(Backend):
         self.base_urls = tuple(url.rstrip("/") for url in urls)
         self.base_url = self.base_urls[0]
         self._in_flight = dict.fromkeys(self.base_urls, 0)
+        self._sent = dict.fromkeys(self.base_urls, 0)
         self._down: dict[str, str] = {}  # a fleet's servers that refused connection, and why
         self._pick_lock = threading.Lock()
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
@@ -261,7 +263,7 @@ class OpenAICompatBackend(Backend):
 
     # -- HTTP with retries ----------------------------------------------------------------------------------------
     def _pick(self) -> str:
-        """The live server with the fewest requests in flight (the first such, in the order given)."""
+        """The live server with the fewest requests in flight (of those, the one sent the fewest so far)."""
         with self._pick_lock:
             live = [url for url in self.base_urls if url not in self._down]
             if not live:
@@ -270,8 +272,9 @@ class OpenAICompatBackend(Backend):
                     f"every OpenAI-compatible server of the fleet is down ({said}); restart them (or give others "
                     "with --base-url) and rerun with --resume: the answers so far are kept"
                 )
-            url = min(live, key=lambda u: self._in_flight[u])
+            url = min(live, key=lambda u: (self._in_flight[u], self._sent[u]))  # ties: the least used so far
             self._in_flight[url] += 1
+            self._sent[url] += 1
             return url
 
     def _leave_out(self, url: str, why: str) -> None:
