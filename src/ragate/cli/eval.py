@@ -256,6 +256,14 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
 
 def extra_body_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--openai-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --backend openai: the most one HTTP exchange may take (default 60; raise it for a CPU server "
+        "or long answers)",
+    )
+    p.add_argument(
         "--extra-body",
         type=_json_object,
         default=None,
@@ -358,6 +366,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         fallback=getattr(args, "fallback", None),
         shard=args.shard,
         extra_body=args.extra_body,
+        extra={"openai_timeout": args.openai_timeout} if args.openai_timeout else {},
         offset=getattr(args, "offset", 0),
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
         cross_encoder=getattr(args, "cross_encoder", None),
@@ -482,6 +491,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             concurrency=args.concurrency,
             extra_body=args.extra_body,
+            openai_timeout=args.openai_timeout,
         )
         source = Path(args.dev).stem
     elif args.from_sweep is not None:
@@ -532,6 +542,7 @@ def _pipeline(args: argparse.Namespace) -> Any:
         seed=args.seed,
         backend_options={"max_concurrency": max(4, args.concurrency)}
         | ({"extra_body": args.extra_body} if args.extra_body else {})
+        | ({"timeout": args.openai_timeout} if args.openai_timeout else {})
         if args.engine == "openai"
         else None,
     )

@@ -86,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
         call_cache=args.call_cache,
         cache=args.cache,
         extra_body=args.extra_body,
+        openai_timeout=args.openai_timeout,
     )
     print(markdown(table))
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}")

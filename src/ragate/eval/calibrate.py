@@ -264,6 +264,7 @@ def calibrate(
     work_dir: Path | None = None,
     concurrency: int = 1,
     extra_body: dict[str, Any] | None = None,
+    openai_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Score ``method``'s gate on the dev questions and pick tau: F^-1(1 - budget) (``objective="budget"``; with
     ``confidence``, the :func:`conservative_threshold` that keeps new questions' rate at most ``budget`` with that
@@ -279,8 +280,9 @@ def calibrate(
     spec = get_method(method)
     check_calibratable(spec)
     config = EvalConfig(
-        dev, (method,), model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body
-    )
+        dev, (method,), model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body,
+        extra={"openai_timeout": openai_timeout} if openai_timeout else {},
+    )  # fmt: skip
     examples = load_dataset(dev, limit=limit)
     if not examples:
         raise RagateError(f"dev set {dev!r} has no questions")

@@ -104,6 +104,7 @@ def reproduce(
     call_cache: Path | None = None,
     cache: bool = True,
     extra_body: dict[str, Any] | None = None,
+    openai_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Run pack ``name``'s protocol into ``out`` (one run directory per dataset and kind) and return the table
     (also written to ``out/reproduce.json`` and ``out/reproduce.md``)."""
@@ -154,6 +155,7 @@ def reproduce(
             "seed": seed,
             "base_url": base_url,
             "extra_body": extra_body,
+            "extra": {"openai_timeout": openai_timeout} if openai_timeout else {},
         }
         sweep_records: list[dict[str, Any]] = []
         if swept or any(_side(r) for r in runnable):

@@ -837,6 +837,8 @@ def _open_lm(config: EvalConfig, concurrency: int = 1) -> Backend:
         options = {"base_url": config.base_url, "max_concurrency": max(4, concurrency)}
         if config.extra_body:
             options["extra_body"] = config.extra_body
+        if config.extra.get("openai_timeout"):  # a slow server (a CPU one under load): not an answer setting
+            options["timeout"] = float(config.extra["openai_timeout"])
     return load_backend(config.model, config.engine, **options)
 
 
