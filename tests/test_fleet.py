@@ -387,3 +387,20 @@ def test_a_pipeline_takes_a_fleet() -> None:
             stop(proc)
     assert all(a.text for a in answers)
     assert all(n > 0 for n in served), served
+
+
+def test_the_client_timeout_is_a_run_option(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["eval", "--dataset", "demo", "--limit", "1", "--methods", "no-retrieval", "--backend", "openai"]
+    base += ["--base-url", server, "--model", MODEL, "--quiet", "--no-call-cache"]
+    assert (
+        main([*base, "--openai-timeout", "0.01", "--out", str(tmp_path / "short")]) == 2
+    )  # the server takes 0.05 s
+    assert "timed out after 0.01 s" in capsys.readouterr().err
+    assert main([*base, "--openai-timeout", "30", "--out", str(tmp_path / "long")]) == 0
+    saved = json.loads((tmp_path / "long" / "config.json").read_text())
+    assert saved["extra"] == {
+        "openai_timeout": 30.0
+    }  # recorded, and not an answer setting: a resume may change it
+    assert main([*base, "--out", str(tmp_path / "long"), "--resume"]) == 0
