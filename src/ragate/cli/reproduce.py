@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ragate.cli.eval import base_urls
+    from ragate.cli.eval import _check_concurrency, base_urls
     from ragate.eval.reproduce import markdown, pack_names, reproduce
 
     if args.list:
@@ -65,8 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         raise RagateError(f"name a pack: {', '.join(pack_names())}")
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
-    if args.concurrency < 1 or (args.concurrency > 1 and args.engine != "openai"):
-        raise RagateError("--concurrency above 1 needs --backend openai (and must be >= 1)")
+    _check_concurrency(args)
     out = args.out or Path("runs") / f"reproduce-{args.name}"
     table = reproduce(
         args.name,
