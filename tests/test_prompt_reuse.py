@@ -17,9 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
+from ragate.eval.provenance import model_identity
+from ragate.gates import skr
 from ragate.methods import MethodSpec, all_methods, run_method
+from ragate.methods.runner import encoder_identity
 from ragate.methods.spec import RERANK_SELECTORS
 from ragate.pipeline import Pipeline
 from ragate.retrieval.demo import demo_dir
@@ -43,9 +47,33 @@ def _short(spec: MethodSpec) -> MethodSpec:
     return spec.with_(dynamic=replace(spec.dynamic, max_tokens=24, k=1)) if spec.dynamic is not None else spec
 
 
-def _needs_a_file(spec: MethodSpec) -> bool:
-    """SKR votes with a label set and the rerank selectors read a cross-encoder: files no test fixture has."""
-    return spec.gate.kind == "skr" or spec.selector.kind in RERANK_SELECTORS
+def _needs_a_cross_encoder(spec: MethodSpec) -> bool:
+    """The rerank selectors read a cross-encoder, which no registry package installs here."""
+    return spec.selector.kind in RERANK_SELECTORS
+
+
+TRAIN = [  # SKR's label set: six training questions, three labelled "retrieve"
+    "Who discovered penicillin?",
+    "Which scientist found penicillin in 1928?",
+    "Who first isolated penicillin from mould?",
+    "What is the capital of France?",
+    "Which city is the French capital?",
+    "Paris is the capital of which country?",
+]
+
+
+def _with_labels(spec: MethodSpec, rag: Pipeline, where: Path) -> MethodSpec:
+    """SKR with a label set fitted for this model and the demo index's encoder (its training questions embedded
+    by that encoder, as ``ragate skr fit`` does); any other method as it is."""
+    if spec.gate.kind != "skr":
+        return spec
+    path = where / "skr-labels.npz"
+    if not path.exists():
+        embeddings = np.asarray(rag.retriever.embed_queries(TRAIN), dtype=np.float32)
+        meta = {"encoder": encoder_identity(rag.retriever), "model": model_identity(rag.lm.model, rag.lm.engine)}
+        ids = tuple(f"t{i}" for i in range(len(TRAIN)))
+        skr.save_labels(skr.LabelSet(ids, tuple(TRAIN), np.array([True, False] * 3), embeddings, meta), path)
+    return spec.with_(gate=replace(spec.gate, labels=str(path)))
 
 
 def _seen(trace: Any) -> tuple[Any, ...]:
@@ -67,9 +95,15 @@ def twins(smollm2_path: Path) -> Iterator[dict[str, Pipeline]]:
         p.close()
 
 
-def test_every_method_answers_the_same_with_prompt_states_on_and_off(twins: dict[str, Pipeline]) -> None:
-    methods = {name: _short(spec) for name, spec in all_methods().items() if not _needs_a_file(spec)}
-    assert len(methods) >= 40
+def test_every_method_answers_the_same_with_prompt_states_on_and_off(
+    twins: dict[str, Pipeline], tmp_path: Path
+) -> None:
+    methods = {
+        name: _with_labels(_short(spec), twins["on"], tmp_path)
+        for name, spec in all_methods().items()
+        if not _needs_a_cross_encoder(spec)
+    }
+    assert len(methods) >= 42 and "skr" in methods
     seen: dict[str, dict[str, Any]] = {}
     for mode, rag in twins.items():
         with rag.lm.tally() as tally:  # type: ignore[attr-defined]
