@@ -389,6 +389,41 @@ def test_a_pipeline_takes_a_fleet() -> None:
     assert all(n > 0 for n in served), served
 
 
+def test_a_service_answers_over_a_fleet_while_one_server_is_up(tmp_path: Path) -> None:
+    """``ragate serve --base-url A --base-url B``: both servers answer its requests; ``/healthz`` names each
+    server's state, stays 200 while one is up and says 503 when none is."""
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_service import _serve, _stop
+
+    procs = [start() for _ in range(2)]
+    (a, url_a), (b, url_b) = procs
+    args = ["--base-url", url_a, "--base-url", url_b, "--model", MODEL, "--method", "targ-margin"]
+    service, url = _serve(args, tmp_path / "serve.log", env={"RAGATE_API_KEY": ""})
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            for i in range(6):
+                body = {"question": f"What is the capital of country number {i}?"}
+                assert client.post("/v1/answer", json=body).status_code == 200
+            served = [int(json.loads(_get(f"{u}/stats"))["posts"]) for u in (url_a, url_b)]
+            assert all(n > 0 for n in served), served
+            health = client.get("/healthz")
+            assert health.status_code == 200 and health.json()["servers"] == {url_a: "ok", url_b: "ok"}
+            stop(a)
+            health = client.get("/healthz")
+            assert health.status_code == 200, health.text
+            assert health.json()["servers"][url_a].startswith(f"down: {url_a} is unreachable")
+            assert client.post("/v1/answer", json={"question": "Who wrote Hamlet?"}).status_code == 200
+            stop(b)
+            health = client.get("/healthz")
+            assert health.status_code == 503 and "servers are unavailable" in health.json()["error"]["message"]
+    finally:
+        for proc, _ in procs:
+            stop(proc)
+        _stop(service)
+
+
 def test_the_client_timeout_is_a_run_option(
     server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ragate.backends import ENGINES
+from ragate.cli.eval import base_urls
 from ragate.errors import RagateError
 from ragate.methods.needs import DEFAULT_TEXT_GATE
 
@@ -39,7 +40,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             milvus_collection=args.milvus_collection,
             model=args.model,
             engine=engine,
-            openai_base_url=args.base_url,
+            openai_base_url=base_urls(args.base_url),
             host=args.host,
             port=args.port,
             api_key=args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None),
@@ -149,8 +150,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--base-url",
         "--openai-base-url",
         dest="base_url",
-        default=None,
-        help="run the LM on an OpenAI-compatible server (implies --backend openai; --openai-base-url is the old name)",
+        action="append",
+        default=[],
+        help="run the LM on an OpenAI-compatible server (implies --backend openai; --openai-base-url is the old "
+        "name); repeat it to spread the calls over a fleet of servers of one model",
     )
     p.add_argument(
         "--openai-timeout", type=float, default=d.backend_timeout, help="seconds per LM server call"

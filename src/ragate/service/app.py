@@ -296,18 +296,28 @@ class Runtime:
         if not authorised:
             hidden = "(send the API key to see it)"
             info |= {"index": hidden, "model": Path(str(self.lm.model)).name or hidden}
-        base = getattr(self.lm, "base_url", None) if self.lm.engine == "openai" else None
-        if base is None:
+        bases = getattr(self.lm, "base_urls", None) if self.lm.engine == "openai" else None
+        if not bases:
             return 200, info
-        try:
-            async with httpx.AsyncClient(timeout=self.settings.health_timeout) as client:
-                status = (await client.get(f"{base}/models")).status_code
-            problem = f"{base}/models answered HTTP {status}" if status >= 500 else None
-        except httpx.HTTPError as err:
-            problem = f"{base} is unreachable ({type(err).__name__}: {err or 'no answer'})"
-        if problem is None:
+        problems = {}
+        async with httpx.AsyncClient(timeout=self.settings.health_timeout) as client:
+            for base in bases:
+                try:
+                    status = (await client.get(f"{base}/models")).status_code
+                    if status >= 500:
+                        problems[base] = f"{base}/models answered HTTP {status}"
+                except httpx.HTTPError as err:
+                    problems[base] = f"{base} is unreachable ({type(err).__name__}: {err or 'no answer'})"
+        if len(bases) > 1:  # a fleet: the service answers while one server does
+            shown = {b: (b if authorised else f"server {i + 1}") for i, b in enumerate(bases)}
+            info["servers"] = {
+                shown[b]: ("down: " + problems[b] if authorised else "down") if b in problems else "ok"
+                for b in bases
+            }
+        if len(problems) < len(bases):
             return 200, info
-        message = f"the language model server is unavailable: {problem}"
+        said = "; ".join(problems.values())
+        message = f"the language model server{'s are' if len(bases) > 1 else ' is'} unavailable: {said}"
         return 503, {
             **info,
             "status": "unavailable",

@@ -24,7 +24,8 @@ class ServiceSettings:
     """The served pipeline and the limits. Defaults are safe: loopback only, bounded bodies, queue and time.
 
     ``index`` None serves the demo index; ``milvus_uri`` serves a Milvus collection instead of an index directory.
-    ``engine`` "openai" sends every LM call to ``openai_base_url`` (vLLM, SGLang, llama.cpp server).
+    ``engine`` "openai" sends every LM call to ``openai_base_url`` (vLLM, SGLang, llama.cpp server), or spreads the
+    calls over a fleet of servers of one model (a tuple of URLs).
     ``max_concurrency`` bounds the requests being answered at once (the rest get 429 with ``Retry-After``); a local
     model is additionally used by one request at a time. ``request_timeout`` bounds one request's wall time (504);
     ``read_timeout`` the time its body may take to arrive (408, and the connection closed: a slow client cannot
@@ -37,7 +38,7 @@ class ServiceSettings:
     milvus_collection: str = "ragate"
     model: str | None = None
     engine: str = "llama.cpp"
-    openai_base_url: str | None = None
+    openai_base_url: str | tuple[str, ...] | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
