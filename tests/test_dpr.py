@@ -53,23 +53,35 @@ def test_dpr_ais_needs_embeddings(wiki_passages: list[Any], tmp_path: Path) -> N
         dpr_ais(bm25, QUESTION, PSEUDO)
 
 
+def test_dpr_ais_embeds_its_two_queries_once_and_a_batch_is_reused_only_whole(
+    dense: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DPR-AIS searches with [question, pseudo-context] and then compares the same two vectors with the
+    documents': the encoder runs once for both. A batch is looked up whole, so the question alone is embedded
+    alone (a vector never depends on which batch came first)."""
+    encoder = dense.encoder
+    seen: list[tuple[str, ...]] = []
+    real = type(encoder).encode_queries
+
+    def counted(self: Any, texts: Any, **kw: Any) -> Any:
+        seen.append(tuple(texts))
+        return real(self, texts, **kw)
+
+    monkeypatch.setattr(type(encoder), "encode_queries", counted)
+    question, pseudo = QUESTION + " (issue O)", PSEUDO + " (issue O)"  # not embedded by another test
+    kept = dpr_ais(dense, question, pseudo, n=5, k=3)
+    assert seen == [(question, pseudo)] and kept
+    alone = dense.embed_queries([question])
+    assert seen == [(question, pseudo), (question,)]
+    assert np.array_equal(alone, real(encoder, [question]))
+    again = dense.embed_queries([question, pseudo])
+    again[:] = 0  # a caller's copy: the kept vectors stay
+    assert np.array_equal(dense.embed_queries([question, pseudo]), real(encoder, [question, pseudo]))
+    assert len(seen) == 2
+
+
 def test_rerank_scores_sum() -> None:
     assert list(rerank_scores(np.array([1.0, -2.0]), np.array([0.5, 3.0]))) == [1.5, 1.0]
-
-
-@pytest.fixture(scope="module")
-def cross_encoder_dir(minilm: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real, small sentence-transformers CrossEncoder built here: MiniLM's 6-layer BERT body with a seeded
-    one-logit head (no cross-encoder ships in a registry, and the Hub is unreachable). Its scores carry no
-    relevance knowledge; the test checks the rerank arithmetic and plumbing, not quality."""
-    import torch
-    from sentence_transformers import CrossEncoder
-
-    torch.manual_seed(0)
-    model = CrossEncoder(str(minilm.model_dir), num_labels=1, device="cpu")
-    out = Path(tmp_path_factory.mktemp("cross")) / "minilm-cross"
-    model.save(str(out))
-    return out
 
 
 def test_rerank_with_a_cross_encoder_sums_its_raw_scores(dense: Any, cross_encoder_dir: Path) -> None:

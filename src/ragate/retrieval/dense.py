@@ -14,6 +14,8 @@ on disk twice (``embeddings.npy`` serves ``passage_embeddings``).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -32,6 +34,7 @@ from ragate.retrieval.types import Hit, Passage, Retriever
 EMBEDDINGS = "embeddings.npy"
 HNSW_FILE = "hnsw.faiss"
 ENCODE_CHUNK = 2048
+RECENT_BATCHES = 64  # query batches a dense retriever keeps the vectors of (DenseRetriever._encode)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,11 @@ class DenseRetriever(Retriever):
         self.passages = passages
         self.encoder = encoder
         self.hnsw = hnsw
+        # the last query batches embedded: DPR-AIS searches with [question, pseudo-context], then compares the
+        # same two vectors with the documents'; a batch is looked up whole, so a vector is the one the same batch
+        # gave, whatever else ran before (answers do not depend on the order of questions or methods)
+        self._recent: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
+        self._recent_lock = threading.Lock()
 
     @classmethod
     def load(
@@ -155,7 +163,23 @@ class DenseRetriever(Retriever):
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         check_queries(queries, 1)
-        return self.encoder.encode_queries(queries)
+        return self._encode(queries)
+
+    def _encode(self, queries: Sequence[str]) -> np.ndarray:
+        """The encoder's vectors for this batch of queries, from the last :data:`RECENT_BATCHES` batches when the
+        same batch was embedded there (a copy: callers may change theirs)."""
+        key = tuple(queries)
+        with self._recent_lock:
+            kept = self._recent.get(key)
+            if kept is not None:
+                self._recent.move_to_end(key)
+                return kept.copy()
+        vectors = self.encoder.encode_queries(queries)
+        with self._recent_lock:
+            self._recent[key] = vectors.copy()
+            while len(self._recent) > RECENT_BATCHES:
+                self._recent.popitem(last=False)
+        return vectors
 
     def passage_embeddings(self, passage_ids: Sequence[str]) -> np.ndarray:
         """The stored (normalised float32) vectors of these passages, one row per id, in order."""
@@ -190,7 +214,7 @@ class DenseRetriever(Retriever):
         check_queries(queries, k)
         if not queries:
             return []
-        scores, rows = self.search_vectors(self.encoder.encode_queries(queries), k)
+        scores, rows = self.search_vectors(self._encode(queries), k)
         out = []
         for q_rows, q_scores in zip(rows, scores, strict=True):
             keep = q_rows >= 0  # HNSW marks missing neighbours with -1
