@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -107,4 +108,19 @@ def tiny_encoder_dir(minilm: object, tmp_path_factory: pytest.TempPathFactory) -
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("encoders") / "tiny-64"
     SentenceTransformer(modules=[base[0], base[1], Dense(384, 64)], device="cpu").save(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_dir(minilm: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real, small sentence-transformers CrossEncoder built here: MiniLM's 6-layer BERT body with a seeded
+    one-logit head (no cross-encoder ships in a registry, and the Hub is unreachable). Its scores carry no
+    relevance knowledge; the test checks the rerank arithmetic and plumbing, not quality."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    model = CrossEncoder(str(minilm.model_dir), num_labels=1, device="cpu")
+    out = Path(tmp_path_factory.mktemp("cross")) / "minilm-cross"
+    model.save(str(out))
     return out

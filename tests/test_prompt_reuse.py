@@ -47,11 +47,6 @@ def _short(spec: MethodSpec) -> MethodSpec:
     return spec.with_(dynamic=replace(spec.dynamic, max_tokens=24, k=1)) if spec.dynamic is not None else spec
 
 
-def _needs_a_cross_encoder(spec: MethodSpec) -> bool:
-    """The rerank selectors read a cross-encoder, which no registry package installs here."""
-    return spec.selector.kind in RERANK_SELECTORS
-
-
 TRAIN = [  # SKR's label set: six training questions, three labelled "retrieve"
     "Who discovered penicillin?",
     "Which scientist found penicillin in 1928?",
@@ -62,9 +57,12 @@ TRAIN = [  # SKR's label set: six training questions, three labelled "retrieve"
 ]
 
 
-def _with_labels(spec: MethodSpec, rag: Pipeline, where: Path) -> MethodSpec:
-    """SKR with a label set fitted for this model and the demo index's encoder (its training questions embedded
-    by that encoder, as ``ragate skr fit`` does); any other method as it is."""
+def _with_files(spec: MethodSpec, rag: Pipeline, where: Path, cross_encoder: Path) -> MethodSpec:
+    """The files a method reads: SKR a label set fitted for this model and the demo index's encoder (its training
+    questions embedded by that encoder, as ``ragate skr fit`` does), the rerank selectors a cross-encoder (built
+    from MiniLM's body, conftest.py); any other method as it is."""
+    if spec.selector.kind in RERANK_SELECTORS:
+        return spec.with_(selector=replace(spec.selector, cross_encoder=str(cross_encoder)))
     if spec.gate.kind != "skr":
         return spec
     path = where / "skr-labels.npz"
@@ -96,14 +94,13 @@ def twins(smollm2_path: Path) -> Iterator[dict[str, Pipeline]]:
 
 
 def test_every_method_answers_the_same_with_prompt_states_on_and_off(
-    twins: dict[str, Pipeline], tmp_path: Path
+    twins: dict[str, Pipeline], tmp_path: Path, cross_encoder_dir: Path
 ) -> None:
     methods = {
-        name: _with_labels(_short(spec), twins["on"], tmp_path)
+        name: _with_files(_short(spec), twins["on"], tmp_path, cross_encoder_dir)
         for name, spec in all_methods().items()
-        if not _needs_a_cross_encoder(spec)
     }
-    assert len(methods) >= 42 and "skr" in methods
+    assert len(methods) >= 44 and {"skr", "rerank", "dpr-ais-rerank"} <= set(methods)
     seen: dict[str, dict[str, Any]] = {}
     for mode, rag in twins.items():
         with rag.lm.tally() as tally:  # type: ignore[attr-defined]
