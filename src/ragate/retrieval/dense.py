@@ -113,6 +113,9 @@ class DenseRetriever(Retriever):
         # gave, whatever else ran before (answers do not depend on the order of questions or methods)
         self._recent: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
         self._recent_lock = threading.Lock()
+        # one encoding at a time: torch already spreads one over the cores, and 16 threads encoding at once spend
+        # half again the CPU per call (benchmarks/encoder_concurrency.py); the vectors are the same either way
+        self._encode_lock = threading.Lock()
 
     @classmethod
     def load(
@@ -174,7 +177,8 @@ class DenseRetriever(Retriever):
             if kept is not None:
                 self._recent.move_to_end(key)
                 return kept.copy()
-        vectors = self.encoder.encode_queries(queries)
+        with self._encode_lock:
+            vectors = self.encoder.encode_queries(queries)
         with self._recent_lock:
             self._recent[key] = vectors.copy()
             while len(self._recent) > RECENT_BATCHES:
