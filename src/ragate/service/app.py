@@ -17,6 +17,7 @@ Every error is JSON ``{"error": {"message", "type"}}``; no stack trace reaches a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -299,15 +300,9 @@ class Runtime:
         bases = getattr(self.lm, "base_urls", None) if self.lm.engine == "openai" else None
         if not bases:
             return 200, info
-        problems = {}
         async with httpx.AsyncClient(timeout=self.settings.health_timeout) as client:
-            for base in bases:
-                try:
-                    status = (await client.get(f"{base}/models")).status_code
-                    if status >= 500:
-                        problems[base] = f"{base}/models answered HTTP {status}"
-                except httpx.HTTPError as err:
-                    problems[base] = f"{base} is unreachable ({type(err).__name__}: {err or 'no answer'})"
+            found = await asyncio.gather(*(_server_problem(client, base) for base in bases))  # all at once
+        problems = {base: problem for base, problem in zip(bases, found, strict=True) if problem is not None}
         if len(bases) > 1:  # a fleet: the service answers while one server does
             shown = {b: (b if authorised else f"server {i + 1}") for i, b in enumerate(bases)}
             info["servers"] = {
@@ -323,6 +318,15 @@ class Runtime:
             "status": "unavailable",
             "error": {"message": message, "type": "backend_unavailable"},
         }
+
+
+async def _server_problem(client: httpx.AsyncClient, base: str) -> str | None:
+    """What is wrong with the LM server at ``base`` (its ``GET /models``), or None."""
+    try:
+        status = (await client.get(f"{base}/models")).status_code
+    except httpx.HTTPError as err:
+        return f"{base} is unreachable ({type(err).__name__}: {err or 'no answer'})"
+    return f"{base}/models answered HTTP {status}" if status >= 500 else None
 
 
 def _hit(h: Hit) -> dict[str, Any]:
