@@ -108,7 +108,7 @@ def register(subparsers: Any) -> None:
         "of one model",
     )
     _concurrency(cal)
-    extra_body_option(cal)
+    server_request_options(cal)
     cal.add_argument("--index", default=None, help="index directory (gates that embed, and --objective em)")
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
@@ -222,7 +222,7 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         help="shard the questions over N processes, each pinned to its own core with a one-thread engine "
         "(use the number of cores for a local model)",
     )
-    extra_body_option(p)
+    server_request_options(p)
     p.add_argument(
         "--shard",
         default=None,
@@ -254,7 +254,8 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
     )
 
 
-def extra_body_option(p: argparse.ArgumentParser) -> None:
+def server_request_options(p: argparse.ArgumentParser) -> None:
+    """``--openai-timeout`` and ``--extra-body``: how a run talks to an OpenAI-compatible server."""
     p.add_argument(
         "--openai-timeout",
         type=float,
@@ -321,7 +322,7 @@ def _fold(args: argparse.Namespace, kind: str) -> int:
 
 def _config(args: argparse.Namespace, methods: str) -> Any:
     from ragate.eval.calibrate import check_calibration, read_calibration
-    from ragate.eval.run import EvalConfig
+    from ragate.eval.run import EvalConfig, timeout_note
     from ragate.methods import get_method
 
     names = tuple(m.strip() for m in methods.split(",") if m.strip())
@@ -366,7 +367,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         fallback=getattr(args, "fallback", None),
         shard=args.shard,
         extra_body=args.extra_body,
-        extra={"openai_timeout": args.openai_timeout} if args.openai_timeout else {},
+        extra=timeout_note(args.openai_timeout),
         offset=getattr(args, "offset", 0),
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
         cross_encoder=getattr(args, "cross_encoder", None),
@@ -531,6 +532,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace) -> Any:
+    from ragate.eval.run import server_options
     from ragate.pipeline import Pipeline
 
     return Pipeline(
@@ -540,9 +542,7 @@ def _pipeline(args: argparse.Namespace) -> Any:
         base_url=base_urls(args.base_url),
         index=args.index,
         seed=args.seed,
-        backend_options={"max_concurrency": max(4, args.concurrency)}
-        | ({"extra_body": args.extra_body} if args.extra_body else {})
-        | ({"timeout": args.openai_timeout} if args.openai_timeout else {})
+        backend_options=server_options(args.concurrency, args.extra_body, args.openai_timeout)
         if args.engine == "openai"
         else None,
     )

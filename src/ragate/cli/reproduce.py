@@ -10,7 +10,7 @@ from ragate.errors import RagateError
 
 
 def register(subparsers: Any) -> None:
-    from ragate.cli.eval import BACKEND_CHOICES, extra_body_option
+    from ragate.cli.eval import BACKEND_CHOICES, server_request_options
 
     p = subparsers.add_parser(
         "reproduce",
@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
         default=[],
         help="an OpenAI-compatible server's /v1 URL (with --backend openai); repeat it for a fleet",
     )
-    extra_body_option(p)
+    server_request_options(p)
     p.add_argument("--index", default=None, help="index directory (default: the demo index)")
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight (with --backend openai)")
     p.add_argument("--workers", type=int, default=1, help="processes for a local model, one per core")

@@ -274,14 +274,14 @@ def calibrate(
     from concurrent.futures import ThreadPoolExecutor
 
     from ragate.eval.datasets import load_dataset
-    from ragate.eval.run import EvalConfig, _open_lm
+    from ragate.eval.run import EvalConfig, _open_lm, timeout_note
     from ragate.methods import decide, get_method
 
     spec = get_method(method)
     check_calibratable(spec)
     config = EvalConfig(
         dev, (method,), model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body,
-        extra={"openai_timeout": openai_timeout} if openai_timeout else {},
+        extra=timeout_note(openai_timeout),
     )  # fmt: skip
     examples = load_dataset(dev, limit=limit)
     if not examples:

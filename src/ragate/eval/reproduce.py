@@ -109,7 +109,7 @@ def reproduce(
     """Run pack ``name``'s protocol into ``out`` (one run directory per dataset and kind) and return the table
     (also written to ``out/reproduce.json`` and ``out/reproduce.md``)."""
     from ragate.eval.records import latest, read_records
-    from ragate.eval.run import EvalConfig, run_eval
+    from ragate.eval.run import EvalConfig, run_eval, timeout_note
     from ragate.eval.sweep import sweep_pass
     from ragate.methods import get_method
 
@@ -155,7 +155,7 @@ def reproduce(
             "seed": seed,
             "base_url": base_url,
             "extra_body": extra_body,
-            "extra": {"openai_timeout": openai_timeout} if openai_timeout else {},
+            "extra": timeout_note(openai_timeout),
         }
         sweep_records: list[dict[str, Any]] = []
         if swept or any(_side(r) for r in runnable):

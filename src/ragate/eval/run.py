@@ -828,17 +828,33 @@ def _rotated(methods: Sequence[str], i: int) -> list[str]:
     return list(methods[k:]) + list(methods[:k])
 
 
+def timeout_note(seconds: float | None) -> dict[str, Any]:
+    """``EvalConfig.extra`` for a client timeout of ``seconds`` per server call (none: the backend's default). A
+    slow server (a CPU one under load) needs a longer one; it changes no answer, so a resume may change it."""
+    return {"openai_timeout": float(seconds)} if seconds else {}
+
+
+def server_options(
+    concurrency: int, extra_body: dict[str, Any] | None, timeout: float | None
+) -> dict[str, Any]:
+    """An OpenAI-compatible backend's options for ``concurrency`` calls in flight (a connection each, at least
+    4), with the server-specific request fields and the client timeout where given."""
+    options: dict[str, Any] = {"max_concurrency": max(4, concurrency)}
+    if extra_body:
+        options["extra_body"] = extra_body
+    if timeout:
+        options["timeout"] = float(timeout)
+    return options
+
+
 def _open_lm(config: EvalConfig, concurrency: int = 1) -> Backend:
     """The run's model; a server backend with a connection for each of ``concurrency`` calls in flight."""
     from ragate.backends import load_backend
 
     options: dict[str, Any] = {}
     if config.engine == "openai":
-        options = {"base_url": config.base_url, "max_concurrency": max(4, concurrency)}
-        if config.extra_body:
-            options["extra_body"] = config.extra_body
-        if config.extra.get("openai_timeout"):  # a slow server (a CPU one under load): not an answer setting
-            options["timeout"] = float(config.extra["openai_timeout"])
+        timeout = config.extra.get("openai_timeout")
+        options = {"base_url": config.base_url, **server_options(concurrency, config.extra_body, timeout)}
     return load_backend(config.model, config.engine, **options)
 
 
