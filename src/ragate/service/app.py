@@ -304,11 +304,11 @@ class Runtime:
             found = await asyncio.gather(*(_server_problem(client, base) for base in bases))  # all at once
         problems = {base: problem for base, problem in zip(bases, found, strict=True) if problem is not None}
         if len(bases) > 1:  # a fleet: the service answers while one server does
-            shown = {b: (b if authorised else f"server {i + 1}") for i, b in enumerate(bases)}
-            info["servers"] = {
-                shown[b]: ("down: " + problems[b] if authorised else "down") if b in problems else "ok"
-                for b in bases
-            }
+            servers: dict[str, str] = {}
+            for i, base in enumerate(bases):
+                state = "ok" if base not in problems else f"down: {problems[base]}" if authorised else "down"
+                servers[base if authorised else f"server {i + 1}"] = state
+            info["servers"] = servers
         if len(problems) < len(bases):
             return 200, info
         said = "; ".join(problems.values())
