@@ -66,17 +66,24 @@ def start_latency_server(latency: float, log: Path) -> tuple[subprocess.Popen[by
     return proc, url
 
 
-def start_llama_server(gguf: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """llama-cpp-python's server with ``gguf`` (token logprobs on), started as tests/test_openai_backend.py does."""
+# token logprobs on, as tests/test_openai_backend.py starts it
+LLAMA_FLAGS = ("--n_ctx", "2048", "--logits_all", "true")
+
+
+def start_llama_server(
+    gguf: Path, log: Path, flags: tuple[str, ...] = LLAMA_FLAGS, wait: float = 120
+) -> tuple[subprocess.Popen[bytes], str]:
+    """llama-cpp-python's server with ``gguf`` and ``flags`` on a free loopback port, once it answers ``/models``
+    (within ``wait`` seconds); returns the process and its base URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", "2048", "--logits_all", "true"]  # fmt: skip
+           "--port", str(port), *flags]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"{url}/models", timeout=1).status_code == 200:

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from concurrency import start_llama_server, stop
 
 from ragate.eval.metrics import paired_bootstrap_diff
 from ragate.methods.prompts import TARG, TARG_CONTEXT_FIRST, PromptSet
@@ -35,33 +34,6 @@ from ragate.retrieval.index import open_index
 
 NQ = Path("../shared/data/nq_open/NQ-open.dev.jsonl")
 LAYOUTS: dict[str, PromptSet] = {"question first (TARG)": TARG, "documents first": TARG_CONTEXT_FIRST}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(model: Path, threads: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", "4096", "--cache", "true", "--n_threads", str(threads),
-           "--n_threads_batch", str(threads)]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"the server stopped: see {log}")
-        try:
-            if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            time.sleep(1)
-    proc.kill()
-    sys.exit(f"the server did not answer within 300 s: see {log}")
 
 
 def _messages(prompts: PromptSet, user: str) -> list[dict[str, str]]:
@@ -106,7 +78,10 @@ def main() -> int:
     with open_index(args.index or demo_index()) as index:
         hits = index.search(questions, args.k)
     log = Path(tempfile.mkdtemp(prefix="prefix-cache-")) / "server.log"
-    proc, base = start_server(resolve_model(args.model), args.threads, log)
+    threads = ("--n_threads", str(args.threads), "--n_threads_batch", str(args.threads))
+    proc, base = start_llama_server(
+        resolve_model(args.model), log, ("--n_ctx", "4096", "--cache", "true", *threads), 300
+    )
     times: dict[str, list[float]] = {name: [] for name in LAYOUTS}
     chars: dict[str, list[int]] = {name: [] for name in LAYOUTS}
     try:
@@ -125,8 +100,7 @@ def main() -> int:
                 print(f"{i + 1}/{len(questions)}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
                       file=sys.stderr, flush=True)  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop(proc)
     a, b = LAYOUTS
     diff = [x - y for x, y in zip(times[a], times[b], strict=True)]
     print(f"{len(questions)} questions from {source.name}; {args.model} on llama-cpp-python's server (--cache true, "
