@@ -19,19 +19,11 @@ import pytest
 from fuzzing import byte_mutation, fuzz_settings, json_mutation, refused_or_accepted
 from hypothesis import given
 from hypothesis import strategies as st
+from test_targ_baselines import TRAIN  # real questions; unit vectors stand in for their embeddings
 
 from ragate.errors import RagateError
 from ragate.gates import skr
 
-# real training questions (as in test_targ_baselines.py); unit vectors stand in for their MiniLM embeddings
-TRAIN = [
-    "Who discovered penicillin?",
-    "Which scientist found penicillin in 1928?",
-    "Who first isolated penicillin from mould?",
-    "What is the capital of France?",
-    "Which city is the French capital?",
-    "Paris is the capital of which country?",
-]
 DIM = 16
 ENCODER = {"name": "all-MiniLM-L6-v2", "dim": DIM, "query_prefix": "", "document_prefix": ""}
 MODEL = {"engine": "llama.cpp", "model": "smollm2-135m", "sha256": "b179c952"}

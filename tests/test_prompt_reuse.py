@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from test_targ_baselines import TRAIN  # SKR's six training questions
 
 from ragate.eval.provenance import model_identity
 from ragate.gates import skr
@@ -45,16 +46,6 @@ def _short(spec: MethodSpec) -> MethodSpec:
     spec = spec.with_(max_tokens=12, pseudo_max_tokens=24, expansion_max_tokens=24)
     spec = spec.with_(selector=replace(spec.selector, k=1))
     return spec.with_(dynamic=replace(spec.dynamic, max_tokens=24, k=1)) if spec.dynamic is not None else spec
-
-
-TRAIN = [  # SKR's label set: six training questions, three labelled "retrieve"
-    "Who discovered penicillin?",
-    "Which scientist found penicillin in 1928?",
-    "Who first isolated penicillin from mould?",
-    "What is the capital of France?",
-    "Which city is the French capital?",
-    "Paris is the capital of which country?",
-]
 
 
 def _with_files(spec: MethodSpec, rag: Pipeline, where: Path, cross_encoder: Path) -> MethodSpec:
