@@ -102,9 +102,16 @@ def _error(r: httpx.Response, status: int, *words: str) -> str:
 
 # -- the default service ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def service(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("service") / "serve.log"
-    args = ["--method", "dtr", "--max-body-bytes", "2048", "--max-question-chars", "200", "--read-timeout", "3"]  # fmt: skip
+def service_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default service's folder: its log, its answer log (answers.jsonl) and its spans (spans.jsonl)."""
+    return tmp_path_factory.mktemp("service")
+
+
+@pytest.fixture(scope="module")
+def service(smollm2_path: Path, service_files: Path) -> Iterator[str]:
+    log = service_files / "serve.log"
+    args = ["--method", "dtr", "--max-body-bytes", "2048", "--max-question-chars", "200", "--read-timeout", "3",
+            "--answer-log", str(service_files / "answers.jsonl"), "--trace", str(service_files / "spans.jsonl")]  # fmt: skip
     proc, url = _serve(args, log, env={"RAGATE_API_KEY": ""})
     yield url
     _stop(proc)
@@ -148,7 +155,7 @@ def test_answer_with_retrieval_returns_the_documents(http: httpx.Client) -> None
     assert "retrieve" in d["timings"]["stages"] and d["trace"]["queries"] == [body["question"]]
     counted = _metrics(http)
     assert counted['ragate_retrievals_total{method="standard-rag"}'] >= 1
-    assert counted['ragate_retrieval_rate{method="standard-rag"}'] == 1.0
+    assert counted['ragate_retrieval_ratio{method="standard-rag"}'] == 1.0
 
 
 def test_dtr_reports_its_gate_score_and_threshold(http: httpx.Client) -> None:
@@ -315,11 +322,109 @@ def test_metrics_count_requests_retrieval_rate_latency_and_errors(http: httpx.Cl
     assert grew('ragate_http_request_duration_seconds_count{endpoint="/v1/answer"}') == 2
     assert grew('ragate_http_request_duration_seconds_bucket{endpoint="/v1/answer",le="+Inf"}') == 2
     assert grew('ragate_stage_duration_seconds_count{stage="answer"}') == 1
-    assert after['ragate_retrieval_rate{method="no-retrieval"}'] == 0.0
+    assert after['ragate_retrieval_ratio{method="no-retrieval"}'] == 0.0
     assert after["ragate_requests_in_progress"] == 0
 
 
 # -- settings and the command line, in-process ------------------------------------------------------------------
+SKIP = {"threshold": 1000.0, "max_tokens": 8}  # no draft's margin score reaches it: the gate skips
+READ = {"threshold": -1.0, "max_tokens": 8, "k": 2}  # every score is above it: the gate retrieves
+
+
+def test_answers_carry_usage_and_what_the_gate_saved(http: httpx.Client, service_files: Path) -> None:
+    question = "who got the first nobel prize in physics"
+    read = http.post(
+        "/v1/answer", json={"question": question, "method": "targ-margin", "options": READ}
+    ).json()
+    skip = http.post(
+        "/v1/answer", json={"question": question, "method": "targ-margin", "options": SKIP}
+    ).json()
+    for d in (read, skip):
+        usage, ragate = d["usage"], d["ragate"]
+        assert (
+            usage["total_tokens"]
+            == usage["prompt_tokens"] + usage["completion_tokens"]
+            == d["trace"]["tokens"]
+        )
+        assert ragate["savings"]["spent"]["tokens"] == usage["total_tokens"]
+        assert ragate["gate"]["score"] == d["gate"]["score"] and ragate["method"] == "targ-margin"
+        assert (
+            ragate["savings"]["gate"]["tokens"]
+            == d["trace"]["stages"][0]["prompt_tokens"] + d["trace"]["stages"][0]["completion_tokens"]
+        )  # the gate's 20-token draft
+    r, k = read["ragate"], skip["ragate"]
+    assert (r["decision"], r["gate"]["threshold"], k["decision"], k["gate"]["threshold"]) == (
+        "retrieve", -1.0, "skip", 1000.0
+    )  # fmt: skip
+    measured = r["savings"]
+    assert (
+        measured["how"] == "measured" and measured["always_retrieve"]["tokens"] < measured["spent"]["tokens"]
+    )
+    assert (
+        measured["saved"]["tokens"] == -measured["gate"]["tokens"]
+    )  # retrieving anyway: the draft was extra
+    estimated = k["savings"]
+    assert estimated["how"] == "estimated" and "targ-margin that retrieved" in estimated["estimator"]
+    assert estimated["saved"]["tokens"] > 0  # reading 2 passages costs more than the draft the gate kept
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"model": "targ-margin", "messages": [{"role": "user", "content": question}], "max_tokens": 8},
+    ).json()
+    assert chat["usage"]["total_tokens"] == chat["ragate"]["savings"]["spent"]["tokens"] > 0
+    assert chat["ragate"]["decision"] in ("retrieve", "skip")
+
+    lines = [json.loads(x) for x in (service_files / "answers.jsonl").read_text().splitlines()]
+    mine = [e for e in lines if e["method"] == "targ-margin"][-3:]
+    assert [e["retrieved"] for e in mine[:2]] == [True, False]
+    assert mine[1]["saved"] == estimated["saved"] and mine[1]["how"] == "estimated"
+    assert question not in (service_files / "answers.jsonl").read_text()  # the log keeps no question text
+    report = subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "report", str(service_files / "answers.jsonl")],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "| targ-margin |" in report.stdout and "| from (UTC) | answers | retrieval rate |" in report.stdout
+
+    spans = [json.loads(x) for x in (service_files / "spans.jsonl").read_text().splitlines()]
+    names = {x["name"] for x in spans}
+    assert {"ragate.answer", "ragate.gate", "ragate.retrieve"} <= names and any(
+        n.startswith("chat ") for n in names
+    )
+    assert question not in (service_files / "spans.jsonl").read_text()  # no text unless --trace-content
+
+
+def test_metrics_have_decisions_scores_budget_and_savings_named_as_prometheus_asks(
+    http: httpx.Client,
+) -> None:
+    question = "who wrote the novel dracula"
+    for options in (READ, SKIP):
+        http.post("/v1/answer", json={"question": question, "method": "targ-margin", "options": options})
+    text = http.get("/metrics").text
+    m = _metrics(http)
+    assert m['ragate_gate_decisions_total{decision="retrieve",method="targ-margin"}'] >= 1
+    assert m['ragate_gate_decisions_total{decision="skip",method="targ-margin"}'] >= 1
+    assert m['ragate_gate_score_count{method="targ-margin"}'] >= 2
+    assert (
+        m['ragate_gate_score_bucket{le="+Inf",method="targ-margin"}']
+        == m['ragate_gate_score_count{method="targ-margin"}']
+    )
+    assert m['ragate_tokens_total{method="targ-margin"}'] > 0
+    assert m['ragate_always_retrieve_tokens_total{how="estimated",method="targ-margin"}'] > 0
+    assert m['ragate_always_retrieve_tokens_total{how="measured",method="targ-margin"}'] > 0
+    assert m['ragate_saved_tokens_total{method="targ-margin"}'] > 0
+    assert m['ragate_gate_extra_tokens_total{method="targ-margin"}'] > 0
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
+    types = {name: kind for name, kind in types.items() if not name.endswith("_created")}  # start times
+    assert all(name.startswith("ragate_") for name in types), types
+    for name, kind in types.items():  # Prometheus naming: the unit ends the name (counters then get _total)
+        if "duration" in name:
+            assert name.endswith("_seconds"), name
+        if kind == "counter":
+            assert name.endswith("_total"), name
+        if "token" in name:
+            assert name.removesuffix("_total").endswith("_tokens"), name
+    assert "ragate_budget_target_ratio" in types and "ragate_budget_realised_ratio" in types
+
+
 def test_settings_defaults_are_safe() -> None:
     s = ServiceSettings()
     assert s.host == "127.0.0.1" and s.loopback and s.api_key is None and s.max_body_bytes <= 1 << 20
@@ -488,7 +593,7 @@ def test_a_budget_steers_the_retrieval_rate_and_survives_a_kill(tmp_path: Path) 
     decided = []
     try:
         with httpx.Client(base_url=url, timeout=120) as client:
-            assert _gauge(client, "ragate_budget") == 0.3
+            assert _gauge(client, "ragate_budget_target_ratio") == 0.3
             for q in questions[:40]:
                 r = client.post("/v1/answer", json={"question": q, "options": {"max_tokens": 4}})
                 assert r.status_code == 200, r.text
@@ -499,7 +604,7 @@ def test_a_budget_steers_the_retrieval_rate_and_survives_a_kill(tmp_path: Path) 
             last = [retrieved for _, retrieved in decided[-20:]]
             assert decided[0][0] == 0.8  # TARG's default before any score was seen
             assert abs(sum(last) / 20 - 0.3) < abs(sum(first) / 10 - 0.3) or abs(sum(last) / 20 - 0.3) <= 0.15
-            assert abs(_gauge(client, "ragate_budget_window_rate") - 0.3) <= 0.25
+            assert abs(_gauge(client, "ragate_budget_realised_ratio") - 0.3) <= 0.25
             tau = _gauge(client, "ragate_budget_threshold")
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -7,7 +7,8 @@ The face of the package (imported lazily, so ``import ragate`` stays fast)::
     with ragate.Pipeline(method="targ-margin", index="my-index/") as rag:
         ans = rag.answer("When does the support contract renew?")
 
-- :class:`Pipeline`, :class:`Answer`, :class:`Document`, :class:`Calibration`: answer questions with one method;
+- :class:`Pipeline`, :class:`Answer`, :class:`Document`, :class:`Calibration`: answer questions with one method
+  (:class:`Retrieval`: its decision and documents alone, for a framework's own reader; ``ragate.integrations``);
 - :func:`index_documents` / :func:`add_documents`: your own files (txt, md, html, jsonl, pdf) as an index;
 - :class:`Gate`, :class:`Need`, :class:`GateDecision`, :func:`register_gate`: a gate of your own, and
   :class:`Trigger`, :class:`Fire`, :func:`register_trigger` a dynamic trigger; :func:`register_method` a recipe;
@@ -28,6 +29,7 @@ _LAZY = {
     "Answer": "ragate.pipeline",
     "Document": "ragate.pipeline",
     "Calibration": "ragate.pipeline",
+    "Retrieval": "ragate.pipeline",
     "Gate": "ragate.gates.base",
     "GateDecision": "ragate.gates.base",
     "GateContext": "ragate.gates.base",
@@ -46,7 +48,7 @@ _LAZY = {
 
 __all__ = [
     "Answer", "Calibration", "Document", "Fire", "Gate", "GateContext", "GateDecision", "Generation",
-    "GenerationRequest", "Message", "Need", "Pipeline", "RagateError", "TopLogprob", "Trigger", "__version__",
+    "GenerationRequest", "Message", "Need", "Pipeline", "RagateError", "Retrieval", "TopLogprob", "Trigger", "__version__",
     "add_documents", "all_methods", "get_method", "index_documents", "register_gate", "register_method",
     "register_trigger",
 ]  # fmt: skip
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
         register_method,
         register_trigger,
     )
-    from ragate.pipeline import Answer, Calibration, Document, Pipeline
+    from ragate.pipeline import Answer, Calibration, Document, Pipeline, Retrieval
     from ragate.retrieval.documents import add_documents, index_documents
 
 

@@ -37,6 +37,7 @@ from ragate.methods.needs import require, require_index
 from ragate.methods.runner import decide
 from ragate.methods.trace import Stage, Trace
 from ragate.retrieval.types import Hit, Retriever
+from ragate.tracing import Tracing
 
 MAX_QUESTION_CHARS = 4000
 DEMO_INDEX = "the demo index (built on first use)"
@@ -96,6 +97,25 @@ class Answer:
         for doc, record in zip(self.documents, out["documents"], strict=True):
             record |= {"text": doc.text, "source": doc.source, "span": list(doc.span) if doc.span else None}
         return out
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    """The gate's decision for one question and, when it retrieves, the documents the method chose, with no
+    answer written (:meth:`Pipeline.retrieve`: for a framework that reads them with its own model)."""
+
+    question: str
+    method: str
+    retrieved: bool
+    decision: GateDecision
+    documents: tuple[Document, ...]
+    stages: tuple[Stage, ...]
+    trace: Trace
+
+    @classmethod
+    def of(cls, trace: Trace) -> Retrieval:
+        docs = tuple(Document.of(h) for h in trace.documents)
+        return cls(trace.question, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace)
 
 
 @dataclass(frozen=True)
@@ -178,7 +198,9 @@ class Pipeline:
     --budget``). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
     replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
     ``fallback`` names a gate to run where the backend cannot serve the method's.
-    ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close.
+    ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close. Every answer is an OpenTelemetry
+    span with the gate, retrieval and generations as children (:mod:`ragate.tracing`), sent to ``tracer_provider``
+    or the application's global one; ``trace_content=True`` puts the question, answer and documents in them.
     """
 
     def __init__(
@@ -210,6 +232,8 @@ class Pipeline:
         retriever: Retriever | None = None,
         backend_options: dict[str, Any] | None = None,
         max_question_chars: int = MAX_QUESTION_CHARS,
+        tracer_provider: Any = None,
+        trace_content: bool | None = None,
     ) -> None:
         engine = backend or ("openai" if base_url else "llama.cpp")
         if base_url and engine != "openai":
@@ -220,6 +244,7 @@ class Pipeline:
             raise RagateError("give threshold= or calibration=, not both: a calibration file sets the threshold")
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
+        self.tracing = Tracing(tracer_provider, trace_content)
         spec = configure_method(
             get_method(method), gate, selector, skr_labels, max_tokens, k, cross_encoder=cross_encoder,
             prompts=prompts,
@@ -358,14 +383,47 @@ class Pipeline:
         any work (a caller that timed out)."""
         question = check_question(question, self.max_question_chars)
         spec = self.spec_for(method, threshold=threshold, k=k, max_tokens=max_tokens)
-        with self.model_lock():
-            if still_wanted is not None and not still_wanted():
-                raise TimeoutError("given up while waiting for the model")
-            retriever = self.retriever if spec.retrieves else self._retriever
-            trace = run_method(spec, question, self.lm, retriever, seed=self.seed, progress=progress)
+        model, engine = self.model_label, self.lm.engine
+        with self.tracing.span("ragate.answer", spec.name, model=model, engine=engine) as span:
+            with self.model_lock():
+                if still_wanted is not None and not still_wanted():
+                    raise TimeoutError("given up while waiting for the model")
+                retriever = self.retriever if spec.retrieves else self._retriever
+                trace = run_method(spec, question, self.lm, retriever, seed=self.seed, progress=progress)
+            self.tracing.finish(span, trace, model=model, engine=engine)
         if self.controls(method, threshold) and self.budget is not None:
             self.budget.observe(trace.gate.score, trace.retrieved)
         return Answer.of(trace)
+
+    def retrieve(
+        self,
+        question: str,
+        *,
+        method: str | None = None,
+        threshold: float | None = None,
+        k: int | None = None,
+    ) -> Retrieval:
+        """The gate's decision for ``question`` and, when it says "retrieve", the documents the method chooses
+        (its selector over this pipeline's index or search: DPR-AIS for DTR and PAIRS, the question's top k for
+        TARG), with no answer written. A budget controller counts it like an answer. Dynamic methods and
+        CRAG-lite decide while answering: use :meth:`answer`."""
+        from ragate.methods.runner import select_documents
+
+        question = check_question(question, self.max_question_chars)
+        spec = self.spec_for(method, threshold=threshold, k=k)
+        model, engine = self.model_label, self.lm.engine
+        try:
+            with self.tracing.span("ragate.retrieve", spec.name, model=model, engine=engine) as span:
+                with self.model_lock():
+                    trace = select_documents(spec, question, self.lm, self.retriever, seed=self.seed)
+                self.tracing.finish(span, trace, model=model, engine=engine)
+        except ValueError as err:
+            if isinstance(err, RagateError):
+                raise
+            raise RagateError(str(err)) from None
+        if self.controls(method, threshold) and self.budget is not None:
+            self.budget.observe(trace.gate.score, trace.retrieved)
+        return Retrieval.of(trace)
 
     def decide(self, question: str, *, seed: int | None = None) -> GateDecision:
         """Only the gate's decision and score for ``question`` (no answer is written)."""
@@ -436,6 +494,11 @@ class Pipeline:
         )
         self.spec = self.spec.with_threshold(calibration.tau)
         return calibration
+
+    @property
+    def model_label(self) -> str:
+        """The model's name as traces and logs give it: a file's name, not its path."""
+        return Path(str(self.lm.model)).name or str(self.lm.model)
 
     @property
     def prompt_states(self) -> dict[str, int] | None:

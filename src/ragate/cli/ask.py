@@ -14,6 +14,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ragate.backends import ENGINES, load_backend
@@ -178,6 +179,8 @@ def ask_with_method(
     cross_encoder: str | None = None,
     prompts: str | None = None,
     progress: Any = None,
+    tracer_provider: Any = None,
+    trace_content: bool | None = None,
     **options: Any,
 ) -> tuple[Trace, dict[str, Any]]:
     """Run a named method on one question through :class:`ragate.Pipeline` against ``index`` (default: the demo
@@ -201,6 +204,8 @@ def ask_with_method(
         cross_encoder=cross_encoder,
         prompts=prompts,
         backend_options=options,
+        tracer_provider=tracer_provider,
+        trace_content=trace_content,
     ) as rag:
         answer = rag.answer(question, progress=progress)
         return answer.trace, capability_summary(rag.lm)
@@ -283,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
         raise RagateError("--calibration goes with --method (the method whose threshold it sets)")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise RagateError(f"max_tokens must be >= 1, got {args.max_tokens}")
+    if (args.trace or args.trace_content) and not args.method:
+        raise RagateError("--trace and --trace-content go with --method (the spans are the gate's and the answer's)")
     if args.method:
         from ragate.methods import get_method
         from ragate.pipeline import Answer, check_question, configure_method
@@ -306,6 +313,11 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         status("loading the model and the index")
+        provider = None
+        if args.trace:
+            from ragate.tracing import trace_to_file
+
+            provider = trace_to_file(args.trace)
         try:
             trace, capabilities = ask_with_method(
                 args.question,
@@ -323,10 +335,14 @@ def run(args: argparse.Namespace) -> int:
                 cross_encoder=args.cross_encoder,
                 prompts=args.prompts,
                 progress=status,
+                tracer_provider=provider,
+                trace_content=args.trace_content or None,
                 **options,
             )
         finally:
             status.done()
+            if provider is not None:
+                provider.shutdown()
         out = {**Answer.of(trace).to_json(), "capabilities": capabilities}  # documents with text and source
         print(json.dumps(out, ensure_ascii=False) if args.json else render_trace(trace))
         return 0
@@ -348,6 +364,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(result))
     return 0
+
+
+def trace_options(p: argparse.ArgumentParser) -> None:
+    """``--trace FILE`` and ``--trace-content``: OpenTelemetry spans of every answer (``ragate ask``, ``serve``)."""
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append OpenTelemetry spans of every answer (gate, retrieval, generations) to FILE as JSON lines "
+        "(needs ragate[trace]); without it the spans go to the application's tracer provider, if any",
+    )
+    p.add_argument(
+        "--trace-content",
+        action="store_true",
+        help="spans carry the question, the answer and the documents' text (default: ids, scores and counts only)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -444,4 +477,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no status line on stderr while it works")
+    trace_options(parser)
     parser.set_defaults(run=run)

@@ -116,9 +116,11 @@ def register(subparsers: Any) -> None:
     cal.set_defaults(run=_run_calibrate)
 
     rep = subparsers.add_parser(
-        "report", help="Markdown + PNG plots (and HTML) for an eval or sweep directory"
+        "report",
+        help="Markdown + PNG plots (and HTML) for an eval or sweep directory; for a service's answer log "
+        "(serve --answer-log FILE), the savings and retrieval rate over time",
     )
-    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("run_dir", type=Path, help="a run directory, or a service's answer log (a file)")
     rep.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/report)")
     rep.add_argument(
         "--metric",
@@ -587,6 +589,17 @@ def _check_rate(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    if Path(args.run_dir).is_file():  # a service's answer log (ragate serve --answer-log)
+        from ragate.fileio import atomic_writer
+        from ragate.savings import read_log, savings_report
+
+        text = savings_report(read_log(args.run_dir))
+        print(text, end="")
+        if args.out is not None:
+            with atomic_writer(args.out) as f:
+                f.write(text.encode())
+            print(f"wrote {args.out}")
+        return 0
     from ragate.errors import RagateError
     from ragate.eval.matched import parse_budgets
     from ragate.eval.report import unfolded_records, write_report

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ragate.backends import ENGINES
+from ragate.cli.ask import trace_options
 from ragate.cli.eval import base_urls
 from ragate.errors import RagateError
 from ragate.methods.needs import DEFAULT_TEXT_GATE
@@ -58,6 +59,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             backend_timeout=args.openai_timeout,
             prompt_state_mb=args.prompt_state_mb,
             prompts=args.prompts,
+            answer_log=str(args.answer_log) if args.answer_log else None,
+            trace_file=str(args.trace) if args.trace else None,
+            trace_content=args.trace_content,
         )
     except ValueError as err:
         raise RagateError(str(err)) from err
@@ -257,6 +261,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="largest options.max_tokens a request may ask",
     )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument(
+        "--answer-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append each answer's decision, cost and savings against always retrieving to FILE (JSON lines, no "
+        "question text); `ragate report FILE` adds them up",
+    )
+    trace_options(p)
     p.set_defaults(run=run)
 
 

@@ -53,6 +53,7 @@ class QuestionRun:
         self._draft: Generation | None = None
         self._answer: str | None = None  # set by a gate whose own reply holds the answer (verbal confidence)
         self.pseudo: str | None = None  # a pseudo-context the gate wrote, reused by the selector
+        self.gate_stages: int | None = None  # how many of the stages the gate made (set once it has decided)
 
     @property
     def prompts(self) -> P.PromptSet:
@@ -196,11 +197,8 @@ def run_method(
         from ragate.methods.crag_lite import run_crag_lite
 
         return run_crag_lite(run, spec.crag)
-    decision = get_gate(spec.gate.kind).decide(run, spec.gate.tau)
-    documents: tuple[Hit, ...] = ()
+    decision, documents = _gate_and_select(run)
     if decision.retrieve:
-        run.stages = [replace(s, overhead=True) for s in run.stages]  # the answer reuses none of it
-        documents = tuple(_select(run, spec.selector, run.pseudo))
         context = spec.prompts.format_passages([h.passage for h in documents])
         answer = run.one("answer", spec.prompts.with_context, context=context).text
     else:
@@ -215,16 +213,48 @@ def run_method(
         tuple(run.queries),
         documents,
         tuple(run.stages),
+        gate_stages=run.gate_stages,
     )
 
 
-def decide(
-    spec: MethodSpec, question: str, lm: Backend, retriever: Retriever | None = None, *, seed: int = 0
-) -> GateDecision:
-    """Only the gate: its decision and score for ``question`` (what calibration and threshold sweeps need).
+def _gate_and_select(run: QuestionRun) -> tuple[GateDecision, tuple[Hit, ...]]:
+    """The gate's decision and, when it says "retrieve", the documents the method's selector keeps (the gate's
+    generations then count as overhead: the reading answer reuses none of them)."""
+    spec = run.spec
+    decision = get_gate(spec.gate.kind).decide(run, spec.gate.tau)
+    run.gate_stages = len(run.stages)
+    if not decision.retrieve:
+        return decision, ()
+    run.stages = [replace(s, overhead=True) for s in run.stages]
+    return decision, tuple(_select(run, spec.selector, run.pseudo))
 
-    It pays for the gate's own generations and nothing after them, so its score equals the one ``run_method``
-    would see with the same ``seed``. Dynamic methods have no gate to run alone: they decide while writing."""
+
+def select_documents(
+    spec: MethodSpec,
+    question: str,
+    lm: Backend,
+    retriever: Retriever | None,
+    *,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> Trace:
+    """The gate and, when it says "retrieve", the method's selection, with no answer written: what a framework
+    that reads the documents with its own model needs (``ragate.integrations``). The trace's ``answer`` is empty
+    and its documents are those ``run_method`` would read with the same ``seed``."""
+    _no_gate_alone(spec)
+    require(spec, lm.capabilities, engine=lm.engine)
+    if retriever is not None:
+        require_index(spec, retriever)
+    run = QuestionRun(spec, question, lm, retriever, seed=seed, progress=progress)
+    decision, documents = _gate_and_select(run)
+    return Trace(
+        spec.name, question, "", decision.retrieve, decision, tuple(run.queries), documents, tuple(run.stages),
+        gate_stages=run.gate_stages,
+    )  # fmt: skip
+
+
+def _no_gate_alone(spec: MethodSpec) -> None:
+    """Dynamic methods and CRAG-lite have no gate that runs before (and apart from) the answer."""
     if spec.dynamic is not None:
         raise ValueError(
             f"{spec.name!r} is a dynamic method: it decides while generating, so it has no gate to run alone "
@@ -235,6 +265,16 @@ def decide(
             f"{spec.name!r} retrieves first and grades what it found (CRAG-lite): it has no gate to run alone, "
             "so it is not swept or calibrated; evaluate it with `ragate eval`"
         )
+
+
+def decide(
+    spec: MethodSpec, question: str, lm: Backend, retriever: Retriever | None = None, *, seed: int = 0
+) -> GateDecision:
+    """Only the gate: its decision and score for ``question`` (what calibration and threshold sweeps need).
+
+    It pays for the gate's own generations and nothing after them, so its score equals the one ``run_method``
+    would see with the same ``seed``. Dynamic methods have no gate to run alone: they decide while writing."""
+    _no_gate_alone(spec)
     require(spec, lm.capabilities, engine=lm.engine)
     run = QuestionRun(spec, question, lm, retriever, seed=seed)
     return get_gate(spec.gate.kind).decide(run, spec.gate.tau)

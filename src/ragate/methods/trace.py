@@ -75,6 +75,7 @@ class Trace:
     documents: tuple[Hit, ...]
     stages: tuple[Stage, ...]
     dynamic: DynamicInfo | None = None
+    gate_stages: int | None = None  # the first this many stages are the gate's (None: no gate ran apart)
 
     @property
     def seconds(self) -> float:

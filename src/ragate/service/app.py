@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +45,7 @@ from ragate.methods.needs import capability_summary, method_support
 from ragate.methods.trace import Trace
 from ragate.pipeline import Pipeline
 from ragate.retrieval.types import Hit, Retriever
+from ragate.savings import AlwaysRetrieveCost, AnswerLog, Savings, log_entry
 from ragate.service import openai_api
 from ragate.service.admission import Slots, Ticket
 from ragate.service.budget import BudgetController
@@ -97,6 +98,8 @@ class Runtime:
     owned: bool  # whether the app loaded (and so closes) the model and the index
     started: float
     closers: tuple[Callable[[], None], ...] = ()  # what else the app opened and closes (a Milvus connection)
+    savings: AlwaysRetrieveCost = field(default_factory=AlwaysRetrieveCost)
+    answer_log: AnswerLog | None = None
 
     @property
     def lm(self) -> Backend:
@@ -215,7 +218,8 @@ class Runtime:
     async def answer(
         self, question: str, method: str | None, options: AnswerOptions
     ) -> tuple[Trace, dict[str, Any]]:
-        """Run the method through the pipeline; the trace and the timings (queueing = time not spent in a stage)."""
+        """Run the method through the pipeline; the trace and the timings (queueing = time not spent in a stage),
+        with what the answer saved against always retrieving under ``timings["savings"]``."""
         self.spec(method, options)  # a bad method or option is a 400 before the request takes a slot
         start = time.perf_counter()
 
@@ -232,7 +236,11 @@ class Runtime:
 
         trace = await self.work(go)
         total = time.perf_counter() - start
+        savings = self.savings.savings(trace)
         self.metrics.observe_trace(trace)
+        self.metrics.observe_savings(trace, savings)
+        if self.answer_log is not None:
+            self.answer_log.write(_finite(log_entry(trace, savings, model=self.pipeline.model_label)))
         if self.budget is not None and self.controls(method, options):  # the pipeline observed it
             self.metrics.observe_budget(self.budget.budget, self.budget.tau, self.budget.rate())
         stage = {s.name: 0.0 for s in trace.stages}
@@ -245,13 +253,17 @@ class Runtime:
             "overhead_seconds": sum(s.seconds for s in trace.stages if s.overhead),
             "stages": stage,
         }
-        return trace, timings
+        return trace, {**timings, "savings": savings}
 
     def extension(self, trace: Trace, timings: dict[str, Any]) -> dict[str, Any]:
-        """What ragate adds to an answer: the decision, its evidence and its cost."""
+        """What ragate adds to an answer: the decision, its evidence, its cost and what it saved against always
+        retrieving (``savings``: measured, estimated, unknown or n/a; see :mod:`ragate.savings`)."""
+        timings = dict(timings)
+        savings: Savings | None = timings.pop("savings", None)
         return {
             "method": trace.method,
             "retrieved": trace.retrieved,
+            "decision": "retrieve" if trace.retrieved else "skip",
             "gate": {
                 "score": trace.gate.score,
                 "threshold": trace.gate.threshold,
@@ -262,6 +274,7 @@ class Runtime:
             "model": self.lm.model,
             "index": self.index_name,
             "timings": timings,
+            **({"savings": savings.to_json()} if savings is not None else {}),
             **({"budget": self.budget_info()} if self.budget is not None else {}),
         }
 
@@ -407,6 +420,12 @@ def load_pipeline(
 
         index = settings.index or demo_index()
         name = str(index)
+    provider = None
+    if settings.trace_file is not None:
+        from ragate.tracing import trace_to_file
+
+        provider = trace_to_file(settings.trace_file)
+        closers = (*closers, provider.shutdown)
     state = settings.budget_state
     if settings.budget is not None and state is None:
         from ragate.models import ragate_home
@@ -431,6 +450,8 @@ def load_pipeline(
             backend_options=settings.backend_options,
             prompts=settings.prompts,
             max_question_chars=settings.max_question_chars,
+            tracer_provider=provider,
+            trace_content=settings.trace_content,
         )
     except BaseException:
         for close in closers:
@@ -448,6 +469,17 @@ def create_app(
     if not owned and (lm is None or retriever is None):
         raise ValueError("give both lm and retriever, or neither")
     pipeline, index_name, closers = load_pipeline(settings, lm, retriever)
+    answer_log = None
+    if settings.answer_log is not None:
+        try:
+            answer_log = AnswerLog(settings.answer_log)
+        except BaseException:
+            for closer in closers:
+                closer()
+            if owned:
+                pipeline.close()
+            raise
+        closers = (*closers, answer_log.close)
     metrics = ServiceMetrics.create()
     runtime = Runtime(
         settings=settings,
@@ -459,20 +491,21 @@ def create_app(
         owned=owned,
         started=time.time(),
         closers=closers,
+        answer_log=answer_log,
     )
     if runtime.budget is not None:
         metrics.observe_budget(runtime.budget.budget, runtime.budget.tau, runtime.budget.rate())
 
     def close() -> None:  # a request abandoned at its timeout may still be using the model: wait for it
-        runtime.pipeline.close(wait=settings.request_timeout)
-        for closer in runtime.closers:
+        if runtime.owned:
+            runtime.pipeline.close(wait=settings.request_timeout)
+        for closer in runtime.closers:  # a Milvus connection, the trace file, the answer log
             closer()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        if runtime.owned:
-            await anyio.to_thread.run_sync(close)
+        await anyio.to_thread.run_sync(close)
 
     app = FastAPI(
         title="ragate",
@@ -492,8 +525,9 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
     async def answer(body: AnswerRequest) -> Response:
         question = rt.question(body.question)
         trace, timings = await rt.answer(question, body.method, body.options)
-        payload = {"answer": trace.answer, "question": question, **rt.extension(trace, timings)}
-        payload["trace"] = trace.to_json()
+        extension = rt.extension(trace, timings)  # also at the top level, where clients before it read it
+        payload = {"answer": trace.answer, "question": question, "usage": openai_api.usage(trace)}
+        payload |= {**extension, "ragate": extension, "trace": trace.to_json()}
         return JSONResponse(_finite(payload))
 
     @app.post("/v1/search")

@@ -4,15 +4,27 @@ one process (tests) or a reloaded app never share or clash over counters.
 Exposed at ``GET /metrics``:
 
 - ``ragate_http_requests_total{endpoint, status}`` and ``ragate_http_request_duration_seconds{endpoint}``
-- ``ragate_answers_total{method}``, ``ragate_retrievals_total{method}`` and ``ragate_retrieval_rate{method}``
+- ``ragate_answers_total{method}``, ``ragate_retrievals_total{method}`` and ``ragate_retrieval_ratio{method}``
   (retrievals / answers since start; over a window use ``rate(retrievals) / rate(answers)`` in PromQL)
 - ``ragate_stage_duration_seconds{stage}``: draft, pseudo-context, retrieve, answer, ... per answered question
 - ``ragate_errors_total{type}``: every 4xx/5xx answer by error type (``rate_limit_exceeded`` = 429s)
 - ``ragate_requests_in_progress``: requests holding a concurrency slot
+- ``ragate_gate_decisions_total{method, decision}``: the gate's decisions, ``retrieve`` or ``skip``
+- ``ragate_gate_score{method}``: a histogram of the gate's scores, to read a budget's threshold off
+  (``histogram_quantile(1 - budget, ...)``: TARG 3.3's tau = F^-1(1 - budget) over live traffic)
+- ``ragate_tokens_total{method}``: tokens spent answering (prompt + completion, every stage)
+- ``ragate_always_retrieve_tokens_total{method, how}``: what always retrieving would have cost on the same answers,
+  ``measured`` (answers that retrieved) or ``estimated`` (answers that skipped; :mod:`ragate.savings`)
+- ``ragate_saved_tokens_total{method}`` and ``ragate_gate_extra_tokens_total{method}``: per answer, always
+  retrieving's tokens minus the answer's, counted in the first when positive and in the second when negative (the
+  gate's own cost on an answer that retrieved); net savings = saved - extra
+- with ``--budget``: ``ragate_budget_target_ratio``, ``ragate_budget_realised_ratio`` (the retrieval rate over the
+  controller's window) and ``ragate_budget_threshold`` (the tau it sets now)
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -26,9 +38,16 @@ from prometheus_client import (
 )
 
 from ragate.methods.trace import Trace
+from ragate.savings import Savings
 
 # Seconds: one LM call on CPU takes 0.1 s to a minute; a 135M model answers in a fraction of a second.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Gate scores: TARG's margin and variance and PAIRS/judge votes lie in [0, 1] (fine steps there); DTR's normalised
+# NLL and TARG's entropy in nats reach a few units.
+SCORE_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, *(round(0.05 * i, 2) for i in range(2, 21)), 1.25, 1.5, 2.0, 2.5,
+    3.0, 4.0, 5.0, 7.5, 10.0,
+)  # fmt: skip
 ENDPOINTS = frozenset(
     {"/v1/answer", "/v1/search", "/v1/chat/completions", "/v1/models", "/healthz", "/metrics"}
 )
@@ -50,6 +69,12 @@ class ServiceMetrics:
     budget: Gauge
     budget_tau: Gauge
     budget_rate: Gauge
+    decisions: Counter
+    scores: Histogram
+    tokens: Counter
+    always_tokens: Counter
+    saved_tokens: Counter
+    extra_tokens: Counter
     _tally: dict[str, tuple[int, int]] = field(
         default_factory=dict, repr=False
     )  # method -> (answers, retrieved)
@@ -75,7 +100,7 @@ class ServiceMetrics:
                 "ragate_retrievals", "answered questions that retrieved", ["method"], registry=r
             ),
             retrieval_rate=Gauge(
-                "ragate_retrieval_rate", "retrievals / answers since start", ["method"], registry=r
+                "ragate_retrieval_ratio", "retrievals / answers since start", ["method"], registry=r
             ),
             stages=Histogram(
                 "ragate_stage_duration_seconds",
@@ -88,12 +113,36 @@ class ServiceMetrics:
             in_progress=Gauge(
                 "ragate_requests_in_progress", "requests holding a concurrency slot", registry=r
             ),
-            budget=Gauge("ragate_budget", "the retrieval budget (serve --budget)", registry=r),
+            budget=Gauge(
+                "ragate_budget_target_ratio", "the retrieval budget: target share of answers that retrieve",
+                registry=r,
+            ),
             budget_tau=Gauge("ragate_budget_threshold", "the gate threshold the budget sets now", registry=r),
             budget_rate=Gauge(
-                "ragate_budget_window_rate", "retrieval rate over the budget's window of requests", registry=r
+                "ragate_budget_realised_ratio", "retrieval rate over the budget's window of requests", registry=r
             ),
-        )
+            decisions=Counter(
+                "ragate_gate_decisions", "the gate's decisions (retrieve or skip)", ["method", "decision"],
+                registry=r,
+            ),
+            scores=Histogram(
+                "ragate_gate_score", "the gate's scores (higher: more reason to retrieve)", ["method"],
+                buckets=SCORE_BUCKETS, registry=r,
+            ),
+            tokens=Counter("ragate_tokens", "tokens spent answering (all stages)", ["method"], registry=r),
+            always_tokens=Counter(
+                "ragate_always_retrieve_tokens", "tokens always retrieving would have spent on the same answers",
+                ["method", "how"], registry=r,
+            ),
+            saved_tokens=Counter(
+                "ragate_saved_tokens", "tokens saved against always retrieving (answers where it saved)", ["method"],
+                registry=r,
+            ),
+            extra_tokens=Counter(
+                "ragate_gate_extra_tokens", "tokens spent beyond always retrieving (the gate's own cost)",
+                ["method"], registry=r,
+            ),
+        )  # fmt: skip
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
         """One HTTP exchange; unknown paths share the label ``other`` so labels stay bounded."""
@@ -116,6 +165,23 @@ class ServiceMetrics:
         self.retrieval_rate.labels(trace.method).set(k / n)
         for stage in trace.stages:
             self.stages.labels(stage.name).observe(stage.seconds)
+
+    def observe_savings(self, trace: Trace, savings: Savings) -> None:
+        """One answer's decision, score, tokens and what it saved against always retrieving (when known)."""
+        method = trace.method
+        if trace.gate_stages is not None:  # a gate decided apart from the answer
+            self.decisions.labels(method, "retrieve" if trace.retrieved else "skip").inc()
+            if math.isfinite(trace.gate.score):
+                self.scores.labels(method).observe(trace.gate.score)
+        self.tokens.labels(method).inc(savings.spent.tokens)
+        saved = savings.saved
+        if savings.always is None or saved is None:
+            return
+        self.always_tokens.labels(method, savings.how).inc(savings.always.tokens)
+        if saved.tokens > 0:
+            self.saved_tokens.labels(method).inc(saved.tokens)
+        elif saved.tokens < 0:
+            self.extra_tokens.labels(method).inc(-saved.tokens)
 
     def observe_budget(self, budget: float, tau: float, rate: float | None) -> None:
         """The live budget: its target, the threshold it sets now, and the rate over its window."""

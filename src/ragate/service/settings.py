@@ -63,6 +63,9 @@ class ServiceSettings:
     calibration: str | None = None  # a `ragate calibrate` file: the served method's threshold
     prompt_state_mb: int = 512  # llama.cpp: the prompt states kept for exact prefix reuse (0: none)
     prompts: str | None = None  # another prompt set for the served method (e.g. targ: its documents first)
+    answer_log: str | None = None  # a file each answer's decision, cost and savings are appended to (JSON lines)
+    trace_file: str | None = None  # a file the OpenTelemetry spans are appended to (else the global provider's)
+    trace_content: bool = False  # spans carry the question, answer and documents
 
     def __post_init__(self) -> None:
         positive = {

@@ -1,0 +1,244 @@
+"""What deciding saved: each answer's cost beside what always retrieving would have cost on it, and the answer
+log a service writes so that ``ragate report`` can add it up over time.
+
+For an answer that retrieved, always retrieving would have cost its own selection and reading stages (the stages
+after the gate's, plus a pseudo-context the gate wrote that the selector reused): **measured**. For one the gate
+answered without reading, nobody read the documents, so the cost is **estimated**: the mean of the measured cost
+of the last answers of the same method that did retrieve (:class:`AlwaysRetrieveCost`). Until one has, it is
+**unknown**. Dynamic methods and CRAG-lite decide while answering: there is no gate to take away (**n/a**).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import RunFormatError
+from ragate.methods.trace import Stage, Trace
+
+LOG_KIND = "ragate.answer-log"
+WINDOW = 100  # retrieved answers per method the estimate averages
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Tokens (prompt + completion) and seconds of LM and retrieval work."""
+
+    tokens: int
+    seconds: float
+
+    @classmethod
+    def of(cls, stages: Iterable[Stage]) -> Cost:
+        stages = list(stages)
+        return cls(sum(s.prompt_tokens + s.completion_tokens for s in stages), sum(s.seconds for s in stages))
+
+
+@dataclass(frozen=True)
+class Savings:
+    """One answer's cost (``spent``), what its gate cost (``gate``), and what always retrieving would have cost
+    (``always``; None when unknown or not applicable), with ``how`` that figure was had and by which ``estimator``."""
+
+    spent: Cost
+    gate: Cost
+    always: Cost | None
+    how: str  # measured | estimated | unknown | n/a
+    estimator: str
+
+    @property
+    def saved(self) -> Cost | None:
+        """Always retrieving's cost minus this answer's (negative when the gate cost more than it saved)."""
+        if self.always is None:
+            return None
+        return Cost(self.always.tokens - self.spent.tokens, self.always.seconds - self.spent.seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        saved = self.saved
+        return {
+            "spent": asdict(self.spent),
+            "gate": asdict(self.gate),
+            "always_retrieve": None if self.always is None else asdict(self.always),
+            "how": self.how,
+            "estimator": self.estimator,
+            "saved": None if saved is None else asdict(saved),
+        }
+
+
+def gate_stages(trace: Trace) -> list[Stage]:
+    """The stages the gate made (none for a method without a gate of its own)."""
+    return list(trace.stages[: trace.gate_stages or 0])
+
+
+def retrieval_path(trace: Trace) -> Cost:
+    """What answering ``trace``'s question by always retrieving costs, measured on a trace that retrieved: its
+    stages after the gate's, plus a pseudo-context the gate wrote that the selector reused (PAIRS)."""
+    n = trace.gate_stages or 0
+    reused = [s for s in trace.stages[:n] if s.name == "pseudo-context"]
+    return Cost.of([*reused, *trace.stages[n:]])
+
+
+@dataclass
+class AlwaysRetrieveCost:
+    """The running estimate of always retrieving's cost, per method: the mean measured cost of the last ``window``
+    answers of that method that retrieved. Safe to share between threads."""
+
+    window: int = WINDOW
+    _seen: dict[str, deque[Cost]] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def savings(self, trace: Trace) -> Savings:
+        """``trace``'s savings; a trace that retrieved also feeds the estimate for the next ones."""
+        spent, gate = Cost.of(trace.stages), Cost.of(gate_stages(trace))
+        if trace.gate_stages is None:
+            return Savings(
+                spent, gate, None, "n/a", f"{trace.method} decides while answering: no gate to remove"
+            )
+        if trace.retrieved:
+            measured = retrieval_path(trace)
+            with self._lock:
+                self._seen.setdefault(trace.method, deque(maxlen=self.window)).append(measured)
+            return Savings(spent, gate, measured, "measured", "this answer's selection and reading stages")
+        with self._lock:
+            seen = list(self._seen.get(trace.method, ()))
+        if not seen:
+            return Savings(spent, gate, None, "unknown", f"no answer of {trace.method} has retrieved yet")
+        mean = Cost(round(sum(c.tokens for c in seen) / len(seen)), sum(c.seconds for c in seen) / len(seen))
+        estimator = f"mean of the last {len(seen)} answers of {trace.method} that retrieved"
+        return Savings(spent, gate, mean, "estimated", estimator)
+
+
+def log_entry(trace: Trace, savings: Savings, *, model: str, at: float | None = None) -> dict[str, Any]:
+    """One line of a service's answer log: the decision, the cost and the savings; no question, answer or
+    document text (a log outlives requests; the trace spans carry text when asked)."""
+    g = trace.gate
+    return {
+        "kind": LOG_KIND,
+        "time": time.time() if at is None else at,
+        "method": trace.method,
+        "model": model,
+        "retrieved": trace.retrieved,
+        "score": g.score if math.isfinite(g.score) else None,
+        "threshold": g.threshold if math.isfinite(g.threshold) else None,
+        **savings.to_json(),
+    }
+
+
+class AnswerLog:
+    """Appends :func:`log_entry` lines to a file, one write and flush a line, from any thread."""
+
+    def __init__(self, path: str | Path) -> None:
+        from ragate.errors import RagateError
+
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise RagateError(f"answer log {path}: that is a directory; name a file to append to")
+        try:
+            self._file = self.path.open("a", encoding="utf-8")
+        except OSError as err:
+            raise RagateError(f"answer log {path}: cannot open it for appending ({err.strerror})") from None
+        self._lock = threading.Lock()
+
+    def write(self, entry: dict[str, Any]) -> None:
+        line = json.dumps(entry, ensure_ascii=False, allow_nan=False) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_log(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The entries of an answer log. A last line cut short (the service was killed mid-write) is skipped; a
+    damaged line elsewhere, or a file that is not an answer log, is a :class:`RunFormatError` naming the line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    except OSError as err:
+        raise RunFormatError(f"{path}: cannot read the answer log ({err.strerror})") from None
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            if not isinstance(entry, dict) or entry.get("kind") != LOG_KIND:
+                raise ValueError(f"not a {LOG_KIND} line")
+            float(entry["time"]), bool(entry["retrieved"]), str(entry["method"])
+            Cost(**entry["spent"])
+        except (ValueError, KeyError, TypeError) as err:
+            if i == last and not line.endswith("}"):
+                return  # a write cut short by a kill
+            raise RunFormatError(
+                f"{path}, line {i + 1}: not an answer-log entry ({err}); the log `ragate serve --answer-log` "
+                "writes has one JSON object a line"
+            ) from None
+        yield entry
+
+
+def savings_report(entries: Iterable[dict[str, Any]], *, periods: int = 10) -> str:
+    """Markdown: per method, the answers, retrieval rate, tokens spent and saved against always retrieving; then
+    the retrieval rate and savings over time, in ``periods`` equal spans of the log's time."""
+    rows = list(entries)
+    if not rows:
+        return "The answer log is empty: no answers yet.\n"
+    lines = [
+        (
+            "| method | answers | retrieval rate | tokens spent | always retrieving (known) | saved tokens | saved % "
+            "| seconds spent | saved seconds | no estimate |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method in sorted({r["method"] for r in rows}):
+        lines.append(_row(method, [r for r in rows if r["method"] == method]))
+    if len({r["method"] for r in rows}) > 1:
+        lines.append(_row("all", rows))
+    start, end = min(r["time"] for r in rows), max(r["time"] for r in rows)
+    n = max(1, min(periods, len(rows)))
+    width = (end - start) / n or 1.0
+    lines += [
+        "",
+        "| from (UTC) | answers | retrieval rate | tokens spent | saved tokens |",
+        "|---|---|---|---|---|",
+    ]
+    for i in range(n):
+        lo = start + i * width
+        part = [r for r in rows if lo <= r["time"] < lo + width or (i == n - 1 and r["time"] == end)]
+        if not part:
+            continue
+        rate = sum(bool(r["retrieved"]) for r in part) / len(part)
+        saved = sum(r["saved"]["tokens"] for r in part if r.get("saved"))
+        spent = sum(r["spent"]["tokens"] for r in part)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(lo))
+        lines.append(f"| {stamp} | {len(part)} | {rate:.1%} | {spent} | {saved:+d} |")
+    lines += [
+        "",
+        (
+            "Always retrieving's cost is measured on answers that retrieved and estimated on those that skipped (the "
+            "mean of the method's last answers that retrieved); `no estimate` counts answers before any had. Saved = "
+            "always retrieving's cost minus the answer's, summed where known (negative: the gate cost more)."
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _row(method: str, rows: list[dict[str, Any]]) -> str:
+    known = [r for r in rows if r.get("always_retrieve") is not None]
+    always = sum(r["always_retrieve"]["tokens"] for r in known)
+    saved = sum(r["saved"]["tokens"] for r in known)
+    saved_s = sum(r["saved"]["seconds"] for r in known)
+    spent = sum(r["spent"]["tokens"] for r in rows)
+    seconds = sum(r["spent"]["seconds"] for r in rows)
+    rate = sum(bool(r["retrieved"]) for r in rows) / len(rows)
+    share = f"{saved / always:+.1%}" if always else "-"
+    return (
+        f"| {method} | {len(rows)} | {rate:.1%} | {spent} | {always} | {saved:+d} | {share} | {seconds:.1f} "
+        f"| {saved_s:+.1f} | {len(rows) - len(known)} |"
+    )
