@@ -347,3 +347,35 @@ def test_a_summary_counts_the_questions_whose_lm_call_stopped_at_its_token_cap()
     rows = summarize([record(0, "length"), record(1, "stop"), record(2, "length")])
     assert rows[0]["cut_at_cap"] == {"pseudo-context": 2}
     assert "- dpr-ais: pseudo-context 2 of 3" in cut_at_cap_lines(rows)
+
+
+def test_a_fold_refuses_a_shard_that_lost_a_record(
+    smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragate.cli.main import main
+
+    base = [
+        "eval",
+        "--dataset",
+        "demo",
+        "--limit",
+        "6",
+        "--methods",
+        "no-retrieval",
+        "--quiet",
+        "--no-call-cache",
+    ]
+    shards = [str(tmp_path / f"s{i}") for i in (0, 1)]
+    for i, out in enumerate(shards):
+        assert main([*base, "--shard", f"{i}/2", "--out", out]) == 0
+    path = Path(shards[1]) / "questions.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:1] + lines[2:]))  # a record deleted (a lost line)
+    capsys.readouterr()
+    assert main(["eval", "--fold", *shards, "--out", str(tmp_path / "folded")]) == 2
+    said = capsys.readouterr().err
+    assert "(shard 1/2) holds 2 answers for its 3 questions x 1 methods = 3" in said and "--resume" in said
+    assert not (tmp_path / "folded" / "config.json").exists()
+    assert main([*base, "--shard", "1/2", "--out", shards[1], "--resume"]) == 0  # answers the lost one again
+    assert main(["eval", "--fold", *shards, "--out", str(tmp_path / "folded")]) == 0
+    assert len(read_records(tmp_path / "folded" / "questions.jsonl")) == 6

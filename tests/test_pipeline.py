@@ -57,7 +57,11 @@ def readme_python() -> str:
 
 
 def test_the_readme_example_runs_unchanged_on_a_folder_of_documents(
-    smollm2_path: Path, minilm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    smollm2_path: Path,
+    minilm: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     write_docs(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -85,7 +89,9 @@ def test_a_plain_function_search_serves_every_selector_including_dtr(smollm2_pat
     with ragate.Pipeline(method="dtr", search=search, encoder=minilm, threshold=-1.0) as rag:
         ans = rag.answer("How long is the Brewmaster 3000 warranty?")
     assert ans.retrieved and len(ans.documents) == 3  # DPR-AIS kept k = 3 of the two paths' documents
-    assert {q for q, _ in calls} >= {"How long is the Brewmaster 3000 warranty?"} and len(calls) == 2  # q and p
+    assert {q for q, _ in calls} >= {"How long is the Brewmaster 3000 warranty?"} and len(
+        calls
+    ) == 2  # q and p
     assert all(d.source and d.source.startswith("kb/") or d.title == "" for d in ans.documents)
     assert -1.0 <= ans.documents[0].score <= 1.0  # cos(theta1 + theta2) from ragate's own embeddings
 
@@ -178,7 +184,9 @@ def test_calibrate_on_unlabelled_questions_sets_the_threshold(smollm2_path: Path
         assert rag.index_name.startswith("the demo index (built on first use)")
         path = cal.save(tmp_path / "cal.json")
         bounded = rag.calibrate(questions, budget=0.3, confidence=0.9)  # 30 questions can bound 0.3 at 0.9
-        assert bounded.k is not None and bounded.tau >= cal.tau and bounded.retrieval_rate <= cal.retrieval_rate
+        assert (
+            bounded.k is not None and bounded.tau >= cal.tau and bounded.retrieval_rate <= cal.retrieval_rate
+        )
         assert bounded.to_json()["rate_interval"] == list(bounded.rate_interval or ())
     data = json.loads(path.read_text())
     assert data["method"] == "targ-margin" and data["tau"] == cal.tau and data["model"] is None
@@ -196,7 +204,9 @@ def test_a_budget_holds_over_the_calls_a_pipeline_answers(smollm2_path: Path, wi
     from ragate.eval.datasets import load_dataset
 
     questions = [ex.question for ex in load_dataset("demo")][:24]
-    with ragate.Pipeline(method="targ-margin", retriever=wiki_dense, budget=0.5, window=10, max_tokens=8) as rag:
+    with ragate.Pipeline(
+        method="targ-margin", retriever=wiki_dense, budget=0.5, window=10, max_tokens=8
+    ) as rag:
         answers = [rag.answer(q) for q in questions]
         assert rag.budget is not None and rag.budget.rate() is not None
     first = answers[0].decision.threshold
@@ -254,10 +264,67 @@ def test_the_package_face_is_lazy_and_complete() -> None:
         "import sys, ragate; heavy = [m for m in ('torch', 'ragate.pipeline', 'ragate.methods', 'llama_cpp') "
         "if m in sys.modules]; print(heavy); print(ragate.Pipeline.__module__, ragate.register_gate.__module__)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     first, second = proc.stdout.splitlines()
     assert first == "[]"  # `import ragate` loads no model code; the face is imported on first use
     assert second == "ragate.pipeline ragate.methods.registry"
     assert sorted(ragate.__all__) == sorted(dir(ragate))
     for name in ragate.__all__:
         assert getattr(ragate, name) is not None
+
+
+def test_arguments_are_checked_at_construction_with_their_names() -> None:
+    bad = {  # each refused before any model loads (the model named does not exist)
+        "k": (2.5, "k must be a whole number, not 2.5"),
+        "threshold": ("0.5", "threshold must be a number, not '0.5' (str)"),
+        "max_tokens": (True, "max_tokens must be a whole number, not True"),
+        "window": (0, "window must be at least 1, got 0"),
+        "budget": (float("nan"), "budget must be a finite number, got nan"),
+        "model": (3, "model must be a non-empty string, not 3"),
+        "seed": (-1, "seed must be at least 0"),
+    }
+    for name, (value, said) in bad.items():
+        with pytest.raises(RagateError) as err:
+            ragate.Pipeline(**{"method": "targ-margin", "model": "/no/such/model.gguf", name: value})
+        assert said in str(err.value), str(err.value)
+    with pytest.raises(
+        RagateError, match=r"threshold must be a finite number, got nan \(a NaN threshold never"
+    ):
+        ragate.Pipeline(method="targ-margin", threshold=float("nan"), model="/no/such/model.gguf")
+
+
+def test_a_closed_pipeline_says_so(smollm2_path: Path) -> None:
+    rag = ragate.Pipeline(method="no-retrieval", max_tokens=2)
+    with rag:
+        assert rag.answer("Who wrote Hamlet?").text
+        with pytest.raises(RagateError, match="k must be a whole number"):
+            rag.answer("Who wrote Hamlet?", k=1.5)  # type: ignore[arg-type]
+        with pytest.raises(RagateError, match="threshold must be a finite number"):
+            rag.answer("Who wrote Hamlet?", threshold=float("inf"))
+    for call in (rag.answer, rag.decide, rag.retrieve):
+        with pytest.raises(RagateError, match="this Pipeline is closed"):
+            call("Who wrote Hamlet?")
+    with pytest.raises(RagateError, match="this Pipeline is closed"):
+        rag.calibrate(["Who wrote Hamlet?"], budget=0.5)
+
+
+def test_calibrating_on_too_few_or_tied_questions_warns(smollm2_path: Path, tmp_path: Path) -> None:
+    with ragate.Pipeline(method="targ-margin") as rag:
+        with pytest.warns(
+            RuntimeWarning, match=r"retrieves for 0.0%, not the budget's 30%: 1 question cannot"
+        ):
+            one = rag.calibrate(["Who wrote Hamlet?"], budget=0.3)
+        assert one.warning and one.to_json()["warning"] == one.warning
+        with pytest.warns(RuntimeWarning, match="only 1 distinct score among 6 questions"):
+            rag.calibrate(["Who wrote Hamlet?"] * 6, budget=0.3)
+        with pytest.raises(RagateError, match=r"budget is a retrieval rate in \[0, 1\]"):
+            rag.calibrate(["Who wrote Hamlet?"], budget=float("nan"))
+    questions = tmp_path / "q.txt"
+    questions.write_text("Who wrote Hamlet?\n")
+    from ragate.cli.main import main
+
+    start = time.perf_counter()
+    assert main(["calibrate", "--gate", "targ-margin", "--questions", str(questions), "--budget", "nan"]) == 2
+    assert time.perf_counter() - start < 5  # refused before the model loads and scores anything

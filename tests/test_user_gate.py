@@ -7,6 +7,7 @@ The commands find it as an installed package would declare it: an entry point in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -41,7 +42,9 @@ def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     info = site / "ragate_user_gates-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ragate-user-gates\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[ragate.gates]\nmin-prob = plugin_gate:MinProb\n")
+    (info / "entry_points.txt").write_text(
+        "[ragate.gates]\nmin-prob = plugin_gate:MinProb\nfaulty = plugin_gate:Faulty\n"
+    )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
@@ -55,7 +58,9 @@ def _ragate(args: list[str], env: dict[str, str], timeout: float = 600) -> subpr
     )
 
 
-def test_the_gate_registers_from_user_code_and_runs_in_a_pipeline(smollm2_path: Path, bm25_index: Path) -> None:
+def test_the_gate_registers_from_user_code_and_runs_in_a_pipeline(
+    smollm2_path: Path, bm25_index: Path
+) -> None:
     import plugin_gate
 
     assert "min-prob" in ragate.all_methods()
@@ -119,17 +124,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture()
-def served(
-    smollm2_path: Path, bm25_index: Path, plugin_env: dict[str, str], tmp_path: Path
-) -> Iterator[str]:
+@contextlib.contextmanager
+def _serving(method: str, index: Path, env: dict[str, str], *extra: str) -> Iterator[str]:
+    """``ragate serve --method METHOD`` on a free port of 127.0.0.1, until the block ends."""
     if not RAGATE.exists():
         pytest.skip("the ragate command is not installed in this environment (pip install -e .)")
     port = _free_port()
-    args = [str(RAGATE), "serve", "--method", "min-prob", "--index", str(bm25_index), "--port", str(port),
-            "--budget", "0.5", "--window", "10", "--budget-state", str(tmp_path / "budget.json"),
-            "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(args, env=plugin_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [str(RAGATE), "serve", "--method", method, "--index", str(index), "--port", str(port),
+            "--log-level", "warning", *extra]  # fmt: skip
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         import httpx
@@ -147,6 +150,13 @@ def served(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def served(smollm2_path: Path, bm25_index: Path, plugin_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    budget = ["--budget", "0.5", "--window", "10", "--budget-state", str(tmp_path / "budget.json")]
+    with _serving("min-prob", bm25_index, plugin_env, *budget) as url:
+        yield url
 
 
 def test_the_installed_gate_is_served_with_its_budget(served: str) -> None:
@@ -187,3 +197,60 @@ def test_a_trigger_registers_and_runs_in_the_dynamic_loop(smollm2_path: Path, wi
     assert ans.trace.dynamic is not None
     fired = [e for e in ans.trace.dynamic.retrievals if e.reason.startswith("after-8-tokens")]
     assert fired and ans.retrieved and ans.documents
+
+
+BUGS = {  # a question naming the bug -> what ragate says of it
+    "raise: who wrote hamlet": "the gate 'faulty' failed: ValueError: my gate's bug",
+    "word: who wrote hamlet": "the gate 'faulty' scored 'high' (str); score() must return a number",
+    "none: who wrote hamlet": "the gate 'faulty' scored None (NoneType)",
+    "nan: who wrote hamlet": "the gate 'faulty' gave a NaN score",
+}
+
+
+def test_a_users_gate_that_fails_is_named_in_the_pipeline(smollm2_path: Path, bm25_index: Path) -> None:
+    import plugin_gate  # noqa: F401  (registers "faulty")
+
+    from ragate.errors import GateError
+
+    with ragate.Pipeline(method="faulty", index=bm25_index, max_tokens=4) as rag:
+        for question, said in BUGS.items():
+            with pytest.raises(GateError) as err:
+                rag.answer(question)
+            assert said in str(err.value), str(err.value)
+            with pytest.raises(GateError, match="'faulty'"):
+                rag.decide(question)  # calibration and sweeps see the same error
+        assert not rag.answer("who wrote hamlet").retrieved  # a score of 0 <= tau: the gate works otherwise
+
+
+def test_a_users_gate_that_fails_is_named_by_ask_eval_and_serve(
+    smollm2_path: Path, bm25_index: Path, plugin_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = plugin_env
+    for question, said in BUGS.items():
+        ask = _ragate(
+            ["ask", question, "--method", "faulty", "--index", str(bm25_index), "--json", "--quiet"], env
+        )
+        assert ask.returncode == 2 and said in ask.stderr and "Traceback" not in ask.stderr, ask.stderr
+        assert "NaN" not in ask.stdout  # never an invalid JSON score
+
+    data = tmp_path / "bugs.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["x"]}) + "\n"
+                            for i, q in enumerate(BUGS)))  # fmt: skip
+    run = tmp_path / "eval"
+    ev = _ragate(["eval", "--dataset", str(data), "--methods", "faulty,no-retrieval", "--index", str(bm25_index),
+                  "--out", str(run), "--quiet", "--no-call-cache"], env)  # fmt: skip
+    assert ev.returncode == 1, ev.stdout + ev.stderr  # every answer of faulty failed: not a success
+    assert "ragate eval: 4 of 4 answers of faulty failed" in ev.stderr and "the gate 'faulty'" in ev.stderr
+    records = [json.loads(line) for line in (run / "questions.jsonl").read_text().splitlines()]
+    assert sum("error" in r for r in records if r["method"] == "faulty") == 4
+    assert all("error" not in r for r in records if r["method"] == "no-retrieval")
+
+    import httpx
+
+    with _serving("faulty", bm25_index, env) as url, httpx.Client(base_url=url, timeout=120) as client:
+        for question, said in BUGS.items():
+            r = client.post("/v1/answer", json={"question": question, "options": {"max_tokens": 4}})
+            assert r.status_code == 500 and said in r.json()["error"]["message"], r.text  # the server's fault
+        assert client.post(
+            "/v1/answer", json={"question": "who wrote hamlet", "options": {"max_tokens": 4}}
+        ).is_success

@@ -27,6 +27,11 @@ class BackendTimeoutError(BackendError):
     """The backend took longer than its client's timeout to answer (the server is stalled or the request too big)."""
 
 
+class GateError(RagateError):
+    """A gate (often a user's registered one) that raised, or returned something other than a decision with a
+    number for a score, on one question; the message names the gate."""
+
+
 class CapabilityError(RagateError):
     """A request asks a backend for something it cannot do (attentions from llama.cpp, too many top-k, ...)."""
 

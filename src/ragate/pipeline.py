@@ -20,6 +20,8 @@ depend on the questions before it and equals ``ragate eval``'s. The kept states 
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -139,6 +141,7 @@ class Calibration:
     expected_rate: float | None = None
     rate_interval: tuple[float, float] | None = None
     source: str = "questions"
+    warning: str | None = None  # why the rate on these questions is far from the budget (ties, too few)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -151,6 +154,8 @@ class Calibration:
                 "confidence": self.confidence, "batch": self.batch, "k": self.k, "expected_rate": self.expected_rate,
                 "rate_interval": list(self.rate_interval) if self.rate_interval else None,
             }  # fmt: skip
+        if self.warning:
+            out["warning"] = self.warning
         return out
 
     def save(self, path: str | Path) -> Path:
@@ -235,6 +240,12 @@ class Pipeline:
         tracer_provider: Any = None,
         trace_content: bool | None = None,
     ) -> None:
+        _check_arguments(
+            method=method, model=model, backend=backend, threshold=threshold, budget=budget, window=window,
+            budget_gain=budget_gain, max_tokens=max_tokens, k=k, seed=seed, max_question_chars=max_question_chars,
+            gate=gate, selector=selector, fallback=fallback, prompts=prompts,
+        )  # fmt: skip
+        self._closed = False
         engine = backend or ("openai" if base_url else "llama.cpp")
         if base_url and engine != "openai":
             raise RagateError(f"base_url goes with backend='openai', not {engine!r}")
@@ -344,6 +355,8 @@ class Pipeline:
     ) -> MethodSpec:
         """The method a call runs: this pipeline's (``method`` None or its name) or another, with the call's
         threshold, number of documents and answer length; checked against the backend and the index."""
+        self._check_open()
+        _check_arguments(method=method, threshold=threshold, k=k, max_tokens=max_tokens)
         if method is None or method == self.method:
             spec = self.spec
             if threshold is None and self.budget is not None:
@@ -427,6 +440,7 @@ class Pipeline:
 
     def decide(self, question: str, *, seed: int | None = None) -> GateDecision:
         """Only the gate's decision and score for ``question`` (no answer is written)."""
+        self._check_open()
         question = check_question(question, self.max_question_chars)
         from ragate.gates.registry import get_gate
 
@@ -474,8 +488,10 @@ class Pipeline:
         (``batch``: over every ``batch`` new questions). It holds only while new questions are like these: for
         live traffic, ``budget=`` (the controller) holds the rate as the mix drifts. ``concurrency``: questions
         scored at once over a server backend."""
-        from ragate.eval.calibrate import check_calibratable, threshold_from_scores
+        from ragate.eval.calibrate import check_budget_value, check_calibratable, threshold_from_scores
 
+        self._check_open()
+        check_budget_value(budget, "budget")
         check_calibratable(self.spec)
         if isinstance(questions, str | Path):
             from ragate.eval.datasets import read_questions
@@ -493,6 +509,10 @@ class Pipeline:
             **found,
         )
         self.spec = self.spec.with_threshold(calibration.tau)
+        if calibration.warning:
+            import warnings
+
+            warnings.warn(calibration.warning, RuntimeWarning, stacklevel=2)
         return calibration
 
     @property
@@ -513,17 +533,52 @@ class Pipeline:
         answered finishes first; ``wait`` bounds how many seconds to wait for it."""
         held = self._lock.acquire(timeout=-1 if wait is None else wait)
         try:
+            self._closed = True
             while self._owned:
                 self._owned.pop().close()
         finally:
             if held:
                 self._lock.release()
 
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise RagateError(
+                "this Pipeline is closed (its model and index were freed): make a new one, or use it inside its "
+                "`with` block"
+            )
+
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_TEXT = ("method", "model", "backend", "gate", "selector", "fallback", "prompts")
+_COUNTS = {"window": 1, "max_tokens": 1, "k": 1, "seed": 0, "max_question_chars": 1}  # the least each may be
+
+
+def _check_arguments(**given: Any) -> None:
+    """Refuse a Pipeline argument of the wrong type or value, naming it (None means "not given")."""
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name in _TEXT:
+            if not isinstance(value, str) or not value.strip():
+                raise RagateError(f"{name} must be a non-empty string, not {value!r:.60}")
+        elif name in _COUNTS:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise RagateError(f"{name} must be a whole number, not {value!r:.60} ({type(value).__name__})")
+            if value < _COUNTS[name]:
+                raise RagateError(f"{name} must be at least {_COUNTS[name]}, got {value}")
+        else:  # threshold, budget, budget_gain: finite real numbers
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise RagateError(f"{name} must be a number, not {value!r:.60} ({type(value).__name__})")
+            if not math.isfinite(value):
+                raise RagateError(
+                    f"{name} must be a finite number, got {value}" + (" (a NaN threshold never retrieves)"
+                    if name == "threshold" and math.isnan(value) else "")
+                )  # fmt: skip
 
 
 def configure_method(

@@ -414,7 +414,29 @@ def _run_eval(args: argparse.Namespace) -> int:
         )
     print(summary_table(results["summary"]))
     print(f"wrote {out / 'questions.jsonl'}, {out / 'results.json'}, {out / 'results.md'}")
-    return 0
+    return _report_failures(out, results["summary"])
+
+
+def _report_failures(out: Path, summary: list[dict[str, Any]]) -> int:
+    """Say on stderr how many answers of each method failed and the first error; 1 when a method has no
+    answer at all (every one failed), else 0."""
+    failed = [row for row in summary if row.get("errors")]
+    if not failed:
+        return 0
+    from ragate.eval.records import latest, read_records
+
+    first: dict[str, str] = {}
+    for record in latest(read_records(out / "questions.jsonl", repair=False)):
+        if "error" in record:
+            first.setdefault(record["method"], record["error"])
+    for row in failed:
+        total = row["n"] + row["errors"]
+        print(
+            f"ragate eval: {row['errors']} of {total} answers of {row['method']} failed (recorded in "
+            f"questions.jsonl; --resume retries them); the first: {first.get(row['method'], '?')}",
+            file=sys.stderr,
+        )
+    return 1 if any(row["n"] == 0 for row in failed) else 0
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -475,6 +497,10 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
     _check_concurrency(args)
+    if args.budget is not None:
+        from ragate.eval.calibrate import check_budget_value
+
+        check_budget_value(args.budget)  # before any model loads
     if args.dev is not None:
         from ragate.eval.calibrate import calibrate
 
@@ -527,6 +553,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             f"with confidence {result['confidence']:g}, new questions retrieve at most {100 * args.budget:g}% "
             f"(expected {100 * result['expected_rate']:.1f}%, {100 * low:.1f}-{100 * high:.1f}%)"
         )
+    if result.get("warning"):
+        print(f"ragate calibrate: warning: {result['warning']}", file=sys.stderr)
     if args.check is not None:
         _check_rate(args, result)
     print(f"saved {out}; use it with: ragate ask|eval|serve ... --calibration {out}")
@@ -558,7 +586,10 @@ def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
     check_calibratable(get_method(args.gate))  # before the model loads
     if args.objective != "budget":
         raise RagateError("--questions has no answers to score EM with: use --budget RHO")
-    with _pipeline(args) as rag:
+    import warnings
+
+    with _pipeline(args) as rag, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # its warning is printed with the result
         found = rag.calibrate(
             args.questions,
             args.budget,

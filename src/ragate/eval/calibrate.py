@@ -145,12 +145,42 @@ def threshold_from_scores(
             }  # fmt: skip
     except ValueError as err:
         raise RagateError(str(err)) from None
+    rate = retrieval_rate(scores, tau)
+    warning = rate_warning(scores, budget, rate) if confidence is None else None
     return found | {
         "tau": tau,
         "budget": budget,
         "n": len(scores),
-        "retrieval_rate": retrieval_rate(scores, tau),
+        "retrieval_rate": rate,
+        **({"warning": warning} if warning else {}),
     }
+
+
+RATE_TOLERANCE = 0.05  # a plain quantile's rate farther than this from the budget is worth a warning
+
+
+def rate_warning(scores: Sequence[float], budget: float, rate: float) -> str | None:
+    """Why tau gives a rate far from ``budget`` on the very questions it was set on (tied scores, too few
+    questions), or None when it is within :data:`RATE_TOLERANCE`."""
+    if abs(rate - budget) <= RATE_TOLERANCE:
+        return None
+    distinct = len(set(scores))
+    why = (
+        f"only {distinct} distinct score{'s' if distinct != 1 else ''} among {len(scores)} questions (ties move "
+        "together)"
+        if distinct < len(scores)
+        else f"{len(scores)} question{'s' if len(scores) != 1 else ''} cannot give a share of {budget:g}"
+    )
+    return (
+        f"on its own {len(scores)} questions this tau retrieves for {100 * rate:.1f}%, not the budget's "
+        f"{100 * budget:g}%: {why}; calibrate on more, and more varied, questions"
+    )
+
+
+def check_budget_value(budget: Any, what: str = "--budget") -> None:
+    """A budget is a finite number in [0, 1]; refused before any model loads."""
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 <= budget <= 1:
+        raise RagateError(f"{what} is a retrieval rate in [0, 1] (e.g. 0.3), not {budget!r}")
 
 
 def read_calibration(path: str | Path) -> dict[str, Any]:

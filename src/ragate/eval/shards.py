@@ -150,6 +150,8 @@ def _merged(
                 f"{d} (shard {config['shard']}) has not finished: rerun its command with --resume there, then fold"
             )
         records = compact(path) if kind == "sweep" else latest(read_records(path, repair=False))
+        if kind == "eval":
+            _check_complete(Path(d), config, records)
         for r in records:
             key = (r["id"], r["family"] if kind == "sweep" else r["method"])
             if key in seen:
@@ -160,6 +162,26 @@ def _merged(
             seen[key] = Path(d)
             merged.append(r)
     return merged
+
+
+def _check_complete(d: Path, config: dict[str, Any], records: Sequence[dict[str, Any]]) -> None:
+    """An eval shard holds one record for each of its questions and methods (``results.json`` counts its
+    questions): a record lost from ``questions.jsonl`` (a deleted or cut line) refuses the fold."""
+    from ragate.eval.run import read_results
+
+    methods = list(config.get("methods") or [])
+    questions = int(read_results(d).get("questions") or 0)
+    have = {(r["id"], r["method"]) for r in records}
+    if len(have) >= questions * len(methods):
+        return
+    ids = {r["id"] for r in records}
+    lacking = sorted(f"{i} ({m})" for i in ids for m in methods if (i, m) not in have)
+    named = f", e.g. {', '.join(lacking[:3])}" if lacking else ""
+    raise RagateError(
+        f"{d} (shard {config['shard']}) holds {len(have)} answers for its {questions} questions x {len(methods)} "
+        f"methods = {questions * len(methods)}{named}: records are missing from {d / 'questions.jsonl'}; rerun "
+        "its command with --resume there (it answers what is missing), then fold"
+    )
 
 
 def _write_results(

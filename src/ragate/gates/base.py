@@ -11,6 +11,7 @@ and :class:`ragate.Pipeline`.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -153,7 +154,15 @@ class Gate:
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         """The decision for ``ctx.question`` at threshold ``tau``: retrieve iff :meth:`score` > tau."""
-        return threshold_decision(self.name, float(self.score(ctx)), tau)
+        score = self.score(ctx)
+        if isinstance(score, bool) or not isinstance(score, numbers.Real):
+            from ragate.errors import GateError
+
+            raise GateError(
+                f"the gate {self.name!r} scored {score!r:.60} ({type(score).__name__}); score() must return a number "
+                "(higher: more reason to retrieve)"
+            )
+        return threshold_decision(self.name, float(score), tau)
 
     def score(self, ctx: GateContext) -> float:
         raise NotImplementedError(f"gate {self.name!r} must define score(ctx) or decide(ctx, tau)")

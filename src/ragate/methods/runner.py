@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend
-from ragate.errors import ModelNotFoundError
+from ragate.errors import GateError, ModelNotFoundError, RagateError
 from ragate.gates.base import GateDecision
 from ragate.gates.registry import get_gate
 from ragate.methods import prompts as P
@@ -221,7 +223,7 @@ def _gate_and_select(run: QuestionRun) -> tuple[GateDecision, tuple[Hit, ...]]:
     """The gate's decision and, when it says "retrieve", the documents the method's selector keeps (the gate's
     generations then count as overhead: the reading answer reuses none of them)."""
     spec = run.spec
-    decision = get_gate(spec.gate.kind).decide(run, spec.gate.tau)
+    decision = run_gate(run, spec)
     run.gate_stages = len(run.stages)
     if not decision.retrieve:
         return decision, ()
@@ -277,7 +279,51 @@ def decide(
     _no_gate_alone(spec)
     require(spec, lm.capabilities, engine=lm.engine)
     run = QuestionRun(spec, question, lm, retriever, seed=seed)
-    return get_gate(spec.gate.kind).decide(run, spec.gate.tau)
+    return run_gate(run, spec)
+
+
+def run_gate(run: QuestionRun, spec: MethodSpec) -> GateDecision:
+    """The gate's decision for ``run``'s question, checked: a gate that raises (other than ragate's own errors:
+    a backend that failed, a capability it lacks) or returns no :class:`GateDecision` with a real, non-NaN score
+    (+/-inf is a gate's way of saying "certain") is a :class:`GateError` naming the gate and the question's
+    problem, so a user's gate is reported as that gate's failure, not as a traceback from ragate."""
+    name = spec.gate.kind
+    try:
+        decision = get_gate(name).decide(run, spec.gate.tau)
+    except RagateError:
+        raise
+    except Exception as err:
+        raise GateError(f"the gate {name!r} failed: {type(err).__name__}: {err}") from err
+    return check_decision(name, decision)
+
+
+def check_decision(name: str, decision: Any) -> GateDecision:
+    """``decision`` if it is a :class:`GateDecision` with a bool ``retrieve`` and a real, non-NaN ``score``;
+    else a :class:`GateError` saying what the gate returned."""
+    if not isinstance(decision, GateDecision):
+        raise GateError(
+            f"the gate {name!r} returned {type(decision).__name__} {_short(decision)}; a gate's decide() returns a "
+            "ragate.GateDecision (or define score() and let the gate compare it with tau)"
+        )
+    score = decision.score
+    if isinstance(score, bool) or not isinstance(score, numbers.Real):
+        raise GateError(
+            f"the gate {name!r} gave the score {_short(score)} ({type(score).__name__}); a score is a number "
+            "(higher: more reason to retrieve)"
+        )
+    if math.isnan(score):
+        raise GateError(
+            f"the gate {name!r} gave a NaN score, which no threshold can compare (it would never retrieve): "
+            "return a number, or +inf to say 'retrieve for sure'"
+        )
+    if not isinstance(decision.retrieve, bool | np.bool_):
+        raise GateError(f"the gate {name!r} said retrieve = {_short(decision.retrieve)}; it must be True or False")
+    return decision
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def encoder_identity(retriever: Retriever) -> dict[str, Any] | None:

@@ -39,11 +39,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragate import __version__
 from ragate.backends import Backend
-from ragate.errors import BackendError, BackendTimeoutError, BackendUnavailableError, RagateError
+from ragate.errors import (
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    GateError,
+    RagateError,
+)
 from ragate.methods import MethodSpec, all_methods, get_method
 from ragate.methods.needs import capability_summary, method_support
 from ragate.methods.trace import Trace
 from ragate.pipeline import Pipeline
+from ragate.retrieval.function import SearchError
 from ragate.retrieval.types import Hit, Retriever
 from ragate.savings import AlwaysRetrieveCost, AnswerLog, Savings, log_entry
 from ragate.service import openai_api
@@ -158,6 +165,9 @@ class Runtime:
             raise ApiError(503, f"the language model is unavailable: {err}", {"Retry-After": "5"}) from None
         except BackendError as err:
             raise ApiError(502, f"the language model failed: {err}") from None
+        except (GateError, SearchError) as err:  # the server's own gate or search, not the client's request
+            log.warning("a served gate or search failed: %s", err)
+            raise ApiError(500, f"the server could not answer: {err}") from None
         except (RagateError, ValueError, NotImplementedError) as err:
             raise ApiError(400, str(err)) from None
         finally:
