@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+from ragate.errors import RagateError
 from ragate.gates.base import Gate, GateContext, GateDecision
 
 
@@ -24,8 +25,8 @@ def random_gate(key: str, rate: float, seed: int = 0) -> GateDecision:
     The score is 1 - u for a uniform u in [0, 1) derived from the hash, and the threshold 1 - rate, so that
     retrieving means score > threshold like every other gate.
     """
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"rate must be in [0, 1], got {rate}")
+    if not 0.0 <= rate <= 1.0:  # a RagateError: the caller's threshold, not a fault of the gate
+        raise RagateError(f"the random gate's threshold is its retrieval rate, in [0, 1]; got {rate}")
     digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     score, threshold = 1.0 - u, 1.0 - rate
