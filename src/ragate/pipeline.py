@@ -439,15 +439,25 @@ class Pipeline:
         return Retrieval.of(trace)
 
     def decide(self, question: str, *, seed: int | None = None) -> GateDecision:
-        """Only the gate's decision and score for ``question`` (no answer is written)."""
+        """Only the gate's decision and score for ``question`` (no answer is written). Under a budget it is decided
+        at the controller's tau and counted, like an answer (a router in front of another reader)."""
+        decision = self._decide(question, seed, controlled=self.budget is not None)
+        if self.budget is not None:
+            self.budget.observe(decision.score, decision.retrieve)
+        return decision
+
+    def _decide(self, question: str, seed: int | None, *, controlled: bool = False) -> GateDecision:
         self._check_open()
         question = check_question(question, self.max_question_chars)
         from ragate.gates.registry import get_gate
 
-        needs_index = get_gate(self.spec.gate.kind).needs_embeddings
+        spec = self.spec
+        if controlled and self.budget is not None:
+            spec = spec.with_threshold(self.budget.tau)
+        needs_index = get_gate(spec.gate.kind).needs_embeddings
         with self.model_lock():
             retriever = self.retriever if needs_index else self._retriever
-            return decide(self.spec, question, self.lm, retriever, seed=self.seed if seed is None else seed)
+            return decide(spec, question, self.lm, retriever, seed=self.seed if seed is None else seed)
 
     def scores(
         self, questions: Iterable[str], *, progress: bool = False, concurrency: int = 1
@@ -460,7 +470,7 @@ class Pipeline:
         with tqdm(total=len(items), desc=f"score {self.spec.name}", unit="q", disable=not progress) as bar:
 
             def one(item: tuple[int, str]) -> GateDecision:
-                decision = self.decide(item[1], seed=self.seed + item[0])
+                decision = self._decide(item[1], self.seed + item[0])  # scores only: no budget counts them
                 bar.update(1)
                 return decision
 

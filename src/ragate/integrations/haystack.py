@@ -1,0 +1,184 @@
+"""ragate's gate in Haystack: a router component with the sockets ``retrieve`` and ``skip``, and a generator
+component that answers with ragate over your retriever component (``pip install 'ragate[haystack]'``).
+
+Haystack sends anonymous usage data unless ``HAYSTACK_TELEMETRY_ENABLED=False`` is set before it is imported."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import TYPE_CHECKING, Any, Self
+
+from ragate.integrations._common import (
+    FrameworkSearch,
+    collecting,
+    decide,
+    decision_record,
+    missing,
+    open_pipeline,
+    record,
+    router_search,
+)
+
+try:
+    from haystack import Document, component
+except ImportError as err:
+    raise missing("Haystack (haystack-ai)", "haystack", err) from err
+
+if TYPE_CHECKING:
+    from ragate.pipeline import Document as Chosen
+    from ragate.pipeline import Pipeline
+
+
+def as_search(retriever: Any) -> FrameworkSearch[Document]:
+    """A Haystack retriever component (``run(query=..., top_k=...) -> {"documents": [...]}``) as a ragate search
+    function: ``ragate.Pipeline(search=as_search(retriever))``. Each document becomes ``{"id", "text": content,
+    "title": meta["title"], "score"}``; ragate's ``k`` is passed as ``top_k`` where ``run`` takes it."""
+    run = getattr(retriever, "run", None)
+    if not callable(run):
+        raise TypeError(
+            f"retriever= takes a Haystack retriever component (with run(query=...)), not {retriever!r}"
+        )
+    takes_top_k = "top_k" in inspect.signature(run).parameters
+
+    def fetch(query: str, k: int) -> list[Document]:
+        found = run(query=query, top_k=k) if takes_top_k else run(query=query)
+        return list(found["documents"])
+
+    def convert(doc: Document) -> dict[str, Any]:
+        return record(doc.id, doc.content, doc.meta.get("title"), doc.score)
+
+    return FrameworkSearch(fetch, convert, type(retriever).__name__)
+
+
+def _documents(chosen: tuple[Chosen, ...], seen: dict[str, Any]) -> list[Document]:
+    """ragate's chosen documents as copies of your retriever's own, with ``ragate_score`` and ``ragate_rank`` added
+    to their ``meta`` (a new ``Document`` for one that came from the pipeline's own index)."""
+    out = []
+    for doc in chosen:
+        scored = {"ragate_score": doc.score, "ragate_rank": doc.rank}
+        original = seen.get(doc.id)
+        if isinstance(original, Document):
+            out.append(dataclasses.replace(original, meta={**original.meta, **scored}))
+        else:
+            meta = {"title": doc.title, **({"source": doc.source} if doc.source else {}), **scored}
+            out.append(Document(id=doc.id, content=doc.text, meta=meta, score=doc.score))
+    return out
+
+
+@component
+class RagateRouter:
+    """Routes a query by ragate's gate, in the style of ``ConditionalRouter``: to ``retrieve`` when the model
+    should read, to ``skip`` when it knows. Each socket carries the query; only the chosen one is emitted, so the
+    components behind the other do not run.
+
+    Usage example::
+
+        from haystack import Pipeline
+        from haystack.components.retrievers.in_memory import InMemoryBM25Retriever
+        from ragate.integrations.haystack import RagateRouter
+
+        rag = Pipeline()
+        rag.add_component("gate", RagateRouter(method="targ-margin", calibration="targ-margin.json"))
+        rag.add_component("retriever", InMemoryBM25Retriever(document_store=store))
+        rag.connect("gate.retrieve", "retriever.query")
+        rag.run({"gate": {"query": "Who wrote Hamlet?"}})  # {"gate": {"skip": "Who wrote Hamlet?"}}
+
+    :param retriever: your retriever component, for a gate that compares the question with documents, or a
+        budget that counts retrievals (optional: without it the router searches nothing).
+    :param pipeline: a ready :class:`ragate.Pipeline` instead (you close it).
+    :param options: :class:`ragate.Pipeline`'s keywords: ``method`` (a registered gate's name works too),
+        ``calibration`` or ``threshold`` or ``budget``, ``model`` or ``base_url`` (your model server), ...
+    """
+
+    def __init__(self, *, retriever: Any = None, pipeline: Pipeline | None = None, **options: Any) -> None:
+        search = as_search(retriever) if retriever is not None else None
+        if pipeline is None:
+            search = router_search(options, search)
+        self.pipeline, self._owned = open_pipeline("RagateRouter", pipeline, options, search)
+
+    @component.output_types(retrieve=str, skip=str)
+    def run(self, query: str) -> dict[str, str]:
+        """Route ``query``.
+
+        :param query: the question.
+        :returns: ``{"retrieve": query}`` when the gate says the model should read, else ``{"skip": query}``.
+        """
+        return {"retrieve" if decide(self.pipeline, query).retrieve else "skip": query}
+
+    def close(self) -> None:
+        """Free the model this router's pipeline holds, if it built it."""
+        if self._owned:
+            self.pipeline.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@component
+class RagateGenerator:
+    """Answers a query with ragate over your retriever component: the model's own answer (the gate's draft) when
+    the gate says it knows, else its answer from the documents ragate chooses from your retriever's. Its outputs
+    fit ``AnswerBuilder``'s inputs.
+
+    Usage example::
+
+        from haystack import Pipeline
+        from haystack.components.builders import AnswerBuilder
+        from ragate.integrations.haystack import RagateGenerator
+
+        rag = Pipeline()
+        rag.add_component("llm", RagateGenerator(retriever=InMemoryBM25Retriever(store), method="targ-margin",
+                                                  base_url="http://localhost:8080/v1"))
+        rag.add_component("answer", AnswerBuilder())
+        rag.connect("llm.replies", "answer.replies")
+        rag.connect("llm.documents", "answer.documents")
+
+    :param retriever: your retriever component (``run(query=..., top_k=...)``).
+    :param pipeline: a ready :class:`ragate.Pipeline` instead (you close it).
+    :param options: :class:`ragate.Pipeline`'s keywords (``method``, ``calibration``, ``budget``, ``base_url``,
+        ...).
+    """
+
+    def __init__(self, *, retriever: Any = None, pipeline: Pipeline | None = None, **options: Any) -> None:
+        if retriever is None and pipeline is None:
+            raise TypeError(
+                "RagateGenerator needs retriever= (your Haystack retriever component) or pipeline="
+            )
+        self.retriever = retriever
+        search = as_search(retriever) if retriever is not None else None
+        self.pipeline, self._owned = open_pipeline("RagateGenerator", pipeline, options, search)
+
+    def warm_up(self) -> None:
+        """Warm up your retriever component, if it has to be."""
+        warm_up = getattr(self.retriever, "warm_up", None)
+        if callable(warm_up):
+            warm_up()
+
+    @component.output_types(replies=list[str], documents=list[Document], meta=list[dict[str, Any]])
+    def run(self, query: str) -> dict[str, Any]:
+        """Answer ``query``.
+
+        :param query: the question.
+        :returns: ``replies`` (the answer), ``documents`` (those read: copies of your retriever's with
+            ``ragate_score`` and ``ragate_rank`` in their meta; empty when the model answered alone) and ``meta``
+            (one dict, with the gate's decision under ``"ragate"``).
+        """
+        with collecting() as seen:
+            answer = self.pipeline.answer(query)
+        meta = {"ragate": decision_record(answer.method, answer.decision)}
+        return {"replies": [answer.text], "documents": _documents(answer.documents, seen), "meta": [meta]}
+
+    def close(self) -> None:
+        """Free the model and search this generator's pipeline holds, if it built it."""
+        if self._owned:
+            self.pipeline.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,195 @@
+"""ragate's gate in LangChain and LangGraph: a retriever that returns no documents when the model knows the answer,
+and a Runnable that routes a question to ``"retrieve"`` or ``"answer"`` (``pip install 'ragate[langchain]'``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any, Self
+
+from ragate.integrations._common import (
+    FrameworkSearch,
+    Route,
+    collecting,
+    decide,
+    missing,
+    open_pipeline,
+    question_of,
+    record,
+    route,
+    router_search,
+)
+
+try:
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.runnables import Runnable, RunnableConfig
+    from pydantic import PrivateAttr
+except ImportError as err:
+    raise missing("LangChain (langchain-core)", "langchain", err) from err
+
+if TYPE_CHECKING:
+    from ragate.pipeline import Document as Chosen
+    from ragate.pipeline import Pipeline
+
+
+def document_id(doc: Document) -> str:
+    """A LangChain document's id: its own, else ``"lc"`` + 16 hex digits of the sha1 of its text and metadata (the
+    same document gets the same id in every search)."""
+    if doc.id:
+        return str(doc.id)
+    meta = json.dumps(doc.metadata, sort_keys=True, default=str)
+    return "lc" + hashlib.sha1(f"{doc.page_content}\n{meta}".encode()).hexdigest()[:16]
+
+
+def as_search(retriever: BaseRetriever) -> FrameworkSearch[Document]:
+    """A LangChain retriever as a ragate search function: ``ragate.Pipeline(search=as_search(retriever))``.
+
+    Each document becomes ``{"id": document_id(doc), "text": page_content, "title": metadata["title"], "score":
+    metadata["score"]}``; the retriever's own ``k`` bounds how many it returns."""
+
+    def convert(doc: Document) -> dict[str, Any]:
+        return record(
+            document_id(doc), doc.page_content, doc.metadata.get("title"), doc.metadata.get("score")
+        )
+
+    return FrameworkSearch(lambda query, k: retriever.invoke(query), convert, type(retriever).__name__)
+
+
+def _documents(chosen: tuple[Chosen, ...], seen: dict[str, Any]) -> list[Document]:
+    """ragate's chosen documents as copies of your retriever's own, with ``ragate_score`` and ``ragate_rank`` added
+    to their metadata (a new ``Document`` for one that came from the pipeline's own index)."""
+    out = []
+    for doc in chosen:
+        scored = {"ragate_score": doc.score, "ragate_rank": doc.rank}
+        original = seen.get(doc.id)
+        if isinstance(original, Document):
+            out.append(original.model_copy(update={"metadata": {**original.metadata, **scored}}))
+        else:
+            meta = {"title": doc.title, **({"source": doc.source} if doc.source else {}), **scored}
+            out.append(Document(page_content=doc.text, metadata=meta, id=doc.id))
+    return out
+
+
+class RagateRetriever(BaseRetriever):
+    """Your retriever behind ragate's gate: no documents when the gate says the model knows, else the documents
+    ragate's method chooses from what your retriever returns (copies of yours, with ``ragate_score`` and
+    ``ragate_rank`` in their metadata). A retriever is a Runnable: use it in LCEL chains as any other.
+
+    Usage example::
+
+        from langchain_community.retrievers import BM25Retriever
+        from ragate.integrations.langchain import RagateRetriever
+
+        bm25 = BM25Retriever.from_documents(docs, k=5)
+        with RagateRetriever(retriever=bm25, method="targ-margin", budget=0.3) as retriever:
+            docs = retriever.invoke("Who wrote Hamlet?")  # [] when the model knows
+
+    :param retriever: your LangChain retriever (its ``k`` should cover ragate's ``k``).
+    :param pipeline: a ready :class:`ragate.Pipeline` instead (you close it); it searches with its own ``search=``
+        (e.g. ``as_search(retriever)``) or index.
+    :param options: :class:`ragate.Pipeline`'s keywords: ``method`` (a registered gate's name works too),
+        ``calibration`` or ``threshold`` or ``budget``, ``model`` or ``base_url`` (your model server), ``k``, ...;
+        and LangChain's ``tags`` and ``metadata``.
+    """
+
+    retriever: BaseRetriever | None = None
+    pipeline: Any = None
+    _owned: bool = PrivateAttr(default=False)
+
+    def __init__(
+        self, *, retriever: BaseRetriever | None = None, pipeline: Pipeline | None = None, **options: Any
+    ):
+        if retriever is None and pipeline is None:
+            raise TypeError("RagateRetriever needs retriever= (your LangChain retriever) or pipeline=")
+        own: dict[str, Any] = {key: options.pop(key) for key in ("tags", "metadata") if key in options}
+        search = as_search(retriever) if retriever is not None else None
+        built, owned = open_pipeline("RagateRetriever", pipeline, options, search)
+        try:
+            fields: dict[str, Any] = {"retriever": retriever, "pipeline": built, **own}
+            super().__init__(**fields)
+        except BaseException:
+            if owned:
+                built.close()
+            raise
+        self._owned = owned
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        with collecting() as seen:
+            chosen = self.pipeline.retrieve(query)
+        return _documents(chosen.documents, seen) if chosen.retrieved else []
+
+    def close(self) -> None:
+        """Free the model and search this retriever's pipeline holds, if it built it."""
+        if self._owned:
+            self.pipeline.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RagateRouter(Runnable[Any, str]):
+    """ragate's gate as a Runnable: ``"retrieve"`` when the model should read, ``"answer"`` when it knows. Its
+    input is the question, or a state (a dict or an object) holding it under ``question_key``, so it serves as a
+    LangGraph conditional edge as it is: ``graph.add_conditional_edges(START, router, {"retrieve": ...,
+    "answer": ...})``.
+
+    Only the gate runs (under a ``budget``, ragate's retrieval with it, so the budget counts every decision).
+
+    Usage example::
+
+        from ragate.integrations.langchain import RagateRouter
+
+        with RagateRouter(method="targ-margin", calibration="targ-margin.json") as router:
+            router.invoke("Who wrote Hamlet?")  # "answer": the model knows
+            router.route("Where do the greasers live in The Outsiders?")  # "retrieve"
+
+    :param retriever: your LangChain retriever, for a gate that compares the question with documents, or a budget
+        that counts retrievals (optional: without it the router searches nothing).
+    :param pipeline: a ready :class:`ragate.Pipeline` instead (you close it).
+    :param question_key: where a state holds the question.
+    :param options: :class:`ragate.Pipeline`'s keywords (``method``, ``calibration``, ``budget``, ``base_url``,
+        ...).
+    """
+
+    name: str | None = "RagateRouter"
+
+    def __init__(
+        self,
+        *,
+        retriever: BaseRetriever | None = None,
+        pipeline: Pipeline | None = None,
+        question_key: str = "question",
+        **options: Any,
+    ) -> None:
+        search = as_search(retriever) if retriever is not None else None
+        if pipeline is None:
+            search = router_search(options, search)
+        self.pipeline, self._owned = open_pipeline("RagateRouter", pipeline, options, search)
+        self.question_key = question_key
+
+    def route(self, question: str) -> Route:
+        """``"retrieve"`` or ``"answer"`` for ``question``."""
+        return route(decide(self.pipeline, question))
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> str:
+        return self._call_with_config(
+            lambda value: self.route(question_of(value, self.question_key)), input, config
+        )
+
+    def close(self) -> None:
+        """Free the model this router's pipeline holds, if it built it."""
+        if self._owned:
+            self.pipeline.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,105 @@
+"""ragate's gate in Haystack, on the real package: real ``Pipeline``s with ``InMemoryBM25Retriever`` over the demo
+passages, ``AnswerBuilder``, SmolLM2 as ragate's model, the demo's two questions.
+
+Haystack's telemetry is switched off before it is imported (``HAYSTACK_TELEMETRY_ENABLED=False``): it would
+otherwise write a user id under the home folder and post usage data."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_integrations import CALIBRATION, RAG_QUESTION, SKIP_QUESTION, K, demo_passages, run_doc_snippets
+
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"  # read once, when haystack is first imported
+pytest.importorskip("haystack")
+
+from haystack import Document, Pipeline
+from haystack.components.builders import AnswerBuilder
+from haystack.components.retrievers.in_memory import InMemoryBM25Retriever
+from haystack.document_stores.in_memory import InMemoryDocumentStore
+
+from ragate.integrations.haystack import RagateGenerator, RagateRouter
+
+PASSAGES = demo_passages()
+
+
+@pytest.fixture(scope="module")
+def store() -> InMemoryDocumentStore:
+    store = InMemoryDocumentStore()
+    store.write_documents(
+        [Document(id=p["id"], content=p["text"], meta={"title": p["title"]}) for p in PASSAGES]
+    )
+    return store
+
+
+@pytest.fixture(scope="module")
+def generator(store: InMemoryDocumentStore, llama_backend: Any) -> Iterator[RagateGenerator]:
+    """The answering component over Haystack's BM25 retriever (its pipeline shared by this module's tests)."""
+    bm25 = InMemoryBM25Retriever(document_store=store)
+    options = {"method": "targ-margin", "calibration": CALIBRATION, "k": K, "lm": llama_backend}
+    with RagateGenerator(retriever=bm25, **options) as llm:
+        yield llm
+
+
+def test_haystack_is_not_sending_telemetry() -> None:
+    from haystack.telemetry import _telemetry
+
+    assert _telemetry.telemetry is None
+
+
+def test_the_router_sends_the_query_to_the_retriever_only_when_ragate_retrieves(
+    generator: RagateGenerator, store: InMemoryDocumentStore
+) -> None:
+    rag = Pipeline()
+    rag.add_component("gate", RagateRouter(pipeline=generator.pipeline))
+    rag.add_component("retriever", InMemoryBM25Retriever(document_store=store, top_k=K))
+    rag.connect("gate.retrieve", "retriever.query")
+
+    skip = rag.run({"gate": {"query": SKIP_QUESTION}})
+    assert skip == {"gate": {"skip": SKIP_QUESTION}}  # the retriever never ran
+    found = rag.run({"gate": {"query": RAG_QUESTION}})
+    assert set(found) == {"retriever"}
+    chosen = generator.pipeline.retrieve(RAG_QUESTION)  # TARG reads the question's top k of this retriever
+    assert chosen.retrieved
+    assert [d.id for d in found["retriever"]["documents"]] == [d.id for d in chosen.documents]
+
+
+def test_the_generator_answers_alone_or_from_the_documents_ragate_chose(
+    generator: RagateGenerator, store: InMemoryDocumentStore
+) -> None:
+    rag = Pipeline()
+    rag.add_component("llm", generator)
+    rag.add_component("answer", AnswerBuilder())
+    rag.connect("llm.replies", "answer.replies")
+    rag.connect("llm.documents", "answer.documents")
+    rag.connect("llm.meta", "answer.meta")
+
+    def ask(question: str) -> Any:
+        return rag.run({"llm": {"query": question}, "answer": {"query": question}})["answer"]["answers"][0]
+
+    skip = ask(SKIP_QUESTION)
+    assert skip.meta["ragate"]["retrieved"] is False and skip.documents == [] and skip.data.strip()
+
+    chosen = generator.pipeline.retrieve(RAG_QUESTION)
+    rag_answer = ask(RAG_QUESTION)
+    assert rag_answer.meta["ragate"]["retrieved"] is True and rag_answer.data.strip()
+    assert len(chosen.documents) == K
+    assert [d.id for d in rag_answer.documents] == [d.id for d in chosen.documents]
+    originals = {d.id: d for d in store.filter_documents()}
+    for rank, doc in enumerate(rag_answer.documents, 1):  # AnswerBuilder's copies of ragate's copies of yours
+        original = originals[doc.id]
+        assert doc.content == original.content and doc.meta["title"] == original.meta["title"]
+        assert doc.meta["ragate_rank"] == rank and "ragate_rank" not in original.meta
+
+
+def test_the_docs_snippets_run(smollm2_path: Path, tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    namespace = run_doc_snippets("haystack", tmp_path, monkeypatch)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == str({"gate": {"skip": SKIP_QUESTION}})  # the router: skipped
+    assert out[1].startswith("{'retriever': {'documents': [")  # the router: retrieved
+    assert "'retrieved': True" in out[2] and "['p" in out[2]  # the answer, the documents read, the decision
+    assert isinstance(namespace["llm"], RagateGenerator)
