@@ -151,3 +151,19 @@ def test_a_calibration_of_another_gate_or_model_is_refused(
         "calibrated with model 'qwen2.5-coder-1.5b', this run uses the default model"
         in capsys.readouterr().err
     )
+
+
+def test_cross_fitted_taus_never_use_the_questions_own_scores() -> None:
+    from ragate.eval.calibrate import cross_fitted_taus, threshold_for_budget
+
+    scores = [0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6, 0.4]
+    taus = cross_fitted_taus(scores, 0.5)
+    even, odd = scores[0::2], scores[1::2]
+    assert taus[0::2] == [threshold_for_budget(odd, 0.5)] * 4  # the even questions get the odd ones' tau
+    assert taus[1::2] == [threshold_for_budget(even, 0.5)] * 4
+    # moving one question's own score never moves its own threshold
+    for i in range(len(scores)):
+        changed = [*scores[:i], 100.0, *scores[i + 1 :]]
+        assert cross_fitted_taus(changed, 0.5)[i] == taus[i]
+    with pytest.raises(ValueError, match="needs at least 2 scores"):
+        cross_fitted_taus([0.5], 0.3)

@@ -42,6 +42,19 @@ def threshold_for_budget(scores: Sequence[float], budget: float) -> float:
     return float(np.quantile(values, 1.0 - budget, method="inverted_cdf"))
 
 
+def cross_fitted_taus(scores: Sequence[float], budget: float, folds: int = 2) -> list[float]:
+    """A threshold for each question set without its own score: question i belongs to fold ``i % folds`` and
+    gets tau = F^-1(1 - budget) (:func:`threshold_for_budget`) over the scores of the other folds, so no scored
+    question sets the threshold it is decided with (a tau set on the questions it is then judged on flatters
+    every gated row). Needs at least ``folds`` scores."""
+    if folds < 2 or len(scores) < folds:
+        raise ValueError(f"cross-fitting over {folds} folds needs at least {max(folds, 2)} scores, got {len(scores)}")
+    by_fold = [
+        threshold_for_budget([s for j, s in enumerate(scores) if j % folds != f], budget) for f in range(folds)
+    ]
+    return [by_fold[i % folds] for i in range(len(scores))]
+
+
 @dataclass(frozen=True)
 class BudgetBound:
     """A threshold that keeps the retrieval rate on new questions at most ``budget`` with ``confidence``.

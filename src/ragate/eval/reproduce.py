@@ -209,8 +209,9 @@ def _ours(
     pack: dict[str, Any],
 ) -> Row:
     """ragate's numbers for one paper row: its method's answers (eval), the swept family's never/always answers,
-    or the swept gate at the paper's retrieval rate (tau = F^-1(1 - rate) over these questions' scores)."""
-    from ragate.eval.calibrate import threshold_for_budget
+    or the swept gate at the paper's retrieval rate (tau = F^-1(1 - rate), cross-fitted: each half of the questions
+    at the tau of the other half's scores, so no question sets its own threshold)."""
+    from ragate.eval.calibrate import cross_fitted_taus
     from ragate.eval.sweep import finite_scores
 
     method, side = row["method"], _side(row)
@@ -233,10 +234,18 @@ def _ours(
             if rate is None or row["point"] == "default":
                 retrieved = [bool(r["gates"][method]["retrieve"]) for r in family]
                 note = "ragate's default threshold" + (" (the paper gives no rate)" if rate is None else "")
+            elif len(scores) < 2:
+                return Row(
+                    paper_ds, row["label"], method, row["paper"],
+                    note="too few questions to set tau apart from the scored ones (needs 2)",
+                )  # fmt: skip
             else:
-                tau = threshold_for_budget(scores, float(rate))
-                retrieved = [s > tau for s in scores]
-                note = f"at the paper's rate {rate:g} (tau {tau:.4g})"
+                taus = cross_fitted_taus(scores, float(rate))
+                retrieved = [s > tau for s, tau in zip(scores, taus, strict=True)]
+                note = (
+                    f"at the paper's rate {rate:g} (tau {taus[0]:.4g} / {taus[1]:.4g}: each half of the questions "
+                    "decided at the tau of the other half's scores)"
+                )
             chosen = [r["open"] if x else r["closed"] for r, x in zip(family, retrieved, strict=True)]
         values = {k: [c["scores"][k] for c in chosen] for k in METRICS}
     else:
