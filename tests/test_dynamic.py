@@ -149,6 +149,29 @@ def test_etc_watch_fires_where_the_batch_rule_does_and_cuts_before_the_word() ->
     assert smoothed is None  # Eq. 10 gives the jump a small weight: 0.33 * 2 + 0.67 * 0 < 1.9
 
 
+def test_etc_reads_the_entropy_sequence_per_token_by_default_as_eqs_3_and_4() -> None:
+    """Hand example: "Eiffel" is two sub-tokens and only its second is unsure. Per token (Eqs. 3-4) the sequence
+    is H = [1, 1, 3, 1, 1, 1]: second differences 2, -4, 2, 0 at tokens 2..5, so |2| >= 1.9 fires at token 2
+    ("el") and the cut keeps y_<2. Per word from the first sub-token the words are flat (no hit); from the max
+    (the authors' code) H = [1, 3, 1, 1, 1] by word, second differences -4, 2, 0, firing at "Rome"."""
+    tokens = ["Paris", " Eiff", "el", " Rome", " Oslo", " Bern", " Kyiv"]
+    gen = block(tokens, entropies=[1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0])
+    per_token = EtcConfig(variant="etc-no-smoothing", alpha=1.9)
+    assert per_token.word_entropy_mode == "token"
+    fire = first_fire(EtcWatch(per_token, STOP), gen)
+    assert fire is not None and fire.keep == 2 and fire.hit == (1, 3) and fire.score == pytest.approx(2.0)
+    per_word = EtcConfig(variant="etc-no-smoothing", alpha=1.9, word_entropy="first")
+    assert first_fire(EtcWatch(per_word, STOP), gen) is None
+    maxed = EtcConfig(variant="etc-no-smoothing", alpha=1.9, word_entropy="max")
+    fire = first_fire(EtcWatch(maxed, STOP), gen)
+    assert fire is not None and fire.hit == (3, 4) and fire.score == pytest.approx(-4.0)
+    # the named option: etc-per-word reads one entropy per word, etc (the default) per token
+    from ragate.methods import get_method
+
+    assert get_method("etc").dynamic.entropy == "token"  # type: ignore[union-attr]
+    assert get_method("etc-per-word").dynamic.entropy == "word"  # type: ignore[union-attr]
+
+
 def test_masked_query_leaves_gaps_for_unsure_tokens_and_adds_the_question_when_short() -> None:
     gen = block(
         ["The", " film", " Blade", " Run", "ner", " is", " by", " Dick", "."], [0.9] * 4 + [0.1] + [0.9] * 4

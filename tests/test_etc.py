@@ -252,9 +252,9 @@ def test_config_defaults_and_validation() -> None:
     config = EtcConfig()
     assert (config.variant, config.alpha, config.fixed_weight) == ("etc", DEFAULT_ALPHA, 0.9)
     assert DEFAULT_ALPHA == 1.3
-    assert config.word_entropy_mode == "paper"
+    assert config.word_entropy_mode == "token"
     assert EtcConfig("etc-code").word_entropy_mode == "max"
-    assert EtcConfig("etc-code", word_entropy="paper").word_entropy_mode == "paper"
+    assert EtcConfig("etc-code", word_entropy="first").word_entropy_mode == "first"
     for bad in (
         {"variant": "etc2"},
         {"alpha": 0.0},

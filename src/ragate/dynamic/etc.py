@@ -53,10 +53,13 @@ only number the authors publish is ``hallucination_threshold: 1.3`` in their con
 code form); :data:`DEFAULT_ALPHA` takes it for every variant. Tune alpha per model and dataset for the paper
 forms, whose scores are in nats rather than attention-weighted nats.
 
-Word entropy. The paper defines entropy per token (Eq. 3) but triggers and plots per word (sections 4.2, 6.4)
-and never says how a word of several sub-tokens gets one value. ``word_entropy="paper"`` reads Eq. 3 at the step
-that chooses the word, its first sub-token (for one-token words, most words, every reading agrees); ``"max"``
-is the authors' code.
+Entropy sequence. The paper defines the sequence per token (Eqs. 3-4: H_i for every generated token t_i) with
+stop words ignored, and plots it per word (sections 4.2, 6.4) without saying how a word of several sub-tokens
+gets one value. ``word_entropy="token"`` (the default of the paper forms) follows Eqs. 3-4: every sub-token of a
+content word is a term of the sequence, and a trigger at token t cuts the output before t (y_<t, section 3.3).
+``"first"`` (method ``etc-per-word``) gives each content word the entropy of its first sub-token, the step that
+chooses the word; ``"max"`` (the max over its sub-tokens) is the authors' code. For one-token words, most words,
+the three agree.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ if TYPE_CHECKING:
     from ragate.methods.spec import DynamicSpec
 
 Variant = Literal["etc", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code"]
-WordEntropy = Literal["paper", "max"]
+WordEntropy = Literal["token", "first", "max"]
 Smoothing = Literal["dynamic", "fixed", "none"]
 
 DEFAULT_ALPHA = 1.3  # the authors' config.json (hallucination_threshold); the paper gives no value
@@ -126,9 +129,10 @@ class EtcConfig:
     """Which ETC form to run and its threshold.
 
     ``alpha`` is the paper's alpha (section 3.2) for the paper forms and the code's ``hallucination_threshold``
-    for ``etc-code``; default 1.3 (the paper gives none; see the module docstring). ``word_entropy`` is how
-    :func:`words_from_tokens` should score a word; ``None`` means the variant's own ("max" for ``etc-code``,
-    "paper" otherwise): read it as :attr:`word_entropy_mode`. ``fixed_weight`` is w for ``etc-fixed`` (0.9).
+    for ``etc-code``; default 1.3 (the paper gives none; see the module docstring). ``word_entropy`` is how the
+    entropy sequence is read: per token ("token", Eqs. 3-4), per word from its first sub-token ("first") or its
+    max ("max"); ``None`` means the variant's own ("max" for ``etc-code``, "token" otherwise): read it as
+    :attr:`word_entropy_mode`. ``fixed_weight`` is w for ``etc-fixed`` (0.9).
     """
 
     variant: Variant = "etc"
@@ -154,7 +158,7 @@ class EtcConfig:
     def word_entropy_mode(self) -> WordEntropy:
         if self.word_entropy is not None:
             return self.word_entropy
-        return "max" if self.variant == "etc-code" else "paper"
+        return "max" if self.variant == "etc-code" else "token"
 
 
 # ---- words and stop words ----------------------------------------------------------------------------------
@@ -166,7 +170,7 @@ def _is_boundary(token: str) -> bool:
 
 
 def words_from_tokens(
-    tokens: Sequence[str], entropies: Sequence[float], word_entropy: WordEntropy = "paper"
+    tokens: Sequence[str], entropies: Sequence[float], word_entropy: WordEntropy = "first"
 ) -> list[Word]:
     """Group decoded sub-tokens into words, each with one entropy.
 
@@ -177,8 +181,9 @@ def words_from_tokens(
     SentencePiece/BPE markers, with Unicode punctuation instead of ASCII. An empty token (half of a multi-byte
     character) continues the current word.
 
-    The word's entropy is that of its first sub-token (``"paper"``, Eq. 3 at the step that picks the word) or
-    the max over its sub-tokens (``"max"``, the authors' code). ``text`` is the joined tokens, stripped.
+    The word's entropy is that of its first sub-token (``"first"``, Eq. 3 at the step that picks the word; also
+    for ``"token"``, whose sequence is per sub-token and reads words only to know which tokens are content) or the
+    max over its sub-tokens (``"max"``, the authors' code). ``text`` is the joined tokens, stripped.
     """
     if len(tokens) != len(entropies):
         raise ValueError(f"{len(tokens)} tokens but {len(entropies)} entropies")
@@ -194,7 +199,7 @@ def words_from_tokens(
     words = []
     for start, end in zip(starts, [*starts[1:], len(tokens)], strict=True):
         span = [float(h) for h in entropies[start:end]]
-        h = span[0] if word_entropy == "paper" else max(span)
+        h = max(span) if word_entropy == "max" else span[0]
         words.append(Word("".join(tokens[start:end]).strip(), start, end, h))
     return words
 
@@ -501,22 +506,30 @@ class EtcWatch(Trigger):
         if variant not in get_args(Variant):
             raise ValueError(f"EtcWatch serves the ETC variants {get_args(Variant)}, not {variant!r}")
         alpha = DEFAULT_ALPHA if spec.threshold is None else spec.threshold
-        config = EtcConfig(variant=variant, alpha=alpha, signed=spec.signed)  # type: ignore[arg-type]
+        per_word = "first" if spec.entropy == "word" else None
+        config = EtcConfig(variant=variant, alpha=alpha, signed=spec.signed, word_entropy=per_word)  # type: ignore[arg-type]
         return cls(config, stop_words, cut=spec.cut, attention=attention_source(lm))
 
     def check(self, block: Generation, done: bool) -> Fire | None:
         entropies = step_entropies(block)
         if self.config.variant == "etc-code":
             return self._check_code(block, entropies, done)
-        words = words_from_tokens(block.tokens, entropies, self.config.word_entropy_mode)
+        mode = self.config.word_entropy_mode
+        words = words_from_tokens(block.tokens, entropies, mode)
         if not done:
             words = words[:-1]
         content = [
             w for w, c in zip(words, content_mask([w.text for w in words], self.stop_words), strict=True) if c
         ]
-        for word, score in zip(content, etc_scores([w.entropy for w in content], self.config), strict=True):
+        # Eqs. 3-4: one term per token of a content word; per word: one term per content word
+        terms = (
+            [(w, t, entropies[t]) for w in content for t in range(w.token_start, w.token_end)]
+            if mode == "token"
+            else [(w, w.token_start, w.entropy) for w in content]
+        )
+        for (word, at, _), score in zip(terms, etc_scores([h for _, _, h in terms], self.config), strict=True):
             if fires(score, self.config):
-                return self._fire(block, word, score)
+                return self._fire(block, word, score, at=at)
         return None
 
     def _check_code(self, block: Generation, entropies: list[float], done: bool) -> Fire | None:
@@ -545,9 +558,10 @@ class EtcWatch(Trigger):
                 return self._fire(block, word, score)
         return None
 
-    def _fire(self, block: Generation, word: Word, score: float) -> Fire:
+    def _fire(self, block: Generation, word: Word, score: float, at: int | None = None) -> Fire:
+        """The hit at ``word`` (its token ``at``, where the sequence is per token: the cut keeps y_<t)."""
         sentence = sentence_around(block.tokens, word.token_start)
-        keep = word.token_start if self.cut == "word" else sentence[0]
+        keep = (word.token_start if at is None else at) if self.cut == "word" else sentence[0]
         if self.cut == "none":
             keep = word.token_end
         rule = "trend >= alpha" if self.config.signed else "|trend| >= alpha"

@@ -206,6 +206,11 @@ _METHODS = (
                 DynamicSpec("etc", max_retrievals=None, settle=True, signed=True),
             ),
             (
+                "etc-per-word",
+                "ETC over one entropy per content word (its first sub-token) instead of per token (Eqs. 3-4)",
+                DynamicSpec("etc", max_retrievals=None, settle=True, entropy="word"),
+            ),
+            (
                 "etc-sentence-passages",
                 "ETC whose passages serve one sentence, as the authors' code",
                 DynamicSpec("etc", max_retrievals=None, settle=True, passages="sentence"),

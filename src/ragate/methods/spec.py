@@ -104,6 +104,7 @@ class DynamicSpec:
     passages: Passages = "rest"
     signed: bool = False
     settle: bool = False
+    entropy: Literal["token", "word"] = "token"  # ETC's entropy sequence: per token (Eqs. 3-4) or per word
 
     @property
     def retrieval_bound(self) -> int:
