@@ -57,6 +57,16 @@ _METHODS = (
         GateSpec("always"),
         SelectorSpec("cot"),
     ),
+    *(  # PAIRS's baseline rows (its Table 2) read with PAIRS's own prompts (Fig. 9), not DTR's
+        MethodSpec(f"{name}-pairs-prompts", f"{name} read with PAIRS's prompts (PAIRS Table 2's baseline row)",
+                   GateSpec(gate), selector, PAIRS)  # fmt: skip
+        for name, gate, selector in (
+            ("no-retrieval", "never", _Q),
+            ("hyde", "always", SelectorSpec("hyde")),
+            ("q2d", "always", SelectorSpec("q2d")),
+            ("cot", "always", SelectorSpec("cot")),
+        )
+    ),
     MethodSpec("dtr", "DTR: UGT gate (tau 0.001) + dual-path retrieval + AIS cos", GateSpec("ugt"), _DPR),
     MethodSpec("dtr-no-ugt", "DTR without UGT: DPR-AIS for every question", GateSpec("always"), _DPR),
     MethodSpec(
