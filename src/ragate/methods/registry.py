@@ -58,8 +58,13 @@ _METHODS = (
         SelectorSpec("cot"),
     ),
     *(  # PAIRS's baseline rows (its Table 2) read with PAIRS's own prompts (Fig. 9), not DTR's
-        MethodSpec(f"{name}-pairs-prompts", f"{name} read with PAIRS's prompts (PAIRS Table 2's baseline row)",
-                   GateSpec(gate), selector, PAIRS)  # fmt: skip
+        MethodSpec(
+            f"{name}-pairs-prompts",
+            f"{name} read with PAIRS's prompts (PAIRS Table 2's baseline row)",
+            GateSpec(gate),
+            selector,
+            PAIRS,
+        )
         for name, gate, selector in (
             ("no-retrieval", "never", _Q),
             ("hyde", "always", SelectorSpec("hyde")),
