@@ -2,7 +2,7 @@
 after a fixed latency, so concurrency benchmarks and tests measure ragate's scheduling, not a model.
 
     .venv/bin/python benchmarks/latency_server.py [--host 127.0.0.1] [--port 0] [--latency 0.2] \
-        [--model latency-stub] [--fail STATUS:N] [--top-k 20]
+        [--model latency-stub] [--fail STATUS:N] [--top-k 20] [--mode ok] [--flood-mb 0]
 
 Once listening it prints one line, its base URL (``http://127.0.0.1:PORT/v1``), then serves until SIGTERM or
 SIGINT. It answers ``GET /v1/models``, ``GET /v1/stats`` (POSTs answered and failed, the most in flight at once),
@@ -14,6 +14,17 @@ common words, each token " word" or ".", with logprobs in (-3, 0) and, per step,
 ``min(k, --top-k)`` alternatives of lower logprob whose probabilities sum to less than 1. ``--fail 503:3`` answers
 the first 3 POSTs HTTP 503 with ``Retry-After: 0`` (to exercise a client's retries). Import :func:`make_server`
 and :func:`answer` to run it in-process.
+
+``--mode`` makes it a hostile upstream, for the tests of a client's timeouts, reply cap and failover; a mode
+changes how POSTs are answered (``GET /v1/models`` stays correct, as behind a proxy that answers for a broken
+model server), and ``POST /v1/mode`` with ``{"mode": "..."}`` switches it while the server runs:
+
+- ``ok``: the normal answers above;
+- ``slow-headers``: the status line, then one header byte every 0.1 s for as long as the client listens;
+- ``flood``: HTTP 200 and a chunked JSON body that never ends (``--flood-mb N``: it stops after N MiB and then
+  sends nothing more, keeping the connection open);
+- ``not-json``: HTTP 200 with ``Content-Type: application/json`` and a body cut in the middle of the JSON;
+- ``no-choices``: HTTP 200 with valid JSON that has no ``choices``.
 """
 
 from __future__ import annotations
@@ -27,7 +38,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import MappingProxyType
 from typing import Any
 
 WORDS = (
@@ -37,6 +50,7 @@ WORDS = (
     "river", "king", "song", "team", "born", "french", "american", "north",
 )  # fmt: skip
 VOCAB = tuple(f" {w}" for w in WORDS) + (".",)
+MODES = ("ok", "slow-headers", "flood", "not-json", "no-choices")
 
 
 def request_seed(body: dict[str, Any]) -> int:
@@ -132,11 +146,17 @@ def make_server(
     top_k: int = 20,
     host: str = "127.0.0.1",
     port: int = 0,
+    mode: str = "ok",
+    flood_mb: int = 0,
 ) -> ThreadingHTTPServer:
     """A bound server (one thread per connection, keep-alive); call ``serve_forever()`` to answer requests.
-    ``fail`` = (status, n): the first n POSTs are answered ``status`` with ``Retry-After: 0``."""
+    ``fail`` = (status, n): the first n POSTs are answered ``status`` with ``Retry-After: 0``. ``mode``: how POSTs
+    are answered (:data:`MODES`, see the module docstring); ``flood_mb``: where a flood stops (0: never)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     failures = {"left": fail[1] if fail else 0}
     counts = {"posts": 0, "failed": 0, "in_flight": 0, "most_in_flight": 0}
+    state = {"mode": mode}
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -159,12 +179,19 @@ def make_server(
                 return self.send(200, {"object": "list", "data": [{"id": model, "object": "model"}]})
             if self.path.rstrip("/") == "/v1/stats":  # what a test or benchmark asks of the server
                 with lock:
-                    return self.send(200, dict(counts))
+                    return self.send(200, {**counts, "mode": state["mode"]})
             self.send(404, {"error": {"message": f"no such path {self.path}"}})
 
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             path = self.path.rstrip("/")
+            if path == "/v1/mode":
+                wanted = json.loads(raw or b"{}").get("mode")
+                if wanted not in MODES:
+                    return self.send(400, {"error": {"message": f"mode must be one of {', '.join(MODES)}"}})
+                with lock:
+                    state["mode"] = wanted
+                return self.send(200, {"mode": wanted})
             if path not in ("/v1/completions", "/v1/chat/completions"):
                 return self.send(404, {"error": {"message": f"no such path {self.path}"}})
             with lock:
@@ -172,6 +199,13 @@ def make_server(
                 failures["left"] -= failing
                 counts["posts"] += 1
                 counts["failed"] += failing
+                hostile = HOSTILE.get(state["mode"])
+            if hostile is not None:
+                try:
+                    return hostile(self, flood_mb)
+                except OSError:  # the client gave up: what these modes wait for
+                    self.close_connection = True
+                    return
             if failing and fail is not None:
                 message = {"error": {"message": f"simulated HTTP {fail[0]}", "type": "server_error"}}
                 return self.send(fail[0], message, {"Retry-After": "0"})
@@ -197,6 +231,60 @@ def make_server(
     return Server((host, port), Handler)
 
 
+def _slow_headers(handler: BaseHTTPRequestHandler, flood_mb: int) -> None:
+    """The status line, then a header that never ends, one byte every 0.1 s (each read a client makes is
+    answered in time, the headers never are)."""
+    handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: ")
+    handler.wfile.flush()
+    for _ in range(36000):  # an hour: longer than any test, and bounded if nobody ever stops it
+        handler.wfile.write(b"a")
+        handler.wfile.flush()
+        time.sleep(0.1)
+
+
+def _flood(handler: BaseHTTPRequestHandler, flood_mb: int) -> None:
+    """HTTP 200 and a JSON string that never closes, 64 KiB a chunk, as fast as the client reads (``flood_mb``:
+    at most that many MiB, then silence with the connection open)."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    chunk = b"a" * 65536
+    first = b'{"choices": [{"index": 0, "text": "'
+    handler.wfile.write(b"%x\r\n%s\r\n" % (len(first), first))
+    sent = 0
+    while not flood_mb or sent < flood_mb * 2**20:
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        sent += len(chunk)
+    handler.wfile.flush()
+    time.sleep(3600)
+
+
+def _not_json(handler: BaseHTTPRequestHandler, flood_mb: int) -> None:
+    """HTTP 200, a JSON content type and a body cut in the middle of the JSON."""
+    data = b'{"choices": [{"index": 0, "text": " Paris'
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def _no_choices(handler: BaseHTTPRequestHandler, flood_mb: int) -> None:
+    """HTTP 200 with valid JSON that is not a completion: no ``choices``."""
+    data = json.dumps({"id": "cmpl-0", "object": "text_completion", "model": "?"}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+HOSTILE: MappingProxyType[str, Callable[[BaseHTTPRequestHandler, int], None]] = MappingProxyType(
+    {"slow-headers": _slow_headers, "flood": _flood, "not-json": _not_json, "no-choices": _no_choices}
+)
+
+
 def _fail(value: str) -> tuple[int, int]:
     status, _, n = value.partition(":")
     return int(status), int(n or 1)
@@ -212,8 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         "--fail", type=_fail, default=None, metavar="STATUS:N", help="answer the first N POSTs STATUS"
     )
     p.add_argument("--top-k", type=int, default=20, help="most alternatives returned per token")
+    p.add_argument(
+        "--mode", choices=MODES, default="ok", help="how POSTs are answered (hostile modes: see above)"
+    )
+    p.add_argument("--flood-mb", type=int, default=0, help="with --mode flood: stop after N MiB (0: never)")
     args = p.parse_args(argv)
-    server = make_server(args.latency, args.model, args.fail, args.top_k, args.host, args.port)
+    server = make_server(
+        args.latency, args.model, args.fail, args.top_k, args.host, args.port, args.mode, args.flood_mb
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):  # also when started with SIGINT ignored (a shell's `&`)
         signal.signal(sig, lambda *_: sys.exit(0))
     print(f"http://{args.host}:{server.server_address[1]}/v1", flush=True)

@@ -8,11 +8,12 @@ without the model), so that records must be identical whatever the concurrency, 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,10 @@ SWEEP = ["--dataset", "demo", "--limit", "10", "--methods", "targ-margin,targ-va
 KEEP = ("prediction", "scores", "doc_ids")  # of an answer; times differ from run to run
 
 
-def start(*args: str, model: str = MODEL) -> tuple[subprocess.Popen[bytes], str]:
+def start(*args: str, model: str = MODEL, port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    """A latency server on 127.0.0.1 (``port`` 0: any free one; a given port restarts a stopped server at its URL)."""
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "--latency", "0.05", "--model", model, *args],
+        [sys.executable, str(SERVER), "--latency", "0.05", "--model", model, "--port", str(port), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
@@ -389,35 +391,96 @@ def test_a_pipeline_takes_a_fleet() -> None:
     assert all(n > 0 for n in served), served
 
 
-def test_a_service_answers_over_a_fleet_while_one_server_is_up(tmp_path: Path) -> None:
-    """``ragate serve --base-url A --base-url B``: both servers answer its requests; ``/healthz`` names each
-    server's state, stays 200 while one is up and says 503 when none is."""
+def posts(url: str) -> int:
+    """The POSTs a latency server has answered (its ``GET /v1/stats``)."""
+    return int(json.loads(_get(f"{url}/stats"))["posts"])
+
+
+def set_mode(url: str, mode: str) -> None:
+    """Make a latency server answer POSTs another way (``--mode``: ok, slow-headers, flood, not-json, ...)."""
+    import httpx
+
+    assert httpx.post(f"{url}/mode", json={"mode": mode}, timeout=5).status_code == 200
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def until(condition: Callable[[], bool], seconds: float, what: str, tick: Callable[[], object]) -> None:
+    """Call ``tick`` until ``condition()`` holds; fail saying ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {seconds} s")
+        tick()
+        time.sleep(0.05)
+
+
+def test_a_service_over_a_fleet_heals(tmp_path: Path) -> None:
+    """``ragate serve --base-url A --base-url B``: both servers answer its requests. B answering 200 with a body
+    that is not JSON is failed over (every request answered) and down; fixed, it is back. A killed is left out;
+    restarted at its URL it gets requests again, and with B killed it answers every one. ``/healthz`` says what
+    the balancer believes: 200 while one server is up, 503 when none is, and no URL or reason without the key."""
     import httpx
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_service import _serve, _stop
 
-    procs = [start() for _ in range(2)]
-    (a, url_a), (b, url_b) = procs
+    ports = [free_port(), free_port()]
+    procs = [start(port=port) for port in ports]
+    url_a, url_b = (url for _, url in procs)
     args = ["--base-url", url_a, "--base-url", url_b, "--model", MODEL, "--method", "targ-margin"]
-    service, url = _serve(args, tmp_path / "serve.log", env={"RAGATE_API_KEY": ""})
+    service, url = _serve(args, tmp_path / "serve.log", env={"RAGATE_API_KEY": "fleet-key"})
+    auth = {"Authorization": "Bearer fleet-key"}
+    numbers = iter(range(10**6))
     try:
-        with httpx.Client(base_url=url, timeout=60) as client:
-            for i in range(6):
-                body = {"question": f"What is the capital of country number {i}?"}
-                assert client.post("/v1/answer", json=body).status_code == 200
-            served = [int(json.loads(_get(f"{u}/stats"))["posts"]) for u in (url_a, url_b)]
-            assert all(n > 0 for n in served), served
+        with (
+            httpx.Client(base_url=url, timeout=60, headers=auth) as client,
+            httpx.Client(base_url=url) as bare,
+        ):
+
+            def answered() -> None:
+                r = client.post("/v1/answer", json={"question": f"What is country number {next(numbers)}?"})
+                assert r.status_code == 200, r.text
+
+            def servers() -> dict[str, Any]:
+                return dict(client.get("/healthz").json()["servers"])
+
+            for _ in range(6):
+                answered()
+            assert posts(url_a) > 0 and posts(url_b) > 0
+            set_mode(url_b, "not-json")
+            for _ in range(6):
+                answered()
+            down = servers()[url_b]
+            assert down["state"] == "down" and "not JSON" in down["problem"] and "next_probe_in_s" in down
+            set_mode(url_b, "ok")
+            until(lambda: servers()[url_b]["state"] == "up", 20, "B did not come back", answered)
+            stop(procs[0][0])
+            until(lambda: servers()[url_a]["state"] == "down", 10, "killed A was not marked down", answered)
+            assert "could not connect" in servers()[url_a]["problem"]
+            hidden = bare.get("/healthz")
+            assert hidden.status_code == 200 and set(hidden.json()["servers"]) == {"server 1", "server 2"}
+            assert url_a not in hidden.text and "problem" not in hidden.text
+            procs[0] = start(port=ports[0])
+            until(lambda: posts(url_a) > 0, 20, "restarted A got no request", answered)
+            stop(procs[1][0])
+            for _ in range(6):
+                answered()  # by A, which came back
+            stop(procs[0][0])
             health = client.get("/healthz")
-            assert health.status_code == 200 and health.json()["servers"] == {url_a: "ok", url_b: "ok"}
-            stop(a)
-            health = client.get("/healthz")
-            assert health.status_code == 200, health.text
-            assert health.json()["servers"][url_a].startswith(f"down: {url_a} is unreachable")
-            assert client.post("/v1/answer", json={"question": "Who wrote Hamlet?"}).status_code == 200
-            stop(b)
-            health = client.get("/healthz")
-            assert health.status_code == 503 and "servers are unavailable" in health.json()["error"]["message"]
+            assert (
+                health.status_code == 503 and "servers are unavailable" in health.json()["error"]["message"]
+            )
+            assert url_a in health.json()["error"]["message"] and url_b in health.json()["error"]["message"]
+            hidden = bare.get("/healthz")
+            assert hidden.status_code == 503 and "127.0.0.1" not in hidden.text
+            procs[0] = start(port=ports[0])
+            until(lambda: client.get("/healthz").status_code == 200, 20, "healthz stayed 503", lambda: None)
+            answered()
     finally:
         for proc, _ in procs:
             stop(proc)

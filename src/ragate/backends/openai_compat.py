@@ -20,23 +20,17 @@ text (the stop string, which the text leaves out) are dropped. ``completion_toke
 from __future__ import annotations
 
 import codecs
-import email.utils
-import json
-import logging
 import os
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-import httpx
-
 from ragate.backends.base import Backend, Capabilities
+from ragate.backends.fleet import HealthPolicy, ServerView
+from ragate.backends.upstream import MAX_REPLY_BYTES, BadAnswer, BadReplyError, ProbeRequest, Upstream
 from ragate.errors import BackendError, BackendTimeoutError, BackendUnavailableError, CapabilityError
 from ragate.types import FinishReason, Generation, GenerationRequest, TopLogprob
-
-_log = logging.getLogger("ragate")
 
 Step = tuple[str, float, list[tuple[str, float]], bytes | None]  # token, logprob, alternatives, raw bytes
 
@@ -45,18 +39,25 @@ class OpenAICompatBackend(Backend):
     """Requests to an OpenAI-compatible server at ``base_url``, which must include the ``/v1`` part, or to a fleet
     of servers serving one model: ``base_url`` a sequence of URLs.
 
-    A fleet's requests are spread over its servers, each to the one with the fewest requests in flight (ties: the
-    one sent the fewest so far, so one call at a time takes turns); a retry
-    goes to whichever is least busy then. A server that cannot be connected to is left out for the rest of the
-    backend's life (a warning names it) while others answer; when none is left the call fails with
-    :class:`BackendUnavailableError` naming every server. The servers must serve the same model: each one's first
-    ``GET /models`` id is compared when the backend opens, and a difference is an error.
+    A fleet's calls are spread over its servers that are up, each to the one with the fewest calls in flight
+    (ties: the one sent the fewest so far, so one call at a time takes turns). A call that fails on a server
+    (no connection, no complete answer within ``timeout``, HTTP 5xx, a reply over ``max_reply_bytes`` or one that
+    is not an OpenAI answer) goes on at once to another; a server that fails ``fail_after`` calls in a row, or
+    that nothing listens on, is down: it gets no calls, and is probed (a one-token call) after ``probe_backoff``
+    seconds, doubling up to ``probe_max``, until it answers and is back (the rules: :mod:`ragate.backends.fleet`;
+    :meth:`servers` says what the balancer believes, :meth:`check_servers` probes first; the HTTP:
+    :mod:`ragate.backends.upstream`). When none is up a call
+    fails with :class:`BackendUnavailableError` naming each server and its next probe. The servers must serve the
+    same model: each one's first ``GET /models`` id is compared when the backend opens, and a difference is an
+    error.
 
     ``model`` defaults to the first id of ``GET {base_url}/models``. ``api_key`` defaults to ``$OPENAI_API_KEY``.
-    Each HTTP exchange takes at most ``timeout`` seconds; 429, 5xx and dropped connections are retried
-    ``max_retries`` times after ``backoff * 2**attempt`` seconds (or the server's ``Retry-After``, capped at
-    ``timeout``), so a request never takes longer than ``(max_retries + 1) * timeout`` plus those waits.
-    4xx answers and timeouts are not retried. A batch is sent over at most ``max_concurrency`` connections.
+    Each HTTP exchange takes at most ``timeout`` seconds in all (connect, headers and body together, however
+    slowly a server trickles them) and reads at most ``max_reply_bytes`` of reply. 429, 5xx and dropped
+    connections are retried ``max_retries`` times after ``backoff * 2**attempt`` seconds (or the server's
+    ``Retry-After``, capped at ``timeout``); each attempt tries each server that is up at most once. Other 4xx
+    answers are the request's fault and are not retried; a timeout, an oversized or a malformed reply is retried
+    only on another server. A batch is sent over at most ``max_concurrency`` connections per server.
 
     ``logprobs`` says what the server returns: ``"auto"`` (the default) asks once, with a one-token request for
     ``top_k`` alternatives, and sets :attr:`capabilities` from the answer (an error or an answer without
@@ -80,6 +81,10 @@ class OpenAICompatBackend(Backend):
         top_k: int = 20,
         extra_body: Mapping[str, Any] | None = None,
         logprobs: Literal["auto", "on", "off"] = "auto",
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+        fail_after: int = 2,
+        probe_backoff: float = 0.5,
+        probe_max: float = 15.0,
     ) -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
@@ -97,22 +102,28 @@ class OpenAICompatBackend(Backend):
             raise ValueError(
                 "need timeout > 0, max_retries >= 0, backoff >= 0, max_concurrency >= 1, top_k >= 0"
             )
+        if max_reply_bytes < 1024:
+            raise ValueError(
+                f"max_reply_bytes must be at least 1024 (a one-token answer is longer), got {max_reply_bytes}"
+            )
         self.base_urls = tuple(url.rstrip("/") for url in urls)
         self.base_url = self.base_urls[0]
-        self._in_flight = dict.fromkeys(self.base_urls, 0)
-        self._sent = dict.fromkeys(self.base_urls, 0)
-        self._down: dict[str, str] = {}  # a fleet's servers that refused connection, and why
-        self._pick_lock = threading.Lock()
+        self._calls_path = "/chat/completions"  # the endpoint calls use, once one was made: what probes ask
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self.max_reply_bytes = max_reply_bytes
         self.max_concurrency = max_concurrency
         self.extra_body = dict(extra_body or {})
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        connections = max_concurrency * len(self.base_urls)  # each server gets max_concurrency at once
-        self._client = httpx.Client(
-            headers=headers,
+        self._upstream = Upstream(
+            self.base_urls,
+            headers={"Authorization": f"Bearer {key}"} if key else {},
             timeout=timeout,
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            max_retries=max_retries,
+            backoff=backoff,
+            connections=max_concurrency * len(self.base_urls),  # each server gets max_concurrency at once
+            max_reply_bytes=max_reply_bytes,
+            policy=HealthPolicy(fail_after, probe_backoff, probe_max),
+            probe_request=self._probe_request,
         )
         self.capabilities = _caps(top_k if logprobs != "off" else None)
         self.capability_note = {"on": "logprobs=on: not checked", "off": "logprobs=off: text only"}.get(
@@ -144,21 +155,27 @@ class OpenAICompatBackend(Backend):
         return _caps(min(top_k, seen)), f"probed: token logprobs with top-{min(top_k, seen)} alternatives"
 
     def _served_models(self) -> dict[str, str]:
-        """Each server's first ``GET /models`` id; a fleet whose servers serve different models is an error."""
+        """Each server's first ``GET /models`` id; a fleet whose servers serve different models is an error. A
+        fleet's server that does not answer is down from the start (probed like any down server)."""
         served: dict[str, str] = {}
         for url in self.base_urls:
             try:
                 data = self._request("GET", "/models", server=url).get("data") or []
-            except BackendUnavailableError as err:
-                if len(self.base_urls) == 1 or len(self._down) == len(self.base_urls) - 1:
-                    raise  # nothing left to answer
-                self._leave_out(url, str(err).split(" (")[0])
+            except (BackendUnavailableError, BackendTimeoutError, BadReplyError) as err:
+                if len(self.base_urls) == 1:
+                    raise
+                self._upstream.fleet.put_down(url, str(err))
                 continue
-            if not data or not isinstance(data[0], dict) or "id" not in data[0]:
+            if not data or not isinstance(data, list) or not isinstance(data[0], dict) or "id" not in data[0]:
                 raise BackendError(
                     f"the server at {url}/models lists no models; pass the model name explicitly (model=...)"
                 )
             served[url] = str(data[0]["id"])
+        if not served:
+            raise BackendUnavailableError(
+                f"no OpenAI-compatible server of the fleet answered GET /models ({self._upstream.fleet.down_message()}); "
+                "are they running? check --base-url"
+            )
         if len(set(served.values())) > 1:
             said = ", ".join(f"{url} serves {name!r}" for url, name in served.items())
             raise BackendError(
@@ -217,16 +234,19 @@ class OpenAICompatBackend(Backend):
 
     def _one(self, request: GenerationRequest) -> Generation:
         path, body = self.payload(request)
+        self._calls_path = path  # what a down server's probe asks of it
         start = time.perf_counter()
-        answer = self._request("POST", path, body)
-        seconds = time.perf_counter() - start
-        try:
-            choice = answer["choices"][0]
-            text, steps = parse_text(choice), parse_steps(choice)
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise BackendError(
-                f"unexpected answer from {self.base_url}{path}: {e!r}; is it OpenAI-compatible?"
-            ) from e
+        return self._upstream.call(
+            "POST", path, body, lambda answer: self._generation(answer, request, time.perf_counter() - start)
+        )
+
+    def _generation(
+        self, answer: Mapping[str, Any], request: GenerationRequest, seconds: float
+    ) -> Generation:
+        """The :class:`Generation` in a server's answer; an answer without the fields asked for raises
+        ``ValueError`` (a failure of the server that sent it)."""
+        choice = answer["choices"][0]
+        text, steps = parse_text(choice), parse_steps(choice)
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         usage = answer.get("usage") or {}
         if not self.capabilities.logprobs:  # text only: no per-token steps
@@ -236,10 +256,10 @@ class OpenAICompatBackend(Backend):
                 completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds,
             )  # fmt: skip
         if steps is None:
-            raise BackendError(
-                f"the server at {self.base_url} returned no logprobs although they were requested: it does not "
-                "support logprobs (for llama-cpp-python start it with --logits_all true; for vLLM set "
-                "--max-logprobs >= top_logprobs), or run text-only gates with logprobs='off'"
+            raise BadAnswer(
+                "returned no logprobs although they were requested: it does not support logprobs (for "
+                "llama-cpp-python start it with --logits_all true; for vLLM set --max-logprobs >= top_logprobs), "
+                "or run text-only gates with logprobs='off'"
             )
         offsets = align_offsets(text, steps)
         steps = steps[: len(offsets)]
@@ -261,118 +281,37 @@ class OpenAICompatBackend(Backend):
             seconds=seconds,
         )
 
-    # -- HTTP with retries ----------------------------------------------------------------------------------------
-    def _pick(self) -> str:
-        """The live server with the fewest requests in flight (of those, the one sent the fewest so far)."""
-        with self._pick_lock:
-            live = [url for url in self.base_urls if url not in self._down]
-            if not live:
-                said = "; ".join(f"{url}: {why}" for url, why in self._down.items())
-                raise BackendUnavailableError(
-                    f"every OpenAI-compatible server of the fleet is down ({said}); restart them (or give others "
-                    "with --base-url) and rerun with --resume: the answers so far are kept"
-                )
-            url = min(live, key=lambda u: (self._in_flight[u], self._sent[u]))  # ties: the least used so far
-            self._in_flight[url] += 1
-            self._sent[url] += 1
-            return url
-
-    def _leave_out(self, url: str, why: str) -> None:
-        """A fleet's server that cannot be reached answers no more calls while others can."""
-        with self._pick_lock:
-            if len(self.base_urls) > 1 and url not in self._down:
-                self._down[url] = why
-                left = len(self.base_urls) - len(self._down)
-                _log.warning("ragate: the server at %s is down (%s); %d other(s) go on", url, why, left)
-
+    # -- HTTP: failover over the fleet, retries with back-off --------------------------------------------------------
     def _request(
         self, method: str, path: str, body: dict[str, Any] | None = None, *, server: str | None = None
     ) -> dict[str, Any]:
-        """One call, retried on 429, 5xx and dropped connections. In a fleet each attempt goes to the least busy
-        live server (``server`` pins the call to one), and a server that cannot be connected to is left out and
-        the call tried at once on another, without counting the attempt."""
-        problems: list[str] = []  # distinct failures, in order
-        fleet = server is None and len(self.base_urls) > 1
-        url, attempt = f"{server or self.base_url}{path}", 0
-        while attempt <= self.max_retries:
-            delay = self.backoff * 2**attempt
-            base = self._pick() if fleet else server or self.base_url
-            url = f"{base}{path}"
-            try:
-                status, headers, content = self._send(method, url, body)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-                problem = f"{type(e).__name__}: could not connect" + (
-                    f" within {self.timeout} s" if isinstance(e, httpx.ConnectTimeout) else f" ({e})"
-                )
-                if fleet:
-                    self._leave_out(base, problem)
-                    continue  # another server takes it now (or _pick says every one is down)
-            except httpx.PoolTimeout:
-                problem = f"PoolTimeout: no free connection within {self.timeout} s"
-            except httpx.TimeoutException as e:
-                raise BackendTimeoutError(
-                    f"request to {url} timed out after {self.timeout} s ({type(e).__name__}); raise the timeout "
-                    "(timeout=..., --openai-timeout) or ask for fewer tokens (max_tokens)"
-                ) from e
-            except httpx.TransportError as e:  # ReadError, RemoteProtocolError, WriteError, ...
-                problem = f"{type(e).__name__}: {e}"
-            else:
-                if status < 400:
-                    try:
-                        return dict(json.loads(content))
-                    except (ValueError, TypeError) as e:
-                        raise BackendError(
-                            f"{url} answered HTTP {status} with a body that is not JSON"
-                        ) from e
-                message = _error_message(content)
-                if status != 429 and status < 500:
-                    raise BackendError(
-                        f"{method} {url} failed with HTTP {status}: {message}{self._hint(status)}"
-                    )
-                problem = f"HTTP {status}: {message}"
-                delay = _retry_after(headers.get("Retry-After"), default=delay, cap=self.timeout)
-            finally:
-                if fleet:
-                    with self._pick_lock:
-                        self._in_flight[base] -= 1
-            if problem not in problems:
-                problems.append(problem)
-            if attempt < self.max_retries:
-                time.sleep(delay)
-            attempt += 1
-        attempts, problem = f"{self.max_retries + 1} attempts", "; then ".join(problems)
-        if problems[-1].startswith("HTTP"):
-            raise BackendUnavailableError(
-                f"OpenAI-compatible server at {url} failed on all {attempts} ({problem}); "
-                "check the server's log, or retry later if it is overloaded"
-            )
-        raise BackendUnavailableError(
-            f"OpenAI-compatible server at {url} is unreachable or closed the connection ({attempts}: "
-            f"{problem}); is it running? check --openai-base-url"
-        )
+        """One call whose answer is a JSON object (``server`` pins it to one server)."""
+        return self._upstream.call(method, path, body, dict, server=server)
 
-    def _send(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, httpx.Headers, bytes]:
-        """One HTTP exchange that takes at most ``timeout`` seconds in all (httpx bounds each read, not the sum)."""
-        deadline = time.monotonic() + self.timeout
-        with self._client.stream(method, url, json=body) as response:
-            chunks = []
-            for chunk in response.iter_bytes():
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise httpx.ReadTimeout("the answer took too long", request=response.request)
-            return response.status_code, response.headers, b"".join(chunks)
+    # -- the balancer's view ----------------------------------------------------------------------------------------
+    def servers(self) -> tuple[ServerView, ...]:
+        """What the balancer believes of each server (up or down, since when, why, the next probe); no I/O."""
+        return self._upstream.servers()
 
-    def _hint(self, status: int) -> str:
-        if status == 404 and not self.base_url.endswith("/v1"):
-            return f"; base_url must include /v1 (e.g. {self.base_url}/v1)"
-        if status == 404:
-            return "; the server has no such endpoint: is it OpenAI-compatible, and is base_url its /v1 root?"
-        if status in (401, 403):
-            return "; check the API key (api_key=... or $OPENAI_API_KEY)"
-        return ""
+    def check_servers(self, timeout: float) -> tuple[ServerView, ...]:
+        """Probe each server that is up (``GET /models`` within ``timeout``) and each down one whose probe is
+        due, then :meth:`servers`: what ``/healthz`` reports."""
+        return self._upstream.check_servers(timeout)
+
+    def _probe_request(self) -> ProbeRequest:
+        """What a down server's probe asks: a one-token answer from the endpoint calls use, with logprobs where
+        calls ask for them, checked as a call's answer would be."""
+        path, asks = self._calls_path, self.capabilities.logprobs
+        body: dict[str, Any] = {"model": self.model, "max_tokens": 1, "temperature": 0.0, **self.extra_body}
+        if path == "/completions":
+            body |= {"prompt": "OK"} | ({"logprobs": 1} if asks else {})
+        else:
+            body |= {"messages": [{"role": "user", "content": "Say OK."}]}
+            body |= {"logprobs": True, "top_logprobs": 1} if asks else {}
+        return path, body, _answer_check(asks)
 
     def close(self) -> None:
-        self._client.close()
+        self._upstream.close()
 
     def __repr__(self) -> str:
         where = self.base_url if len(self.base_urls) == 1 else list(self.base_urls)
@@ -468,27 +407,13 @@ def _token_id(token: str) -> int | None:
     return None
 
 
-def _error_message(content: bytes) -> str:
-    """The server's error message (OpenAI's ``error.message``, FastAPI's ``detail``) on one line."""
-    try:
-        body = json.loads(content)
-    except ValueError:
-        return " ".join(content.decode("utf-8", "replace").split())[:500] or "(empty body)"
-    if isinstance(body, Mapping):
-        error = body.get("error", body.get("detail", body.get("message", body)))
-        body = error.get("message", error) if isinstance(error, Mapping) else error
-    return " ".join((body if isinstance(body, str) else json.dumps(body)).split())[:500]
+def _answer_check(logprobs: bool) -> Callable[[dict[str, Any]], None]:
+    """A probe's check of a one-token answer: a choice with text, and logprobs if they were asked for."""
 
+    def check(answer: dict[str, Any]) -> None:
+        choice = answer["choices"][0]
+        parse_text(choice)
+        if logprobs and parse_steps(choice) is None:
+            raise BadAnswer("returned no logprobs although they were requested")
 
-def _retry_after(value: str | None, *, default: float, cap: float) -> float:
-    """Seconds to wait from a ``Retry-After`` header (seconds or HTTP date), else ``default``; at most ``cap``."""
-    if value is None:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return default
-    return min(max(seconds, 0.0), cap)
+    return check

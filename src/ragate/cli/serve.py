@@ -57,6 +57,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             request_timeout=args.timeout,
             read_timeout=args.read_timeout,
             backend_timeout=args.openai_timeout,
+            max_reply_bytes=args.max_reply_bytes,
             prompt_state_mb=args.prompt_state_mb,
             prompts=args.prompts,
             answer_log=str(args.answer_log) if args.answer_log else None,
@@ -160,7 +161,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "name); repeat it to spread the calls over a fleet of servers of one model",
     )
     p.add_argument(
-        "--openai-timeout", type=float, default=d.backend_timeout, help="seconds per LM server call"
+        "--openai-timeout",
+        type=float,
+        default=d.backend_timeout,
+        help="seconds per LM server call, connect, headers and body together; a server slower than this fails "
+        f"the call over to another server of the fleet (default {d.backend_timeout:g})",
+    )
+    p.add_argument(
+        "--max-reply-bytes",
+        type=int,
+        default=d.max_reply_bytes,
+        metavar="BYTES",
+        help="the longest reply read from an LM server; a longer one is cut off and fails over like a server "
+        f"error (default {d.max_reply_bytes} = {d.max_reply_bytes // 2**20} MiB, ~10,000 tokens with top-20 "
+        "logprobs)",
     )
     p.add_argument(
         "--prompts",

@@ -17,7 +17,6 @@ Every error is JSON ``{"error": {"message", "type"}}``; no stack trace reaches a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import logging
@@ -30,7 +29,6 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -301,7 +299,10 @@ class Runtime:
 
     async def health(self, *, authorised: bool = True) -> tuple[int, dict[str, Any]]:
         """The service's state. ``/healthz`` needs no key, so without one (where the server has a key) it does
-        not say where the model and the index are on disk."""
+        not say where the model and the index are on disk, nor which LM servers it uses. Over LM servers it gives
+        what the balancer believes of each (up or down, since when, why, the next probe), after probing those up
+        and those down whose probe is due (docs/service.md, "Fleet health"): 200 while one is up, 503 when none
+        is."""
         info = {
             "status": "ok", "version": __version__, "method": self.served.name, "model": self.lm.model,
             "engine": self.lm.engine, "index": self.index_name, "passages": self.passages,
@@ -320,36 +321,28 @@ class Runtime:
         if not authorised:
             hidden = "(send the API key to see it)"
             info |= {"index": hidden, "model": Path(str(self.lm.model)).name or hidden}
-        bases = getattr(self.lm, "base_urls", None) if self.lm.engine == "openai" else None
-        if not bases:
+        check = getattr(self.lm, "check_servers", None) if self.lm.engine == "openai" else None
+        if check is None:
             return 200, info
-        async with httpx.AsyncClient(timeout=self.settings.health_timeout) as client:
-            found = await asyncio.gather(*(_server_problem(client, base) for base in bases))  # all at once
-        problems = {base: problem for base, problem in zip(bases, found, strict=True) if problem is not None}
-        if len(bases) > 1:  # a fleet: the service answers while one server does
-            servers: dict[str, str] = {}
-            for i, base in enumerate(bases):
-                state = "ok" if base not in problems else f"down: {problems[base]}" if authorised else "down"
-                servers[base if authorised else f"server {i + 1}"] = state
-            info["servers"] = servers
-        if len(problems) < len(bases):
+        views = await anyio.to_thread.run_sync(check, self.settings.health_timeout)
+        info["servers"] = {
+            (v.url if authorised else f"server {i + 1}"): v.to_json(detail=authorised)
+            for i, v in enumerate(views)
+        }
+        down = [v for v in views if not v.up]
+        if len(down) < len(views):
             return 200, info
-        said = "; ".join(problems.values())
-        message = f"the language model server{'s are' if len(bases) > 1 else ' is'} unavailable: {said}"
+        said = "; ".join(f"{v.url}: {v.problem}" for v in down) if authorised else "send the key to see why"
+        which = "servers are" if len(views) > 1 else "server is"
+        message = (
+            f"the language model {which} unavailable ({said}); each is probed again and answers calls once it "
+            "answers a probe"
+        )
         return 503, {
             **info,
             "status": "unavailable",
             "error": {"message": message, "type": "backend_unavailable"},
         }
-
-
-async def _server_problem(client: httpx.AsyncClient, base: str) -> str | None:
-    """What is wrong with the LM server at ``base`` (its ``GET /models``), or None."""
-    try:
-        status = (await client.get(f"{base}/models")).status_code
-    except httpx.HTTPError as err:
-        return f"{base} is unreachable ({type(err).__name__}: {err or 'no answer'})"
-    return f"{base}/models answered HTTP {status}" if status >= 500 else None
 
 
 def _hit(h: Hit) -> dict[str, Any]:

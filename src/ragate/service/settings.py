@@ -29,7 +29,9 @@ class ServiceSettings:
     ``max_concurrency`` bounds the requests being answered at once (the rest get 429 with ``Retry-After``); a local
     model is additionally used by one request at a time. ``request_timeout`` bounds one request's wall time (504);
     ``read_timeout`` the time its body may take to arrive (408, and the connection closed: a slow client cannot
-    hold a socket open by trickling a promised body).
+    hold a socket open by trickling a promised body). ``backend_timeout`` bounds one exchange with an LM server
+    (connect, headers and body together) and ``max_reply_bytes`` the reply read from it: an upstream that stalls
+    or floods fails over to another server of the fleet (see :mod:`ragate.backends.fleet`).
     """
 
     method: str = "dtr"
@@ -50,8 +52,9 @@ class ServiceSettings:
     max_concurrency: int = 8
     request_timeout: float = 300.0  # queueing included: DTR with the 1.5B model on 2 cores takes ~45-90 s a request
     read_timeout: float = 10.0  # a client sending its request body slower than this gets 408 and is cut off
-    backend_timeout: float = 60.0  # one HTTP exchange with an OpenAI-compatible LM server
+    backend_timeout: float = 60.0  # one exchange with an LM server: connect, headers and body together
     backend_retries: int = 2
+    max_reply_bytes: int = 32 * 2**20  # the longest reply read from an LM server; a longer one fails it over
     health_timeout: float = 2.0
     budget: float | None = None  # a live retrieval budget for the served method (ragate.service.budget)
     budget_window: int = 200
@@ -84,6 +87,10 @@ class ServiceSettings:
             raise ValueError(f"--prompt-state-mb must be >= 0 (0 keeps no prompt states), got {self.prompt_state_mb}")
         if self.backend_retries < 0:
             raise ValueError(f"backend_retries must be >= 0, got {self.backend_retries}")
+        if self.max_reply_bytes < 1024:
+            raise ValueError(
+                f"--max-reply-bytes must be at least 1024 (a one-token answer is longer), got {self.max_reply_bytes}"
+            )
         if self.engine == "openai" and not self.openai_base_url:
             raise ValueError("the openai engine needs openai_base_url (e.g. http://127.0.0.1:8080/v1)")
         if self.index and self.milvus_uri:
@@ -139,6 +146,7 @@ class ServiceSettings:
             "max_retries": self.backend_retries,
             "backoff": 0.25,
             "logprobs": self.openai_logprobs,
+            "max_reply_bytes": self.max_reply_bytes,
         }
 
     def public(self) -> dict[str, Any]:
