@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import resource
 import shutil
+import socket
+import stat
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -422,3 +427,200 @@ def test_document_file_reading_is_exact() -> None:
     (doc,) = read_file(doc_file, doc_file.path.read_bytes())
     assert doc.title == "Brewing green tea"  # the first '# ' heading; the one in the code block is not it
     assert doc.text == (FIXTURES / "green-tea.md").read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------- links and special files
+
+TEXT = "Plain notes about growing tomatoes in a small garden, watered every morning."
+SECRET = "TOP SECRET: the launch code is 0000, kept outside the documents folder."
+
+
+def _folder(root: Path) -> Path:
+    """``root/d`` with one ordinary document, and ``root/secret/s.txt`` outside it."""
+    (root / "d").mkdir()
+    (root / "d" / "a.txt").write_text(TEXT, encoding="utf-8")
+    (root / "secret").mkdir()
+    (root / "secret" / "s.txt").write_text(SECRET, encoding="utf-8")
+    return root / "d"
+
+
+def _ragate(args: Sequence[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child process with its memory capped (4 GB of address space) and a time limit: a build that
+    hangs or reads without end fails the test instead of stalling or exhausting the machine."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    code = "import sys; from ragate.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    try:
+        return subprocess.run(  # noqa: PLW1510 (the callers check the exit status, with the output)
+            [sys.executable, "-c", code, *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=cap,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`ragate {' '.join(args)}` was still running after {timeout} s")
+
+
+def _sources(index_dir: Path) -> set[str]:
+    return {p.source or "" for p in stored(index_dir)}
+
+
+def test_a_file_link_loop_is_skipped_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _folder(tmp_path)
+    (d / "loop1.txt").symlink_to("loop2.txt")
+    (d / "loop2.txt").symlink_to("loop1.txt")
+    monkeypatch.chdir(tmp_path)
+    stats = DocumentStats()
+    with pytest.warns(RuntimeWarning, match="loop1.txt"):
+        out = index_documents("d", tmp_path / "ix", "bm25", progress=False, stats=stats)
+    assert _sources(out) == {"d/a.txt"}
+    assert any(s.startswith("d/loop1.txt: ") and "loop" in s for s in stats.skipped), stats.skipped
+
+
+def test_a_glob_does_not_follow_folder_links(tmp_path: Path) -> None:
+    d = _folder(tmp_path)
+    (d / "x").mkdir()
+    (d / "x" / "b.md").write_text(TEXT, encoding="utf-8")
+    (d / "x" / "up").symlink_to("..")  # a loop: d/x/up/x/up/...
+    (d / "x" / "self").symlink_to("../x")
+    (d / "out").symlink_to("../secret")  # a folder outside
+    args = ["index", "build", "--docs", "d/**", "--kind", "bm25", "--out", "ix", "--quiet"]
+    result = _ragate(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert _sources(tmp_path / "ix") == {"d/a.txt", "d/x/b.md"}
+    assert "d/out: a link to a folder outside the folders given to --docs" in result.stderr
+
+
+def test_a_link_to_dev_zero_is_skipped(tmp_path: Path) -> None:
+    d = _folder(tmp_path)
+    (d / "z.txt").symlink_to("/dev/zero")
+    args = ["index", "build", "--docs", "d", "--kind", "bm25", "--out", "ix", "--quiet"]
+    result = _ragate(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert _sources(tmp_path / "ix") == {"d/a.txt"}
+    assert "d/z.txt: a link to /dev/zero, outside the folders given to --docs" in result.stderr
+
+
+def test_devices_and_sockets_in_the_folder_are_skipped_without_reading_them(tmp_path: Path) -> None:
+    d = _folder(tmp_path)
+    try:
+        os.mknod(d / "zero.txt", stat.S_IFCHR | 0o666, os.makedev(1, 5))  # the device /dev/zero is
+    except PermissionError:
+        pytest.skip("creating a device file needs root")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(d / "sock.md"))
+        stats = DocumentStats()
+        with pytest.warns(RuntimeWarning, match="a character device"):
+            out = index_documents(d, tmp_path / "ix", "bm25", progress=False, stats=stats)
+    assert f"{d.as_posix()}/zero.txt: a character device, not a regular file" in stats.skipped
+    assert f"{d.as_posix()}/sock.md: a socket, not a regular file" in stats.skipped
+    assert _sources(out) == {f"{d.as_posix()}/a.txt"}
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_a_fifo_is_skipped_without_opening_it(tmp_path: Path, skip_bad: bool) -> None:
+    d = _folder(tmp_path)
+    os.mkfifo(d / "pipe.txt")
+    args = ["index", "build", "--docs", "d", "--kind", "bm25", "--out", "ix", "--quiet"]
+    result = _ragate([*args, "--skip-bad"] if skip_bad else args, tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert _sources(tmp_path / "ix") == {"d/a.txt"}
+    assert "ragate: warning: skipped 1 path" in result.stderr
+    assert "d/pipe.txt: a named pipe (FIFO), not a regular file" in result.stderr
+
+
+def test_a_named_fifo_is_an_error(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.txt")
+    with pytest.raises(CorpusFormatError, match=r"pipe.txt: a named pipe \(FIFO\), not a regular file"):
+        find_files([tmp_path / "pipe.txt"])
+
+
+def test_a_dangling_link_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = _folder(tmp_path)
+    (d / "gone.txt").symlink_to("nowhere.txt")
+    out = tmp_path / "ix"
+    assert main(["index", "build", "--docs", str(d), "--kind", "bm25", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"{d.as_posix()}/gone.txt: a link to nowhere.txt, which does not exist" in err
+    assert _sources(out) == {f"{d.as_posix()}/a.txt"}
+
+
+def test_a_file_name_that_is_not_utf8_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = _folder(tmp_path)
+    (d / os.fsdecode(b"caf\xe9.txt")).write_bytes(b"Notes on coffee from a Latin-1 file name.")
+    (d / os.fsdecode(b"sub\xff")).mkdir()
+    (d / os.fsdecode(b"sub\xff") / "inner.txt").write_bytes(b"Below a folder with a Latin-1 name.")
+    out = tmp_path / "ix"
+    assert main(["index", "build", "--docs", str(d), "--kind", "bm25", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"{d.as_posix()}/caf\\xe9.txt: its name is not UTF-8" in err and "convmv" in err
+    assert f"{d.as_posix()}/sub\\xff: its name is not UTF-8" in err
+    assert _sources(out) == {f"{d.as_posix()}/a.txt"}
+    assert main(["index", "add", str(out), "--docs", str(d), "--quiet"]) == 0
+    assert "its name is not UTF-8" in capsys.readouterr().err
+
+
+def test_a_link_out_of_the_folder_is_not_indexed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = _folder(tmp_path)
+    (d / "s.txt").symlink_to("../secret/s.txt")
+    (d / "sub").mkdir()
+    (d / "sub" / "a-again.txt").symlink_to("../a.txt")  # inside: the same file, read once under its own name
+    (d / "sub" / "alias.txt").symlink_to("../../d/x.notes")  # inside, reached only through the link
+    (d / "x.notes").write_text("Notes kept under an extension ragate does not read.", encoding="utf-8")
+    out = tmp_path / "ix"
+    assert main(["index", "build", "--docs", str(d), "--kind", "bm25", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    target = (tmp_path / "secret" / "s.txt").as_posix()
+    assert f"{d.as_posix()}/s.txt: a link to {target}, outside the folders given to --docs" in err
+    assert _sources(out) == {f"{d.as_posix()}/a.txt", f"{d.as_posix()}/sub/alias.txt"}
+    assert not any("SECRET" in p.text for p in stored(out))
+    # with the folder it leads to given too, the link leads inside: the file is read once, under its own name
+    both = index_documents([d, tmp_path / "secret"], tmp_path / "both", "bm25", progress=False)
+    assert _sources(both) == _sources(out) | {f"{tmp_path.as_posix()}/secret/s.txt"}
+
+
+def test_a_file_over_the_size_cap_is_refused(tmp_path: Path) -> None:
+    d = _folder(tmp_path)
+    with open(d / "huge.txt", "wb") as f:
+        f.truncate(256 * 2**20 + 1)  # sparse: nothing is written to disk
+    with pytest.raises(CorpusFormatError, match=r"huge.txt: 256.0 MB, over the 256 MB .*--skip-bad"):
+        index_documents(d, tmp_path / "ix", "bm25", progress=False)
+    stats = DocumentStats()
+    out = index_documents(d, tmp_path / "ix", "bm25", progress=False, skip_bad=True, stats=stats)
+    assert stats.bad == 1 and _sources(out) == {f"{d.as_posix()}/a.txt"}
+
+
+def test_add_drops_the_passages_of_deleted_and_renamed_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    d = Path("d")
+    d.mkdir()
+    (d / "a.txt").write_text("Apples ripen in autumn orchards.", encoding="utf-8")
+    (d / "b.txt").write_text("Beekeepers harvest honey in summer.", encoding="utf-8")
+    (d / "c.jsonl").write_text('{"id": "cherry", "text": "Cherries blossom in spring."}\n', encoding="utf-8")
+    other = tmp_path / "other.md"
+    other.write_text("# Other\nA file named on its own, kept by an add of d.", encoding="utf-8")
+    build = ["index", "build", "--docs", "d", str(other), "--kind", "bm25", "--out", "ix", "--quiet"]
+    assert main(build) == 0
+    capsys.readouterr()
+    (d / "b.txt").unlink()
+    (d / "c.jsonl").rename(d / "renamed.jsonl")  # the same ids under a new name
+    assert main(["index", "add", "ix", "--docs", "d", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "dropped 2 passages of 2 files no longer in d: d/b.txt, d/c.jsonl" in printed
+    assert _sources(Path("ix")) == {"d/a.txt", "d/renamed.jsonl", other.as_posix()}
+    assert {r.source for r in read_records(Path("ix"))} == {"d/a.txt", "d/renamed.jsonl", other.as_posix()}
+    assert main(["search", "ix", "honey", "--json", "-k", "3"]) == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert all("honey" not in hit["text"] for hit in hits)
+
+    stats = DocumentStats()  # from Python: the same counts; nothing else changed
+    (d / "a.txt").unlink()
+    add_documents("ix", ["d"], progress=False, stats=stats)
+    assert stats.dropped == ["d/a.txt"] and stats.dropped_passages == 1
+    assert _sources(Path("ix")) == {"d/renamed.jsonl", other.as_posix()}

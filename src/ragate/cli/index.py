@@ -3,7 +3,8 @@
 ``index build`` reads a corpus file of passages (``--corpus``) or your own documents (``--docs``, chunked; see
 :mod:`ragate.retrieval.documents`), then warns on stderr when passages are longer than the encoder (or the
 reader's prompt) takes (:mod:`ragate.retrieval.lengths`). ``index add`` adds new and changed documents to an
-index built with ``--docs``.
+index built with ``--docs`` and drops those gone from the folders given. Paths left out by the link and
+special-file policy (:mod:`ragate.retrieval.files`) are listed on stderr as a warning.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,7 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add = commands.add_parser(
         "add",
-        help="add new and changed documents to an index built with --docs (old passages kept as encoded)",
+        help="add new and changed documents to an index built with --docs, drop those gone from its folders "
+        "(old passages kept as encoded)",
     )
     add.add_argument("dir", type=Path, help="index directory built by `ragate index build --docs`")
     add.add_argument("--docs", nargs="+", metavar="PATH", required=True, help="files, folders or globs")
@@ -210,26 +213,39 @@ def _describe(chunking: Any) -> str:
 def _build_from_documents(
     args: argparse.Namespace, chunking: Any, common: dict[str, Any]
 ) -> tuple[Path, int, list[str]]:
-    from ragate.retrieval.documents import DocumentStats, index_documents
+    from ragate.retrieval.documents import DocumentStats, SkippedPathsWarning, index_documents
 
     stats = DocumentStats()
-    out = index_documents(
-        args.docs,
-        args.out,
-        args.kind,
-        chunk_size=chunking.size,
-        chunk_overlap=chunking.overlap,
-        min_chunk=chunking.min_size,
-        skip_bad=args.skip_bad,
-        stats=stats,
-        **common,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedPathsWarning)  # printed below from stats, as a ragate warning
+        try:
+            out = index_documents(
+                args.docs,
+                args.out,
+                args.kind,
+                chunk_size=chunking.size,
+                chunk_overlap=chunking.overlap,
+                min_chunk=chunking.min_size,
+                skip_bad=args.skip_bad,
+                stats=stats,
+                **common,
+            )
+        finally:
+            _warn_skipped(stats)
     summary = (
         f"read {_count(stats.files, 'file')}: {_count(stats.documents, 'document')}, "
         f"{_count(stats.passages, 'passage')} "
         f"({_describe(chunking)})"
     )
     return out, stats.passages, [summary, *_document_problems(stats)]
+
+
+def _warn_skipped(stats: Any) -> None:
+    """The paths the link and special-file policy left out, on stderr (the same text Python's warning has)."""
+    from ragate.retrieval.documents import skipped_message
+
+    if stats.skipped:
+        print(f"ragate: warning: {skipped_message(stats.skipped)}", file=sys.stderr)
 
 
 def _document_problems(stats: Any) -> list[str]:
@@ -250,29 +266,40 @@ def _document_problems(stats: Any) -> list[str]:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from ragate.retrieval.documents import DocumentStats, add_documents
+    from ragate.retrieval.documents import DocumentStats, SkippedPathsWarning, add_documents
     from ragate.retrieval.store import read_manifest
 
     stats = DocumentStats()
     start = time.perf_counter()
-    out = add_documents(
-        args.dir,
-        args.docs,
-        encoder=args.encoder,
-        batch_size=args.batch_size,
-        progress=not args.quiet,
-        skip_bad=args.skip_bad,
-        stats=stats,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedPathsWarning)  # printed below from stats, as a ragate warning
+        try:
+            out = add_documents(
+                args.dir,
+                args.docs,
+                encoder=args.encoder,
+                batch_size=args.batch_size,
+                progress=not args.quiet,
+                skip_bad=args.skip_bad,
+                stats=stats,
+            )
+        finally:
+            _warn_skipped(stats)
     seconds = time.perf_counter() - start
     new = stats.files - stats.replaced
+    if stats.dropped:
+        names = ", ".join(stats.dropped[:10]) + (", ..." if len(stats.dropped) > 10 else "")
+        print(
+            f"dropped {_count(stats.dropped_passages, 'passage')} of {_count(len(stats.dropped), 'file')} no "
+            f"longer in {', '.join(args.docs)}: {names}"
+        )
     if stats.files or stats.bad:
         print(
             f"added {_count(new, 'new file')} and {_count(stats.replaced, 'changed file')} in {seconds:.1f} s: "
             f"{_count(stats.documents, 'document')}, {_count(stats.passages, 'passage')}; "
             f"{_count(stats.unchanged, 'file')} unchanged"
         )
-    else:
+    elif not stats.dropped:
         print(f"nothing to add: {_count(stats.unchanged, 'file')} unchanged")
     for line in _document_problems(stats):
         print(line)

@@ -13,8 +13,12 @@ as given for a file or a glob match) and its span ``[start, end)`` in the extrac
 number): stable across rebuilds, and :func:`~ragate.retrieval.corpus.document_id` maps a chunk to its document.
 
 The index directory also holds ``documents.json`` (each file's source, size, sha256 and passage ids), so that
-:func:`add_documents` skips unchanged files, re-chunks changed ones and adds new ones without re-encoding the
-passages it keeps.
+:func:`add_documents` skips unchanged files, re-chunks changed ones, adds new ones without re-encoding the
+passages it keeps, and drops the passages of files gone from the folders (and globs) it is given.
+
+Only regular files inside the paths given are read (the link and special-file policy of
+:mod:`ragate.retrieval.files`); what it leaves out is listed in ``DocumentStats.skipped`` and, from Python, in one
+:class:`SkippedPathsWarning` per call.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,7 +47,7 @@ from ragate.retrieval.extract import (
     extract_pdf,
     extract_text,
 )
-from ragate.retrieval.files import SUFFIXES, DocumentFile, find_files
+from ragate.retrieval.files import SUFFIXES, DocumentFile, NotRegularFile, covers, find_files, read_regular
 from ragate.retrieval.index import (
     IndexKind,
     build_encoder,
@@ -64,6 +69,11 @@ class _BadLine(Exception):
     """A JSONL line that is not a document; the reader adds file and line number."""
 
 
+class SkippedPathsWarning(RuntimeWarning):
+    """Paths under the documents given that were not read: links out of the folders given, dangling links and
+    loops, FIFOs, sockets and devices, names that are not UTF-8 (the message lists them)."""
+
+
 @dataclass
 class DocumentStats:
     """What one :func:`index_documents` / :func:`add_documents` call saw. Mutable on purpose, like
@@ -78,6 +88,9 @@ class DocumentStats:
     replaced: int = 0  # files in the index whose content changed, re-chunked (add)
     unsupported: dict[str, int] = field(default_factory=dict)  # suffix -> files skipped
     examples: list[str] = field(default_factory=list)  # the first few problems, "file[:line]: reason"
+    skipped: list[str] = field(default_factory=list)  # "path: why", left out by the link policy
+    dropped: list[str] = field(default_factory=list)  # files gone from the paths given (add)
+    dropped_passages: int = 0  # the passages of those files, dropped from the index (add)
 
     def note(self, problem: str) -> None:
         if len(self.examples) < MAX_EXAMPLES:
@@ -256,9 +269,12 @@ def _read_all(
     """Stream the passages of ``files``, appending each file's record to ``records`` once it is read;
     ``need_text``: no passage at all is an error."""
     for doc_file in files:
-        data = doc_file.path.read_bytes()
         try:
+            data = read_regular(doc_file.path)
             docs = read_file(doc_file, data, skip_bad=skip_bad, stats=stats, seen=seen)
+        except NotRegularFile as why:  # replaced by a FIFO or a device since it was found
+            stats.skipped.append(f"{doc_file.source}: {why}")
+            continue
         except DamagedFile as bad:
             if not skip_bad:
                 raise CorpusFormatError(f"{doc_file.path}: {bad}; or {SKIP_BAD}") from None
@@ -290,7 +306,26 @@ def _find(paths: Sequence[str], stats: DocumentStats) -> list[DocumentFile]:
     found = find_files(paths)
     for suffix, n in found.unsupported.items():
         stats.unsupported[suffix] = stats.unsupported.get(suffix, 0) + n
+    stats.skipped += found.skipped
     return list(found.files)
+
+
+def skipped_message(skipped: Sequence[str]) -> str:
+    """The warning for paths the link and special-file policy left out: how many, and the first few."""
+    head = (
+        f"skipped {len(skipped):,} path{'' if len(skipped) == 1 else 's'} under --docs that ragate does not read "
+        "(it reads regular files inside the folders given: see 'Links and special files' in docs/retrieval.md)"
+    )
+    lines = [f"  {problem}" for problem in skipped[:MAX_EXAMPLES]]
+    if len(skipped) > MAX_EXAMPLES:
+        lines.append(f"  ... and {len(skipped) - MAX_EXAMPLES:,} more")
+    return "\n".join([head + ":", *lines])
+
+
+def _warn_skipped(stats: DocumentStats, before: int) -> None:
+    """One :class:`SkippedPathsWarning` for the paths this call skipped (those after the first ``before``)."""
+    if len(stats.skipped) > before:
+        warnings.warn(skipped_message(stats.skipped[before:]), SkippedPathsWarning, stacklevel=3)
 
 
 def _path_list(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
@@ -361,14 +396,18 @@ def index_documents(
     """Index the documents under ``paths`` (files, folders, globs) in ``out_dir`` (atomically); returns it.
 
     Chunks are about ``chunk_size`` characters, overlap by ``chunk_overlap`` and are never under ``min_chunk``
-    (TARG's defaults). A damaged file (not UTF-8, a bad JSONL line, an unreadable PDF) raises
-    :class:`CorpusFormatError` naming it unless ``skip_bad``; ``stats`` receives the counts. Check the passage
-    lengths against the encoder with :func:`ragate.retrieval.lengths.check_passage_lengths`.
+    (TARG's defaults). A damaged file (not UTF-8, a bad JSONL line, an unreadable PDF, over
+    :data:`~ragate.retrieval.files.MAX_FILE_BYTES`) raises :class:`CorpusFormatError` naming it unless
+    ``skip_bad``; ``stats`` receives the counts. Paths the link and special-file policy leaves out (links out of
+    the folders given, FIFOs, devices, names that are not UTF-8) are skipped with a :class:`SkippedPathsWarning`
+    and listed in ``stats.skipped``. Check the passage lengths against the encoder with
+    :func:`ragate.retrieval.lengths.check_passage_lengths`.
     """
     chunking = ChunkSettings(chunk_size, chunk_overlap, min_chunk)
     check_chunking(chunking)
     path_list = _path_list(paths)
     stats = stats if stats is not None else DocumentStats()
+    before = len(stats.skipped)
     files = _find(path_list, stats)
     enc = build_encoder(kind, encoder)
     records: list[FileRecord] = []
@@ -388,7 +427,19 @@ def index_documents(
         _write_records(root, records)
         extra = {"documents": _documents_entry(records, path_list), "chunking": asdict(chunking)}
         write_manifest(root, index_manifest(kind, n, enc, params, extra=extra))
+    _warn_skipped(stats, before)
     return out_dir
+
+
+def _unchanged(doc_file: DocumentFile, record: FileRecord | None) -> bool:
+    """Whether the index holds this file with the same bytes; a file that cannot be read now is read again by
+    the add, which names what is wrong with it."""
+    if record is None:
+        return False
+    try:
+        return record.sha256 == hashlib.sha256(read_regular(doc_file.path)).hexdigest()
+    except (DamagedFile, NotRegularFile):
+        return False
 
 
 def add_documents(
@@ -404,12 +455,15 @@ def add_documents(
     """Add the files under ``paths`` to an index built by :func:`index_documents`, in place and atomically.
 
     A file whose source name and sha256 the index already holds is skipped; a changed one replaces its old
-    passages; a new one is added. Kept passages keep their embedding rows (copied, not re-encoded); BM25 and
-    HNSW are rebuilt over the whole store. Chunking is the index's. Files the index holds but ``paths`` do not
-    name stay. Nothing is written when nothing changed.
+    passages; a new one is added. A file the index holds that is gone from a folder given (deleted, renamed,
+    or now left out by the link policy), or no longer matched by a glob given, has its passages dropped
+    (``stats.dropped``). Kept passages keep their embedding rows (copied, not re-encoded); BM25 and HNSW are
+    rebuilt over the whole store. Chunking is the index's. Files the index holds that ``paths`` do not cover
+    stay. Nothing is written when nothing changed. Skipped paths are reported as by :func:`index_documents`.
     """
     index_dir = Path(index_dir)
     stats = stats if stats is not None else DocumentStats()
+    before = len(stats.skipped)
     manifest = index_info(index_dir)
     if not manifest.get("documents") or not manifest.get("chunking"):
         raise IndexFormatError(
@@ -421,32 +475,41 @@ def add_documents(
     old = read_records(index_dir)
     by_source = {r.source: r for r in old}
     path_list = _path_list(paths)
+    found = _find(path_list, stats)
+    present = {f.source for f in found}
+    gone = {r.source for r in old if r.source not in present and covers(path_list, r.source)}
     todo: list[DocumentFile] = []
     replaced: set[str] = set()
-    for doc_file in _find(path_list, stats):
+    for doc_file in found:
         record = by_source.get(doc_file.source)
-        if record is not None and record.sha256 == hashlib.sha256(doc_file.path.read_bytes()).hexdigest():
+        if _unchanged(doc_file, record):
             stats.unchanged += 1
         else:
             todo.append(doc_file)
             if record is not None:
                 replaced.add(record.source)
-    if not todo:
-        return index_dir
     seen = {
         document_id(p): f"{r.source} (in the index)"
         for r in old
-        if r.source not in replaced
+        if r.source not in replaced and r.source not in gone
         for p in r.passages
     }
     records: list[FileRecord] = []
     new = list(_read_all(todo, chunking, records, skip_bad=skip_bad, stats=stats, seen=seen, need_text=False))
-    if not records:  # every new or changed file was damaged and skipped
+    _warn_skipped(stats, before)
+    if not records and not gone:  # nothing new, or every new or changed file was damaged and skipped
         return index_dir
     replaced &= {r.source for r in records}  # a changed file skipped as damaged keeps its old passages
     stats.replaced = len(replaced)
-    kept = [r for r in old if r.source not in replaced]
+    kept = [r for r in old if r.source not in replaced and r.source not in gone]
+    stats.dropped += [r.source for r in old if r.source in gone]
+    stats.dropped_passages += sum(len(r.passages) for r in old if r.source in gone)
     keep_ids = [pid for r in kept for pid in r.passages]
+    if not keep_ids and not new:
+        raise DataNotFoundError(
+            f"every file {index_dir} holds is gone from {', '.join(path_list)}, and nothing new was found there: "
+            "an index cannot be empty; build a new one from your documents (ragate index build --docs)"
+        )
     with staged_directory(index_dir, overwrite=True) as root:
         if index_info(index_dir, verify=False) != manifest:
             raise IndexFormatError(f"{index_dir} changed while files were being added; run the add again")
