@@ -10,7 +10,7 @@ import difflib
 import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 
 from ragate.errors import RagateError
 
@@ -39,6 +39,25 @@ def missing(framework: str, extra: str, err: ImportError) -> MissingFrameworkErr
         f"ragate.integrations.{extra} needs {framework} ({err.name or 'a package'} is not installed): "
         f"pip install 'ragate[{extra}]'"
     )
+
+
+class OwnsPipeline:
+    """What every adapter adds to its framework's class: ``close()`` frees the pipeline it built (a ``pipeline=``
+    given stays the caller's), and ``with adapter: ...`` closes it at the end."""
+
+    pipeline: Any
+    _owned: bool
+
+    def close(self) -> None:
+        """Free the model and search of this adapter's pipeline, if the adapter built it."""
+        if self._owned:
+            self.pipeline.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class FrameworkSearch(Generic[T]):

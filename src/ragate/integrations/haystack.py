@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from ragate.integrations._common import (
     FrameworkSearch,
+    OwnsPipeline,
     collecting,
     decide,
     decision_record,
@@ -67,7 +68,7 @@ def _documents(chosen: tuple[Chosen, ...], seen: dict[str, Any]) -> list[Documen
 
 
 @component
-class RagateRouter:
+class RagateRouter(OwnsPipeline):
     """Routes a query by ragate's gate, in the style of ``ConditionalRouter``: to ``retrieve`` when the model
     should read, to ``skip`` when it knows. Each socket carries the query; only the chosen one is emitted, so the
     components behind the other do not run.
@@ -106,20 +107,9 @@ class RagateRouter:
         """
         return {"retrieve" if decide(self.pipeline, query).retrieve else "skip": query}
 
-    def close(self) -> None:
-        """Free the model this router's pipeline holds, if it built it."""
-        if self._owned:
-            self.pipeline.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 @component
-class RagateGenerator:
+class RagateGenerator(OwnsPipeline):
     """Answers a query with ragate over your retriever component: the model's own answer (the gate's draft) when
     the gate says it knows, else its answer from the documents ragate chooses from your retriever's. Its outputs
     fit ``AnswerBuilder``'s inputs.
@@ -171,14 +161,3 @@ class RagateGenerator:
             answer = self.pipeline.answer(query)
         meta = {"ragate": decision_record(answer.method, answer.decision)}
         return {"replies": [answer.text], "documents": _documents(answer.documents, seen), "meta": [meta]}
-
-    def close(self) -> None:
-        """Free the model and search this generator's pipeline holds, if it built it."""
-        if self._owned:
-            self.pipeline.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

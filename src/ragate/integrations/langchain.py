@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from ragate.integrations._common import (
     FrameworkSearch,
+    OwnsPipeline,
     Route,
     collecting,
     decide,
@@ -72,7 +73,7 @@ def _documents(chosen: tuple[Chosen, ...], seen: dict[str, Any]) -> list[Documen
     return out
 
 
-class RagateRetriever(BaseRetriever):
+class RagateRetriever(OwnsPipeline, BaseRetriever):
     """Your retriever behind ragate's gate: no documents when the gate says the model knows, else the documents
     ragate's method chooses from what your retriever returns (copies of yours, with ``ragate_score`` and
     ``ragate_rank`` in their metadata). A retriever is a Runnable: use it in LCEL chains as any other.
@@ -122,19 +123,8 @@ class RagateRetriever(BaseRetriever):
             chosen = self.pipeline.retrieve(query)
         return _documents(chosen.documents, seen) if chosen.retrieved else []
 
-    def close(self) -> None:
-        """Free the model and search this retriever's pipeline holds, if it built it."""
-        if self._owned:
-            self.pipeline.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class RagateRouter(Runnable[Any, str]):
+class RagateRouter(OwnsPipeline, Runnable[Any, str]):
     """ragate's gate as a Runnable: ``"retrieve"`` when the model should read, ``"answer"`` when it knows. Its
     input is the question, or a state (a dict or an object) holding it under ``question_key``, so it serves as a
     LangGraph conditional edge as it is: ``graph.add_conditional_edges(START, router, {"retrieve": ...,
@@ -182,14 +172,3 @@ class RagateRouter(Runnable[Any, str]):
         return self._call_with_config(
             lambda value: self.route(question_of(value, self.question_key)), input, config
         )
-
-    def close(self) -> None:
-        """Free the model this router's pipeline holds, if it built it."""
-        if self._owned:
-            self.pipeline.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -3,10 +3,11 @@ engine that answers with ragate's decision over your retriever (``pip install 'r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from ragate.integrations._common import (
     FrameworkSearch,
+    OwnsPipeline,
     collecting,
     decision_record,
     missing,
@@ -58,7 +59,7 @@ def _nodes(documents: tuple[Document, ...], seen: dict[str, Any]) -> list[NodeWi
     return out
 
 
-class RagateRetriever(BaseRetriever):
+class RagateRetriever(OwnsPipeline, BaseRetriever):
     """Your retriever behind ragate's gate: no nodes when the gate says the model knows, else the nodes ragate's
     method chooses from what your retriever returns (each your own node, scored by ragate).
 
@@ -98,19 +99,8 @@ class RagateRetriever(BaseRetriever):
             chosen = self.pipeline.retrieve(query_bundle.query_str)
         return _nodes(chosen.documents, seen) if chosen.retrieved else []
 
-    def close(self) -> None:
-        """Free the model and search this retriever's pipeline holds, if it built it."""
-        if self._owned:
-            self.pipeline.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class RagateQueryEngine(CustomQueryEngine):
+class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
     """A query engine that answers with ragate over your retriever: the model's own answer (the gate's draft) when
     the gate says it knows, else its answer from the nodes ragate chooses from your retriever's.
 
@@ -165,14 +155,3 @@ class RagateQueryEngine(CustomQueryEngine):
         nodes = _nodes(answer.documents, seen)
         meta = {"ragate": decision_record(answer.method, answer.decision)}
         return Response(answer.text, source_nodes=nodes, metadata=meta)
-
-    def close(self) -> None:
-        """Free the model and search this engine's pipeline holds, if it built it."""
-        if self._owned:
-            self.pipeline.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
