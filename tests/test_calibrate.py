@@ -154,16 +154,19 @@ def test_a_calibration_of_another_gate_or_model_is_refused(
 
 
 def test_cross_fitted_taus_never_use_the_questions_own_scores() -> None:
-    from ragate.eval.calibrate import cross_fitted_taus, threshold_for_budget
+    from ragate.eval.calibrate import cross_fitted_taus, halves, threshold_for_budget
 
+    ids = [f"q{i}" for i in range(8)]
     scores = [0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6, 0.4]
-    taus = cross_fitted_taus(scores, 0.5)
-    even, odd = scores[0::2], scores[1::2]
-    assert taus[0::2] == [threshold_for_budget(odd, 0.5)] * 4  # the even questions get the odd ones' tau
-    assert taus[1::2] == [threshold_for_budget(even, 0.5)] * 4
-    # moving one question's own score never moves its own threshold
-    for i in range(len(scores)):
+    half = halves(ids)
+    assert sorted(half) == [0, 0, 0, 0, 1, 1, 1, 1]  # balanced
+    assert halves(ids[::-1]) == half[::-1]  # by id, not by the order a run wrote the records in
+    taus = cross_fitted_taus(scores, 0.5, half)
+    for k in (0, 1):  # each half at the tau of the other half's scores
+        other = [s for s, h in zip(scores, half) if h != k]
+        assert {t for t, h in zip(taus, half) if h == k} == {threshold_for_budget(other, 0.5)}
+    for i in range(len(scores)):  # moving one question's own score never moves its own threshold
         changed = [*scores[:i], 100.0, *scores[i + 1 :]]
-        assert cross_fitted_taus(changed, 0.5)[i] == taus[i]
-    with pytest.raises(ValueError, match="needs at least 2 scores"):
-        cross_fitted_taus([0.5], 0.3)
+        assert cross_fitted_taus(changed, 0.5, half)[i] == taus[i]
+    with pytest.raises(ValueError, match="both halves"):
+        cross_fitted_taus([0.5], 0.3, halves(["q0"]))

@@ -343,6 +343,17 @@ def test_reproduce_puts_the_paper_beside_ragate(server: str, tmp_path: Path, cap
     )
     assert rows["MARGIN"]["paper"]["em"] == 39.6 and rows["MARGIN"]["n"] == 4
     assert "at the paper's rate 0.304" in rows["MARGIN"]["note"]
+    # tau is cross-fitted: each half of the 4 questions is decided at the tau the other half's scores give
+    assert "each half of the questions decided at the tau of the other half's scores" in rows["MARGIN"]["note"]
+    from ragate.eval.calibrate import cross_fitted_taus, halves
+    from ragate.eval.sweep import compact
+
+    sweep = [r for r in compact(tmp_path / "r" / "nq-open-sweep" / "sweep.jsonl") if "targ-margin" in r["gates"]]
+    scores, half = [r["gates"]["targ-margin"]["score"] for r in sweep], halves([r["id"] for r in sweep])
+    taus = cross_fitted_taus(scores, 0.304, half)
+    for i in range(len(scores)):  # no question's own score moves the tau it was decided with
+        assert cross_fitted_taus([*scores[:i], 1e9, *scores[i + 1 :]], 0.304, half)[i] == taus[i]
+    assert rows["MARGIN"]["ours"]["retrieval_rate"] == sum(s > t for s, t in zip(scores, taus)) / len(scores)
     assert "| NQ-Open | MARGIN | targ-margin | 4 | 39.6 |" in printed
     assert "| model | Qwen2.5-7B-Instruct | latency-stub (openai) |" in printed
     # the runs are ordinary run directories: a rerun computes nothing and prints the same table

@@ -11,6 +11,7 @@ at most rho with a chosen confidence (issue H; the bound is below).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,17 +43,27 @@ def threshold_for_budget(scores: Sequence[float], budget: float) -> float:
     return float(np.quantile(values, 1.0 - budget, method="inverted_cdf"))
 
 
-def cross_fitted_taus(scores: Sequence[float], budget: float, folds: int = 2) -> list[float]:
-    """A threshold for each question set without its own score: question i belongs to fold ``i % folds`` and
-    gets tau = F^-1(1 - budget) (:func:`threshold_for_budget`) over the scores of the other folds, so no scored
-    question sets the threshold it is decided with (a tau set on the questions it is then judged on flatters
-    every gated row). Needs at least ``folds`` scores."""
-    if folds < 2 or len(scores) < folds:
-        raise ValueError(f"cross-fitting over {folds} folds needs at least {max(folds, 2)} scores, got {len(scores)}")
-    by_fold = [
-        threshold_for_budget([s for j, s in enumerate(scores) if j % folds != f], budget) for f in range(folds)
-    ]
-    return [by_fold[i % folds] for i in range(len(scores))]
+def halves(ids: Sequence[str]) -> list[int]:
+    """Each question's half (0 or 1) for cross-fitting: the questions ordered by the sha256 of their id, then
+    alternated, so the halves differ by at most one question and do not depend on the order a run wrote them in."""
+    order = sorted(range(len(ids)), key=lambda i: hashlib.sha256(str(ids[i]).encode()).hexdigest())
+    half = [0] * len(ids)
+    for rank, i in enumerate(order):
+        half[i] = rank % 2
+    return half
+
+
+def cross_fitted_taus(scores: Sequence[float], budget: float, half: Sequence[int]) -> list[float]:
+    """A threshold for each question set without its own score: question i, in half ``half[i]`` (0 or 1, e.g.
+    :func:`halves`), gets tau = F^-1(1 - budget) (:func:`threshold_for_budget`) over the scores of the other half,
+    so no scored question sets the threshold it is decided with (a tau set on the questions it is then judged on
+    flatters every gated row). Each half needs at least one question."""
+    if len(half) != len(scores):
+        raise ValueError(f"{len(scores)} scores but {len(half)} halves")
+    if set(half) != {0, 1}:
+        raise ValueError(f"cross-fitting needs questions in both halves, got halves {sorted(set(half))}")
+    by_half = [threshold_for_budget([s for s, h in zip(scores, half) if h != k], budget) for k in (0, 1)]
+    return [by_half[h] for h in half]
 
 
 @dataclass(frozen=True)

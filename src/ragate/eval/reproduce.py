@@ -211,7 +211,7 @@ def _ours(
     """ragate's numbers for one paper row: its method's answers (eval), the swept family's never/always answers,
     or the swept gate at the paper's retrieval rate (tau = F^-1(1 - rate), cross-fitted: each half of the questions
     at the tau of the other half's scores, so no question sets its own threshold)."""
-    from ragate.eval.calibrate import cross_fitted_taus
+    from ragate.eval.calibrate import cross_fitted_taus, halves
     from ragate.eval.sweep import finite_scores
 
     method, side = row["method"], _side(row)
@@ -240,11 +240,13 @@ def _ours(
                     note="too few questions to set tau apart from the scored ones (needs 2)",
                 )  # fmt: skip
             else:
-                taus = cross_fitted_taus(scores, float(rate))
+                half = halves([r["id"] for r in family])
+                taus = cross_fitted_taus(scores, float(rate), half)
                 retrieved = [s > tau for s, tau in zip(scores, taus, strict=True)]
+                tau_of = [taus[half.index(k)] for k in (0, 1)]
                 note = (
-                    f"at the paper's rate {rate:g} (tau {taus[0]:.4g} / {taus[1]:.4g}: each half of the questions "
-                    "decided at the tau of the other half's scores)"
+                    f"at the paper's rate {rate:g} (tau {tau_of[0]:.4g} / {tau_of[1]:.4g}: each half of the "
+                    "questions decided at the tau of the other half's scores)"
                 )
             chosen = [r["open"] if x else r["closed"] for r, x in zip(family, retrieved, strict=True)]
         values = {k: [c["scores"][k] for c in chosen] for k in METRICS}
