@@ -16,10 +16,10 @@ NAMED = [
     "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
     "dpr-ais-dynamic", "dpr-ais-sum", "dpr-ais-rerank", "rerank", "pairs", "pairs-exclude-num", "pairs-lenient", "targ-entropy", "targ-margin",
     "targ-variance", "targ-always", "targ-always-context-first", "random", "verbal-confidence", "self-eval", "self-rag-lite", "skr", "crag-lite",
-    "crag-lite-rewrite",
+    "crag-lite-rewrite", "no-retrieval-pairs-prompts", "hyde-pairs-prompts", "q2d-pairs-prompts", "cot-pairs-prompts",
 ]  # fmt: skip
 DYNAMIC = [
-    "etc", "etc-signed", "etc-sentence-passages", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "flare-once", "ircot", "ralm",
+    "etc", "etc-signed", "etc-per-word", "etc-sentence-passages", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "flare-once", "ircot", "ralm",
     "targ-recheck", "single-rag", "wo-rag",
 ]  # fmt: skip
 
