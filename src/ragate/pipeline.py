@@ -441,19 +441,18 @@ class Pipeline:
     def decide(self, question: str, *, seed: int | None = None) -> GateDecision:
         """Only the gate's decision and score for ``question`` (no answer is written). Under a budget it is decided
         at the controller's tau and counted, like an answer (a router in front of another reader)."""
-        decision = self._decide(question, seed, controlled=self.budget is not None)
-        if self.budget is not None:
-            self.budget.observe(decision.score, decision.retrieve)
+        if self.budget is None:
+            return self._decide(question, seed)
+        decision = self._decide(question, seed, threshold=self.budget.tau)
+        self.budget.observe(decision.score, decision.retrieve)
         return decision
 
-    def _decide(self, question: str, seed: int | None, *, controlled: bool = False) -> GateDecision:
+    def _decide(self, question: str, seed: int | None, *, threshold: float | None = None) -> GateDecision:
         self._check_open()
         question = check_question(question, self.max_question_chars)
         from ragate.gates.registry import get_gate
 
-        spec = self.spec
-        if controlled and self.budget is not None:
-            spec = spec.with_threshold(self.budget.tau)
+        spec = self.spec if threshold is None else self.spec.with_threshold(threshold)
         needs_index = get_gate(spec.gate.kind).needs_embeddings
         with self.model_lock():
             retriever = self.retriever if needs_index else self._retriever
@@ -551,7 +550,7 @@ class Pipeline:
                 self._lock.release()
 
     def _check_open(self) -> None:
-        if getattr(self, "_closed", False):
+        if self._closed:
             raise RagateError(
                 "this Pipeline is closed (its model and index were freed): make a new one, or use it inside its "
                 "`with` block"

@@ -225,9 +225,9 @@ class Runtime:
 
     async def answer(
         self, question: str, method: str | None, options: AnswerOptions
-    ) -> tuple[Trace, dict[str, Any]]:
-        """Run the method through the pipeline; the trace and the timings (queueing = time not spent in a stage),
-        with what the answer saved against always retrieving under ``timings["savings"]``."""
+    ) -> tuple[Trace, dict[str, Any], Savings]:
+        """Run the method through the pipeline; the trace, the timings (queueing = time not spent in a stage) and
+        what the answer saved against always retrieving."""
         self.spec(method, options)  # a bad method or option is a 400 before the request takes a slot
         start = time.perf_counter()
 
@@ -261,13 +261,11 @@ class Runtime:
             "overhead_seconds": sum(s.seconds for s in trace.stages if s.overhead),
             "stages": stage,
         }
-        return trace, {**timings, "savings": savings}
+        return trace, timings, savings
 
-    def extension(self, trace: Trace, timings: dict[str, Any]) -> dict[str, Any]:
+    def extension(self, trace: Trace, timings: dict[str, Any], savings: Savings) -> dict[str, Any]:
         """What ragate adds to an answer: the decision, its evidence, its cost and what it saved against always
         retrieving (``savings``: measured, estimated, unknown or n/a; see :mod:`ragate.savings`)."""
-        timings = dict(timings)
-        savings: Savings | None = timings.pop("savings", None)
         return {
             "method": trace.method,
             "retrieved": trace.retrieved,
@@ -282,7 +280,7 @@ class Runtime:
             "model": self.lm.model,
             "index": self.index_name,
             "timings": timings,
-            **({"savings": savings.to_json()} if savings is not None else {}),
+            "savings": savings.to_json(),
             **({"budget": self.budget_info()} if self.budget is not None else {}),
         }
 
@@ -527,8 +525,8 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
     @app.post("/v1/answer")
     async def answer(body: AnswerRequest) -> Response:
         question = rt.question(body.question)
-        trace, timings = await rt.answer(question, body.method, body.options)
-        extension = rt.extension(trace, timings)  # also at the top level, where clients before it read it
+        trace, timings, savings = await rt.answer(question, body.method, body.options)
+        extension = rt.extension(trace, timings, savings)  # also at the top level, where clients before it read it
         payload = {"answer": trace.answer, "question": question, "usage": openai_api.usage(trace)}
         payload |= {**extension, "ragate": extension, "trace": trace.to_json()}
         return JSONResponse(_finite(payload))
@@ -555,8 +553,8 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
             raise ApiError(400, str(err)) from None
         method = body.model if body.model in all_methods() else rt.settings.method
         question = rt.question(text)
-        trace, timings = await rt.answer(question, method, AnswerOptions(max_tokens=body.token_limit()))
-        extension = _finite(rt.extension(trace, timings))
+        trace, timings, savings = await rt.answer(question, method, AnswerOptions(max_tokens=body.token_limit()))
+        extension = _finite(rt.extension(trace, timings, savings))
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             events = openai_api.stream_events(trace, method, extension, include_usage=include_usage)
