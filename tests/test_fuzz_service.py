@@ -24,7 +24,8 @@ from ragate.service.settings import ServiceSettings
 KEY = "fuzz-key-0123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODIES: dict[str, Any] = {
-    "/v1/answer": {"question": "Who wrote Hamlet?", "method": "dtr", "options": {"k": 2, "max_tokens": 8}},
+    "/v1/answer": {"question": "Who wrote Hamlet?", "method": "dtr", "options": {"k": 2, "max_tokens": 8},
+                   "draft_tokens": True},
     "/v1/search": {"query": "Hamlet author", "k": 3},
     "/v1/chat/completions": {
         "model": "ragate",

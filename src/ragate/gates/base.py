@@ -39,6 +39,19 @@ class GateDecision:
 
 
 @dataclass(frozen=True)
+class TokenUncertainty:
+    """What a gate reads in each token of its draft, for showing it (``ragate serve``'s page colours the tokens):
+    what the values are (``measure``), one per draft token (higher: less sure), how many of the first tokens the
+    gate's score reads (``scored``; the rest are shown, not scored), and the value drawn as fully uncertain
+    (``scale``; None: the largest in the draft)."""
+
+    measure: str
+    values: tuple[float, ...]
+    scored: int
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
 class Need:
     """What a gate or trigger reads from its generations.
 
@@ -163,6 +176,11 @@ class Gate:
                 "(higher: more reason to retrieve)"
             )
         return threshold_decision(self.name, float(score), tau)
+
+    def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty | None:
+        """What this gate reads in each token of ``draft`` (the greedy draft it asked for), or None where its score
+        is not made of per-token values (an agreement of two answers, a judge's reply, sampled drafts)."""
+        return None
 
     def score(self, ctx: GateContext) -> float:
         raise NotImplementedError(f"gate {self.name!r} must define score(ctx) or decide(ctx, tau)")

@@ -15,10 +15,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ragate.gates.base import Gate, GateContext, GateDecision, Need
+from ragate.gates.base import Gate, GateContext, GateDecision, Need, TokenUncertainty
 from ragate.types import Generation, GenerationRequest
-from ragate.uncertainty import DEFAULT_MARGIN_BETA, disagreement, mean_entropy, mean_margin_uncertainty
+from ragate.uncertainty import (
+    DEFAULT_MARGIN_BETA,
+    disagreement,
+    margin_uncertainty,
+    mean_entropy,
+    mean_margin_uncertainty,
+)
+
+if TYPE_CHECKING:
+    from ragate.methods.spec import GateSpec
 
 DEFAULT_PREFIX = 20
 DEFAULT_SAMPLES = 5
@@ -87,6 +97,11 @@ class TargEntropy(Gate):
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         return targ_entropy(ctx.draft(ctx.params.prefix), tau, k=ctx.params.prefix)
 
+    def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
+        entropies, exact = draft.step_entropies()
+        measure = "entropy H" + ("" if exact else " (top-k approximation)")
+        return TokenUncertainty(measure, tuple(entropies), min(params.prefix, len(entropies)))
+
 
 class TargMargin(Gate):
     description = "TARG: mean exp(-gap/beta) of a 20-token draft (Eq. 2)"
@@ -98,6 +113,12 @@ class TargMargin(Gate):
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         p = ctx.params
         return targ_margin(ctx.draft(p.prefix), tau, k=p.prefix, beta=p.beta)
+
+    def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
+        values = tuple(margin_uncertainty(g, params.beta) for g in draft.top1_top2_gaps)
+        return TokenUncertainty(
+            f"margin exp(-g/{params.beta:g})", values, min(params.prefix, len(values)), 1.0
+        )
 
 
 class TargVariance(Gate):

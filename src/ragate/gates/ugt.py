@@ -10,11 +10,14 @@ tau = 0 mean "always". The paper reports tau in {0.001, 0.005, 0.01}; 0.001 is t
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ragate.gates.base import Gate, GateContext, GateDecision, Need
+from ragate.gates.base import Gate, GateContext, GateDecision, Need, TokenUncertainty
 from ragate.types import Generation
 from ragate.uncertainty import normalised_nll
+
+if TYPE_CHECKING:
+    from ragate.methods.spec import GateSpec
 
 DEFAULT_TAU = 0.001
 UGT_TAUS = (0.001, 0.005, 0.01)
@@ -40,3 +43,7 @@ class UGT(Gate):
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         return ugt(ctx.draft(), tau, compare=ctx.params.compare)
+
+    def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
+        values = tuple(-lp for lp in draft.logprobs)
+        return TokenUncertainty("-log p (their mean is u)", values, len(values))

@@ -100,6 +100,11 @@ class QuestionRun:
             self._draft = self.one("draft", self.spec.prompts.direct, max_tokens=max_tokens)
         return self._draft
 
+    @property
+    def drafted(self) -> Generation | None:
+        """The draft, if the gate asked for one."""
+        return self._draft
+
     def pseudo_context(self) -> str:
         """A pseudo-context (the method's prompt), generated once and kept for DPR-AIS."""
         if self.pseudo is None:
@@ -216,6 +221,7 @@ def run_method(
         documents,
         tuple(run.stages),
         gate_stages=run.gate_stages,
+        draft=run.drafted,
     )
 
 
@@ -251,7 +257,7 @@ def select_documents(
     decision, documents = _gate_and_select(run)
     return Trace(
         spec.name, question, "", decision.retrieve, decision, tuple(run.queries), documents, tuple(run.stages),
-        gate_stages=run.gate_stages,
+        gate_stages=run.gate_stages, draft=run.drafted,
     )  # fmt: skip
 
 

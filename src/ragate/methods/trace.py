@@ -3,7 +3,7 @@ of every stage."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ragate.gates.base import GateDecision
@@ -76,6 +76,9 @@ class Trace:
     stages: tuple[Stage, ...]
     dynamic: DynamicInfo | None = None
     gate_stages: int | None = None  # the first this many stages are the gate's (None: no gate ran apart)
+    # the greedy draft the gate read, per token (None: no gate drafted); kept in memory for a caller that shows
+    # it (``ragate serve``'s ``draft_tokens``), never written by ``to_json``
+    draft: Generation | None = field(default=None, compare=False, repr=False)
 
     @property
     def seconds(self) -> float:

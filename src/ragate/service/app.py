@@ -7,6 +7,8 @@
 - ``POST /v1/search``: ``{"query", "k"?}`` → the index's hits
 - ``POST /v1/chat/completions`` and ``GET /v1/models``: OpenAI's API over the pipeline (see ``openai_api``)
 - ``GET /healthz`` (never needs the key) and ``GET /metrics`` (Prometheus)
+- ``GET /v1/budget``: with ``--budget``, the controller's target, window, rate and tau, and their history
+- ``GET /``: the service's own web page (``page``; its files need no key, the data it asks for does)
 
 Every request passes :class:`Guard` first (bearer token, body size, JSON content type, UTF-8) and every pipeline
 call takes a slot of :class:`Slots` (429 with ``Retry-After`` when all are taken), runs in a worker thread under
@@ -44,6 +46,8 @@ from ragate.errors import (
     GateError,
     RagateError,
 )
+from ragate.gates.base import TokenUncertainty
+from ragate.gates.registry import get_gate
 from ragate.methods import MethodSpec, all_methods, get_method
 from ragate.methods.needs import capability_summary, method_support
 from ragate.methods.trace import Trace
@@ -56,13 +60,15 @@ from ragate.service.admission import Slots, Ticket
 from ragate.service.budget import BudgetController
 from ragate.service.guard import ApiError, Guard, error_response
 from ragate.service.metrics import ServiceMetrics
+from ragate.service.page import install_page
 from ragate.service.settings import ServiceSettings
 
 log = logging.getLogger("ragate.service")
 T = TypeVar("T")
 
 ENDPOINT_LIST = (
-    "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /metrics"
+    "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, GET /v1/models, GET /v1/budget, GET /healthz, "
+    "GET /metrics, GET / (the web page)"
 )
 
 
@@ -81,6 +87,7 @@ class AnswerRequest(BaseModel):
     question: str
     method: str | None = None
     options: AnswerOptions = Field(default_factory=AnswerOptions)
+    draft_tokens: bool = False  # add the gate's draft, token by token, with each token's uncertainty
 
 
 class SearchRequest(BaseModel):
@@ -355,6 +362,37 @@ def _hit(h: Hit) -> dict[str, Any]:
     return out
 
 
+def _draft(trace: Trace, spec: MethodSpec) -> dict[str, Any] | None:
+    """The draft the gate read, token by token (``draft_tokens``): each token's text, log-probability, the
+    runner-up where the backend returned alternatives, and ``u``, what the gate reads in it (its
+    :meth:`~ragate.gates.base.Gate.token_uncertainty`; ``1 - p`` for a gate whose score is not made of per-token
+    values). None where no gate drafted (no-retrieval, always, dynamic methods, CRAG-lite)."""
+    draft = trace.draft
+    if draft is None:
+        return None
+    view = None
+    try:
+        view = get_gate(spec.gate.kind).token_uncertainty(draft, spec.gate)
+    except Exception as err:  # noqa: BLE001 - a user's gate failing here must not fail a made answer
+        log.warning("the gate %r could not give its per-token view: %s", spec.gate.kind, err)
+    if view is None or len(view.values) != len(draft):
+        p = tuple(1.0 - math.exp(lp) for lp in draft.logprobs)
+        view = TokenUncertainty("1 - p (this gate scores no single token)", p, 0, 1.0)
+    tokens = []
+    for i, text in enumerate(draft.tokens):
+        token: dict[str, Any] = {"text": text, "logprob": draft.logprobs[i], "u": view.values[i]}
+        chosen = draft.token_ids[i] if draft.token_ids else None
+        others = [
+            t for t in draft.top_logprobs[i]
+            if (t.token_id != chosen if chosen is not None and t.token_id is not None else t.token != text)
+        ]  # fmt: skip
+        if others:
+            best = max(others, key=lambda t: t.logprob)
+            token["runner_up"] = {"text": best.token, "logprob": best.logprob}
+        tokens.append(token)
+    return {"measure": view.measure, "scored": view.scored, "scale": view.scale, "tokens": tokens}
+
+
 def _finite(value: Any) -> Any:
     """JSON has no NaN or infinity: such scores become null."""
     if isinstance(value, float):
@@ -527,6 +565,8 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
         question = rt.question(body.question)
         trace, timings, savings = await rt.answer(question, body.method, body.options)
         extension = rt.extension(trace, timings, savings)  # also at the top level, where clients before it read it
+        if body.draft_tokens:
+            extension["draft"] = _draft(trace, rt.spec(body.method, body.options))
         payload = {"answer": trace.answer, "question": question, "usage": openai_api.usage(trace)}
         payload |= {**extension, "ragate": extension, "trace": trace.to_json()}
         return JSONResponse(_finite(payload))
@@ -581,6 +621,20 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
     async def metrics() -> Response:
         content, media_type = rt.metrics.render()
         return Response(content, media_type=media_type)
+
+    @app.get("/v1/budget")
+    async def budget() -> Response:
+        if rt.budget is None:
+            return JSONResponse(
+                {
+                    "enabled": False,
+                    "message": "this server keeps no retrieval budget: start it with `ragate serve --budget RATE` "
+                    "(e.g. 0.3) to hold the share of requests that retrieve",
+                }
+            )
+        return JSONResponse(_finite({"enabled": True, "method": rt.served.name, **rt.budget.snapshot()}))
+
+    install_page(app)
 
 
 def app_from_env() -> FastAPI:

@@ -28,6 +28,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MIN_WINDOW = 10
 DEFAULT_GAIN = 16.0
+HISTORY = 500  # the points of tau and the windowed rate kept for GET /v1/budget (in memory, since start)
 LEVEL_BOUNDS = (0.001, 0.999)
 
 
@@ -146,6 +148,8 @@ class BudgetController:
         self._decisions: deque[bool] = deque(maxlen=window)
         self._tau = spec.gate.tau
         self._lock = threading.Lock()
+        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._observed = 0
         self.write_error: str | None = None
         if state is not None:
             check_state_path(state)
@@ -200,9 +204,30 @@ class BudgetController:
                 self._tau = threshold_for_budget(
                     list(self._scores), control_level(self.budget, rate, self.gain)
                 )
+            self._observed += 1
+            kept = float(score) if score is not None and math.isfinite(score) else None
+            self._history.append({
+                "n": self._observed, "time": time.time(), "score": kept,
+                "retrieved": retrieved, "tau": self._tau,
+                "rate": sum(self._decisions) / len(self._decisions),
+            })  # fmt: skip
             if self.path is not None:  # under the lock: states are written in the order they were reached
                 self._save()
             return self._tau
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the controller holds now, for a page to draw: the target, the window, the rate over it and tau,
+        and after each request observed since start (the last ``HISTORY``) its score, its decision, the tau it
+        left and the windowed rate then."""
+        with self._lock:
+            decisions = list(self._decisions)
+            return {
+                "budget": self.budget, "window": self.window, "gain": self.gain, "tau": self._tau,
+                "window_rate": sum(decisions) / len(decisions) if decisions else None,
+                "window_requests": len(decisions), "window_retrieved": sum(decisions),
+                "observed": self._observed, "history": list(self._history),
+                **({"state_write_error": self.write_error} if self.write_error else {}),
+            }  # fmt: skip
 
     def _state(self) -> dict[str, Any]:
         return {

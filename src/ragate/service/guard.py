@@ -12,6 +12,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragate.service.metrics import ServiceMetrics
+from ragate.service.page import PAGE_PATHS
 from ragate.service.settings import ServiceSettings
 
 ERROR_TYPES = {
@@ -36,7 +37,8 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 
 
 class Guard:
-    """Pure ASGI middleware: metrics for every exchange, then the bearer token (all paths but ``/healthz``),
+    """Pure ASGI middleware: metrics for every exchange, then the bearer token (all paths but ``/healthz`` and
+    the web page's files),
     then the body: at most ``max_body_bytes`` (checked on ``Content-Length`` and on the bytes that arrive),
     JSON content type, UTF-8. The checked body is replayed to the app."""
 
@@ -70,6 +72,8 @@ class Guard:
     def _authorise(self, scope: Scope) -> Response | None:
         key = self.settings.api_key
         if key is None or scope["path"] == "/healthz":
+            return None
+        if scope["path"] in PAGE_PATHS and scope["method"] in ("GET", "HEAD"):  # the page's files: no data
             return None
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
         how = "send the header 'Authorization: Bearer <key>' with the key given to ragate serve (--api-key or RAGATE_API_KEY)"

@@ -49,7 +49,8 @@ SCORE_BUCKETS = (
     3.0, 4.0, 5.0, 7.5, 10.0,
 )  # fmt: skip
 ENDPOINTS = frozenset(
-    {"/v1/answer", "/v1/search", "/v1/chat/completions", "/v1/models", "/healthz", "/metrics"}
+    {"/v1/answer", "/v1/search", "/v1/chat/completions", "/v1/models", "/v1/budget", "/healthz", "/metrics"}
+    | {"/"}  # the web page (its two files count as "other")
 )
 
 
