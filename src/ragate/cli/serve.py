@@ -128,9 +128,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     d = ServiceSettings()
     p = subparsers.add_parser(
         "serve",
-        help="serve answers, search and an OpenAI-compatible chat endpoint over HTTP",
+        help="serve answers, search and an OpenAI-compatible chat endpoint over HTTP, and a page at /",
         description="Serve one adaptive-retrieval method over HTTP: POST /v1/answer, POST /v1/search, "
-        "POST /v1/chat/completions (OpenAI format), GET /healthz, GET /metrics. See docs/service.md.",
+        "POST /v1/chat/completions (OpenAI format), GET /v1/budget, GET /healthz, GET /metrics, and a web page "
+        "at / to look at each decision. See docs/service.md.",
     )
     p.add_argument(
         "--method",
