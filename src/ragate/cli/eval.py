@@ -208,7 +208,13 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         help="resume although the index was rebuilt, when its passages, encoder and settings are the same (recorded)",
     )
     p.add_argument("--threshold", action="append", default=[], help="METHOD=TAU, repeatable")
-    p.add_argument("--calibration", action="append", default=[], type=Path, help="a `ragate calibrate` file")
+    p.add_argument(
+        "--calibration",
+        action="append",
+        default=[],
+        type=Path,
+        help="a `ragate calibrate` file, or a `ragate tune` file (a dynamic method's trigger threshold), repeatable",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--fallback",
@@ -333,6 +339,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
     for name in names:
         get_method(name)  # a typo fails now, with "did you mean"
     thresholds: dict[str, float] = {}
+    tuned: list[str] = []
     for path in args.calibration:
         cal = read_calibration(path)
         if cal["method"] not in names:
@@ -340,7 +347,13 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
                 f"{path} calibrates {cal['method']!r}, which this run does not evaluate ({', '.join(names)}): "
                 "pass the calibration of a method in --methods"
             )
-        check_calibration(cal, path, None, args.model, args.engine)
+        if get_method(cal["method"]).dynamic is not None:  # a `ragate tune` file, checked by the run
+            from ragate.eval.tune import read_tune
+
+            read_tune(path)
+            tuned.append(str(path))
+        else:
+            check_calibration(cal, path, None, args.model, args.engine)
         thresholds[cal["method"]] = float(cal["tau"])
     for item in args.threshold:
         method, sep, value = item.partition("=")
@@ -373,6 +386,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         offset=getattr(args, "offset", 0),
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
         cross_encoder=getattr(args, "cross_encoder", None),
+        tuned=tuple(tuned),
     )
 
 

@@ -50,6 +50,15 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--out", type=Path, default=None, help="where the runs and the table go (default runs/reproduce-NAME)"
     )
+    p.add_argument(
+        "--calibration",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="a `ragate tune` file: its dynamic method runs at the tuned trigger threshold on the dataset of the "
+        "file's test split (repeatable; a scored validation question is refused)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(run=_run)
 
@@ -86,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         cache=args.cache,
         extra_body=args.extra_body,
         openai_timeout=args.openai_timeout,
+        calibration=args.calibration,
     )
     print(markdown(table))
     print(f"wrote {out / 'reproduce.md'}, {out / 'reproduce.json'}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -105,9 +105,12 @@ def reproduce(
     cache: bool = True,
     extra_body: dict[str, Any] | None = None,
     openai_timeout: float | None = None,
+    calibration: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     """Run pack ``name``'s protocol into ``out`` (one run directory per dataset and kind) and return the table
-    (also written to ``out/reproduce.json`` and ``out/reproduce.md``)."""
+    (also written to ``out/reproduce.json`` and ``out/reproduce.md``). ``calibration``: ``ragate tune`` files;
+    each runs its dynamic method at the tuned trigger threshold on the dataset of the file's test split, in a run
+    directory of its own (``DATASET-tuned-METHOD``) that refuses to score a validation question."""
     from ragate.eval.records import latest, read_records
     from ragate.eval.run import EvalConfig, run_eval, timeout_note
     from ragate.eval.sweep import sweep_pass
@@ -121,6 +124,7 @@ def reproduce(
         raise RagateError(f"{name} has no dataset {', '.join(unknown)}: it reports {', '.join(sorted(here))}")
     for m in methods:
         get_method(m)  # a typo fails before any work
+    tuned = _tuned_files(calibration, pack, rows)
     out = Path(out)
     results: list[Row] = []
     running: dict[str, Any] = {  # how each dataset's runs go: resumed where they stopped
@@ -147,6 +151,8 @@ def reproduce(
             if r["point"] == "rate" or (pack["kind"] == "sweep" and not _side(r))
         }
         evaluated = {r["method"] for r in runnable if r["point"] == "default" and not _side(r)} - swept
+        tuned_here = {m: t for (ds, m), t in tuned.items() if ds == dataset and m in evaluated}
+        evaluated -= set(tuned_here)
         common: dict[str, Any] = {
             "model": model,
             "engine": engine,
@@ -167,6 +173,12 @@ def reproduce(
             config = EvalConfig(dataset, tuple(sorted(evaluated)), **common)
             run_eval(config, out / f"{dataset}-eval", **running)
             eval_records = latest(read_records(out / f"{dataset}-eval" / "questions.jsonl"))
+        notes: dict[str, str] = {}
+        for method, (path, t) in sorted(tuned_here.items()):  # its own run: other thresholds, other answers
+            config = EvalConfig(dataset, (method,), tuned=(str(path),), **common)
+            run_eval(config, out / f"{dataset}-tuned-{method}", **running)
+            eval_records += latest(read_records(out / f"{dataset}-tuned-{method}" / "questions.jsonl"))
+            notes[method] = f"{t['parameter']} = {t['tau']:g} tuned on {t['dev']} ({Path(path).name})"
         for r in ds_rows:
             if not r.get("method"):
                 results.append(
@@ -177,7 +189,10 @@ def reproduce(
                     Row(paper_ds, r["label"], r["method"], r["paper"], note="not asked (--methods)")
                 )
             else:
-                results.append(_ours(r, paper_ds, sweep_records, eval_records, pack))
+                row = _ours(r, paper_ds, sweep_records, eval_records, pack)
+                if row.method in notes:
+                    row = replace(row, note="; ".join(x for x in (notes[row.method], row.note) if x))
+                results.append(row)
     table = {
         "pack": name,
         "paper": pack.get("paper"),
@@ -194,6 +209,37 @@ def reproduce(
     with atomic_writer(out / "reproduce.md") as f:
         f.write(markdown(table).encode())
     return table
+
+
+def _tuned_files(
+    paths: Sequence[str | Path], pack: dict[str, Any], rows: Sequence[dict[str, Any]]
+) -> dict[tuple[str, str], tuple[str | Path, dict[str, Any]]]:
+    """The ``ragate tune`` files by (dataset, method): each for a method of the pack's rows on a dataset the pack
+    runs (the file's test split names it), one per pair; anything else is refused before any work."""
+    from ragate.eval.tune import read_tune
+
+    datasets = [d["ragate"] for d in pack["datasets"] if d.get("ragate")]
+    out: dict[tuple[str, str], tuple[str | Path, dict[str, Any]]] = {}
+    for path in paths:
+        t = read_tune(path)
+        method, dataset = t["method"], t["test_split"]["dataset"]
+        if method not in {r.get("method") for r in rows}:
+            raise RagateError(
+                f"{path} tunes {method!r}, which is no row of {pack['name']} (its methods: "
+                f"{', '.join(sorted({r['method'] for r in rows if r.get('method')}))})"
+            )
+        if dataset not in datasets:
+            raise RagateError(
+                f"{path} was tuned for the test split of {dataset!r}, which {pack['name']} does not run (it runs "
+                f"{', '.join(datasets)}): tune on a validation split of one of them (ragate tune --dataset D "
+                "--offset N)"
+            )
+        if (dataset, method) in out:
+            raise RagateError(
+                f"two tune files for {method} on {dataset}: {out[dataset, method][0]} and {path}"
+            )
+        out[dataset, method] = (path, t)
+    return out
 
 
 def _first_model(pack: dict[str, Any]) -> Any:

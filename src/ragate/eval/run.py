@@ -70,11 +70,17 @@ class EvalConfig:
     shard: str | None = None  # "i/n": this run answers question j when j % n == i (ragate.eval.shards)
     extra_body: dict[str, Any] | None = None  # server-specific request fields (e.g. {"repeat_penalty": 1.0})
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (not compared on resume)
+    # `ragate tune` files whose trigger thresholds this run uses (ragate.eval.tune.apply_tuned): none of their
+    # validation questions may be scored; not compared on resume (the thresholds they set are)
+    tuned: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["methods"] = list(self.methods)
         data["thresholds"] = dict(self.thresholds)
+        data.pop("tuned")  # recorded only where set: a finished run reread keeps its config.json as it was
+        if self.tuned:
+            data["tuned"] = [str(p) for p in self.tuned]
         if isinstance(self.base_url, tuple):
             data["base_url"] = list(self.base_url)
         return data
@@ -270,6 +276,11 @@ _CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
         "an object (its files_sha256 a string)",
     ),
     **dict.fromkeys(("extra", "skr_label_set"), (lambda v: isinstance(v, dict), "an object")),
+    "tuned": (lambda v: isinstance(v, list) and all(isinstance(p, str) and p for p in v), "a list of paths"),
+    "tune_files": (
+        lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
+        "a list of tune files' identities",
+    ),
     "extra_body": (lambda v: v is None or isinstance(v, dict), "an object of request fields or null"),
     "provenance": (_provenance, "a provenance (git, model, index, packages, machine)"),
     "provenance_history": (
@@ -334,6 +345,11 @@ def open_run(
     )
     examples = list(examples) if examples is not None else config.examples()
     skr_identity = check_no_leak(config, examples)
+    tuned: list[dict[str, Any]] = []
+    if config.tuned:  # no validation question of a tuned threshold is scored with it
+        from ragate.eval.tune import check_tuned
+
+        tuned = check_tuned(config, examples, identity["dataset_files"])
     saved_path = out_dir / "config.json"
     if resume and skr_identity and saved_path.exists():
         before = (read_run_config(out_dir).get("skr_label_set") or {}).get("content_sha256")
@@ -344,6 +360,7 @@ def open_run(
                 "label set, or run skr into another --out directory"
             )
     recorded = identity | ({"skr_label_set": skr_identity} if skr_identity else {})
+    recorded |= {"tune_files": tuned} if tuned else {}
     return recorded | ({"index_rebuilds": rebuilds} if rebuilds else {}), examples
 
 
@@ -508,8 +525,14 @@ def run_eval(
     a :class:`~ragate.eval.calls.CallCache`: each distinct call is computed once, in the store at ``call_cache``
     (default :func:`default_call_cache`), and charged to every method that makes it; ``cache=False`` computes
     every call (same predictions, every call paid). ``accept_rebuilt_index``: see :func:`check_config`.
+    ``config.tuned`` (``ragate tune`` files) sets those methods' trigger thresholds and refuses to score any of
+    their validation questions (:func:`ragate.eval.tune.check_tuned`).
     """
     out_dir = Path(out_dir)
+    if config.tuned:  # each tune file sets its method's trigger threshold, as --threshold METHOD=TAU does
+        from ragate.eval.tune import apply_tuned
+
+        config = apply_tuned(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
         recorded, examples = open_run(
