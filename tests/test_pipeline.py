@@ -49,11 +49,36 @@ def write_docs(root: Path) -> Path:
     return folder
 
 
-def readme_python() -> str:
-    """The README's first Python code block, as it is."""
+def readme_python(first: bool = False) -> str:
+    """A README Python code block, as it is: the quick start (``first``), or the first that uses both an index and
+    a search function of the user's ("Your own documents and search")."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
     assert blocks, "README.md has no ```python block"
-    return str(blocks[0])
+    if first:
+        return str(blocks[0])
+    both = [b for b in blocks if "ragate.Pipeline(" in b and "search=" in b and "index=" in b]
+    assert both, "README.md has no Python block with both index= and search="
+    return str(both[0])
+
+
+def test_the_readme_quick_start_runs_unchanged(
+    smollm2_path: Path,
+    minilm: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    write_docs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = readme_python(first=True)
+    assert len(code.strip().splitlines()) <= 12  # a quick start, not a tour
+    namespace: dict[str, Any] = {}
+    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the project's own README
+    assert (tmp_path / "my_index" / "manifest.json").is_file()
+    ans = namespace["ans"]
+    assert isinstance(ans, ragate.Answer) and ans.text and ans.decision.reason
+    out = capsys.readouterr().out
+    assert ans.text in out and all(str(d.source) in out for d in ans.documents)
 
 
 def test_the_readme_example_runs_unchanged_on_a_folder_of_documents(
