@@ -19,8 +19,8 @@ NAMED = [
     "crag-lite-rewrite", "no-retrieval-pairs-prompts", "hyde-pairs-prompts", "q2d-pairs-prompts", "cot-pairs-prompts",
 ]  # fmt: skip
 DYNAMIC = [
-    "etc", "etc-signed", "etc-per-word", "etc-sentence-passages", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "dragin", "flare", "flare-once", "ircot", "ralm",
-    "targ-recheck", "single-rag", "wo-rag",
+    "etc", "etc-signed", "etc-per-word", "etc-sentence-passages", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "etc-ragate-3", "dragin",
+    "dragin-ragate-3", "flare", "flare-once", "ircot", "ralm", "targ-recheck", "single-rag", "wo-rag",
 ]  # fmt: skip
 
 

@@ -78,7 +78,8 @@ def run_dynamic(
 ) -> Trace:
     """Answer ``question`` with the dynamic method ``spec`` (``spec.dynamic`` set); see the module docstring.
 
-    ``dataset`` picks the few-shot exemplars (:func:`ragate.dynamic.prompts.exemplars_for`)."""
+    ``dataset`` picks the few-shot exemplars of the set ``spec.dynamic.exemplars`` names
+    (:func:`ragate.dynamic.prompts.exemplars_for`)."""
     d = spec.dynamic
     if d is None:
         raise ValueError(f"method {spec.name!r} is not a dynamic method")
@@ -143,7 +144,7 @@ def run_dynamic(
         state.fresh = True
         state.text += kept.text if kept is not None else ""
         state.kept_tokens += fire.keep
-    output = _complete(state, lm, question, dataset)
+    output = _complete(state, lm, question, dataset, d.exemplars)
     return Trace(
         spec.name,
         question,
@@ -199,7 +200,7 @@ def _one_sentence(
 def _continuation(state: _State, d: DynamicSpec, question: str, dataset: str | None) -> GenerationRequest:
     """The request that writes on from the text so far, over the passages now in the prompt."""
     return GenerationRequest(
-        messages(question, state.documents, dataset),
+        messages(question, state.documents, dataset, d.exemplars),
         max_tokens=d.max_tokens - state.kept_tokens,
         assistant_prefix=state.text,
         stop=STOP,
@@ -270,13 +271,13 @@ def _retrieve(
     )
 
 
-def _complete(state: _State, lm: Backend, question: str, dataset: str | None) -> str:
+def _complete(state: _State, lm: Backend, question: str, dataset: str | None, exemplars: str) -> str:
     """DRAGIN's last step: without "the answer is" in the output, append " So the answer is" and decode on."""
     if "answer is" in state.text.lower():
         return state.text.strip()
     text = state.text.rstrip() + COMPLETION
     request = GenerationRequest(
-        messages(question, state.documents, dataset),
+        messages(question, state.documents, dataset, exemplars),
         max_tokens=COMPLETION_TOKENS,
         assistant_prefix=text,
         stop=("\n",),

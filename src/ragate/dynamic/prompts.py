@@ -1,16 +1,23 @@
 """Few-shot chain-of-thought prompts for the dynamic methods, one set per dataset family.
 
-ETC (section 4.2) and DRAGIN follow Wang et al. (2022) and take their exemplars from IRCoT (Trivedi et al.
-2022), FLARE and Wei et al. (2022): a question, a short chain of reasoning, and "So the answer is X." These
-exemplars are ragate's own, written in that format (three per set, to keep prompts short on a CPU). The retrieved
-passages go between the exemplars and the question, so that the exemplars' key/value cache is reused across
-retrievals; DRAGIN's "Answer in the same format as before." follows them.
+ETC (section 4.2) keeps the setting of FLARE and DRAGIN: chain of thought as Wang et al. (2022), with the prompt
+templates of Trivedi et al. (2022, IRCoT) for the multi-hop sets and Wei et al. (2022) for StrategyQA: a
+question, a short chain of reasoning, and "So the answer is X." By default (``exemplars="authors"``) the
+exemplars are the authors' own, in the number their configs use (DRAGIN's and ETC's code; 8 for HotpotQA, 6 for
+2WikiMultihopQA and StrategyQA, 8 for PubMedQA; :mod:`ragate.dynamic.exemplars`, shipped in
+``ragate/data/exemplars/`` with their licences). ``exemplars="ragate-3"`` is ragate's own three per set
+(:data:`FEWSHOT`, written in that format to keep prompts short on a CPU), the default before issue 50.
+
+The retrieved passages go between the exemplars and the question, so that the exemplars' key/value cache is
+reused across retrievals; DRAGIN's "Answer in the same format as before." follows them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ragate.dynamic.exemplars import author_set, author_set_for
+from ragate.errors import RagateError
 from ragate.retrieval.types import Hit
 from ragate.types import Message
 
@@ -114,6 +121,7 @@ PUBMEDQA = (
     ),
 )
 
+# ragate's own three per set ("ragate-3"), by dataset-name prefix
 FEWSHOT: dict[str, tuple[tuple[str, str], ...]] = {
     "hotpotqa": HOTPOTQA,
     "2wikimultihopqa": TWOWIKI,
@@ -123,9 +131,18 @@ FEWSHOT: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def exemplars_for(dataset: str | None) -> tuple[tuple[str, str], ...]:
-    """The exemplar set for a dataset name (by its prefix: ``strategyqa-train`` -> StrategyQA); HotpotQA's for
-    anything else (open-domain factoid questions)."""
+EXEMPLAR_SETS: tuple[str, ...] = ("authors", "ragate-3")  # DynamicSpec.exemplars
+
+
+def exemplars_for(dataset: str | None, exemplars: str = "authors") -> tuple[tuple[str, str], ...]:
+    """The (question, answer text) exemplars for a dataset name, by its prefix (``strategyqa-train`` ->
+    StrategyQA); HotpotQA's for anything else (open-domain factoid questions). ``exemplars``: "authors" (the
+    default) the authors' set and number (:func:`ragate.dynamic.exemplars.author_set_for`), "ragate-3" ragate's
+    own three (:data:`FEWSHOT`)."""
+    if exemplars == "authors":
+        return author_set(author_set_for(dataset)).pairs()
+    if exemplars != "ragate-3":
+        raise RagateError(f"unknown exemplar set {exemplars!r}; choose one of {', '.join(EXEMPLAR_SETS)}")
     name = (dataset or "").lower()
     for key, shots in FEWSHOT.items():
         if name.startswith(key):
@@ -142,9 +159,12 @@ def format_documents(hits: Sequence[Hit]) -> str:
     return "Context:\n" + "\n".join(lines) + "\nAnswer in the same format as before."
 
 
-def messages(question: str, documents: Sequence[Hit], dataset: str | None) -> tuple[Message, ...]:
-    """One user message: instruction, exemplars, then the passages (if any), then the question."""
-    shots = "\n\n".join(f"Question: {q}\nAnswer: {a}" for q, a in exemplars_for(dataset))
+def messages(
+    question: str, documents: Sequence[Hit], dataset: str | None, exemplars: str = "authors"
+) -> tuple[Message, ...]:
+    """One user message: instruction, exemplars (:func:`exemplars_for`), then the passages (if any), then the
+    question."""
+    shots = "\n\n".join(f"Question: {q}\nAnswer: {a}" for q, a in exemplars_for(dataset, exemplars))
     parts = [INSTRUCTION, shots]
     if documents:
         parts.append(format_documents(documents))

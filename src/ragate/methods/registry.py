@@ -251,9 +251,19 @@ _METHODS = (
                 DynamicSpec("etc-code", max_retrievals=None, settle=True, passages="sentence"),
             ),
             (
+                "etc-ragate-3",
+                "ETC with ragate's own three exemplars per dataset family instead of the authors' (before issue 50)",
+                DynamicSpec("etc", max_retrievals=None, settle=True, exemplars="ragate-3"),
+            ),
+            (
                 "dragin",
                 "DRAGIN: attention x entropy of a content word > 1.2",
                 DynamicSpec("dragin", max_retrievals=None, settle=True),
+            ),
+            (
+                "dragin-ragate-3",
+                "DRAGIN with ragate's own three exemplars per dataset family instead of the authors' (before issue 50)",
+                DynamicSpec("dragin", max_retrievals=None, settle=True, exemplars="ragate-3"),
             ),
             (
                 "flare",

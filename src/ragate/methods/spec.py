@@ -62,6 +62,7 @@ class SelectorSpec:
 QueryForm = Literal["auto", "attention", "question-masked", "masked", "sentence", "chunk", "question"]
 Cut = Literal["word", "sentence", "none"]
 Passages = Literal["rest", "sentence"]
+Exemplars = Literal["authors", "ragate-3"]  # ragate.dynamic.prompts.exemplars_for
 SAFETY_RETRIEVALS = 10  # the bound on a method with no retrieval cap (its record says when it was reached)
 
 
@@ -85,7 +86,9 @@ class DynamicSpec:
     sentence over the new passages is written before the trigger watches again, as the authors' code of DRAGIN
     and ETC writes it (unchecked); it guarantees a sentence of progress per retrieval. Without it and without a
     cap, DRAGIN fired again at the first word after its cut: on 35 of the first 68 HotpotQA questions it reached
-    the safety bound of 10 retrievals (issue M's first re-measure, discarded).
+    the safety bound of 10 retrievals (issue M's first re-measure, discarded). ``exemplars`` picks the few-shot
+    chain-of-thought exemplars: "authors" the authors' set and number per dataset family (DRAGIN's and ETC's code,
+    ETC section 4.2; ``ragate/data/exemplars/``), "ragate-3" ragate's own three per family (before issue 50).
     """
 
     trigger: str
@@ -105,6 +108,7 @@ class DynamicSpec:
     signed: bool = False
     settle: bool = False
     entropy: Literal["token", "word"] = "token"  # ETC's entropy sequence: per token (Eqs. 3-4) or per word
+    exemplars: Exemplars = "authors"
 
     @property
     def retrieval_bound(self) -> int:
