@@ -53,7 +53,9 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
         "never": "exact", "always": "exact", "random": "exact", "ugt": "unavailable", "pairs": "exact",
         "pairs-exclude-num": "exact", "pairs-embedding": "exact", "pairs-lenient": "exact", "targ-entropy": "unavailable",
         "targ-margin": "unavailable", "targ-variance": "approximate", "llm-judge": "text", "verbal-confidence": "exact",
-        "self-eval": "text", "self-rag-lite": "text", "skr": "exact",
+        "self-eval": "text", "self-rag-lite": "text", "skr": "exact", "retrieval-top1": "exact", "retrieval-gap": "exact",
+        "retrieval-dispersion": "exact", "question-length": "exact", "question-numeric": "exact",
+        "question-rarity": "exact", "no-model-lr": "exact",
     }  # fmt: skip
     assert set(text) == set(gate_names())
     top20 = capability_report(SCRIPTED_CAPABILITIES)["gates"]
@@ -84,6 +86,10 @@ def test_every_method_on_a_text_only_backend_errs_clearly_or_runs(name: str, dem
         assert "--fallback" in message and not lm.calls  # refused before any call was paid
     elif spec.gate.kind == "skr":  # runs text-only, given a label set (tests/test_targ_baselines.py)
         with pytest.raises(RagateError, match="pass --skr-labels FILE"):
+            run_method(spec, "Where is the Louvre?", lm, demo)
+        assert not lm.calls
+    elif spec.gate.kind == "no-model-lr":  # runs text-only, given weights (tests/test_nomodel_gates.py)
+        with pytest.raises(RagateError, match="pass --gate-weights FILE"):
             run_method(spec, "Where is the Louvre?", lm, demo)
         assert not lm.calls
     elif spec.selector.kind in ("dpr-ais-rerank", "rerank"):  # run with a cross-encoder (tests/test_dpr.py)

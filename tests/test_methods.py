@@ -13,6 +13,7 @@ from ragate.errors import RagateError
 from ragate.methods import DYNAMIC_METHODS, METHODS, get_method, run_method
 
 NAMED = [
+    "retrieval-top1", "retrieval-gap", "retrieval-dispersion", "question-length", "question-numeric", "question-rarity", "no-model-lr",
     "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
     "dpr-ais-dynamic", "dpr-ais-sum", "dpr-ais-rerank", "rerank", "pairs", "pairs-exclude-num", "pairs-lenient", "targ-entropy", "targ-margin",
     "targ-variance", "targ-always", "targ-always-context-first", "random", "verbal-confidence", "self-eval", "self-rag-lite", "skr", "crag-lite",
@@ -101,8 +102,9 @@ def test_method_needs_an_index_when_it_retrieves() -> None:
     assert lm.calls == []  # it failed before spending any decode
 
 
-# skr: test_cli, with a fitted label set; the rerank methods: test_dpr, with a cross-encoder built there
-@pytest.mark.parametrize("method", [m for m in NAMED if m not in ("skr", "dpr-ais-rerank", "rerank")])
+# skr: test_cli, with a fitted label set; the rerank methods: test_dpr, with a cross-encoder built there;
+# no-model-lr: test_nomodel_gates, with weights fitted on the demo sweep
+@pytest.mark.parametrize("method", [m for m in NAMED if m not in ("skr", "dpr-ais-rerank", "rerank", "no-model-lr")])
 def test_every_named_method_runs_end_to_end_on_smollm2(method: str, smollm2_path: Path, minilm: Any) -> None:
     from ragate.cli.ask import ask_with_method
 

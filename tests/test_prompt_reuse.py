@@ -50,10 +50,21 @@ def _short(spec: MethodSpec) -> MethodSpec:
 
 def _with_files(spec: MethodSpec, rag: Pipeline, where: Path, cross_encoder: Path) -> MethodSpec:
     """The files a method reads: SKR a label set fitted for this model and the demo index's encoder (its training
-    questions embedded by that encoder, as ``ragate skr fit`` does), the rerank selectors a cross-encoder (built
-    from MiniLM's body, conftest.py); any other method as it is."""
+    questions embedded by that encoder, as ``ragate skr fit`` does), the trained gate no-model-lr weights for this
+    model and index (a hand-set regression over every signal), the rerank selectors a cross-encoder (built from
+    MiniLM's body, conftest.py); any other method as it is."""
     if spec.selector.kind in RERANK_SELECTORS:
         return spec.with_(selector=replace(spec.selector, cross_encoder=str(cross_encoder)))
+    if spec.gate.kind == "no-model-lr":
+        from ragate.gates import nomodel
+
+        names = nomodel.FEATURES
+        meta = {"label": "closed-wrong", "model": model_identity(rag.lm.model, rag.lm.engine), "score_kind": "cosine",
+                "index": nomodel.index_corpus(rag.retriever), "encoder": encoder_identity(rag.retriever)}  # fmt: skip
+        ones = np.ones(len(names))
+        weights = nomodel.GateWeights(names, np.zeros(len(names)), ones, ones / len(names), 0.0, meta)
+        path = nomodel.save_weights(weights, where / "gate-weights.json")
+        return spec.with_(gate=replace(spec.gate, weights=str(path)))
     if spec.gate.kind != "skr":
         return spec
     path = where / "skr-labels.npz"

@@ -230,6 +230,7 @@ class Pipeline:
         selector: str | None = None,
         fallback: str | None = None,
         skr_labels: str | Path | None = None,
+        gate_weights: str | Path | None = None,
         cross_encoder: str | Path | None = None,
         prompts: str | None = None,
         seed: int = 0,
@@ -258,7 +259,7 @@ class Pipeline:
         self.tracing = Tracing(tracer_provider, trace_content)
         spec = configure_method(
             get_method(method), gate, selector, skr_labels, max_tokens, k, cross_encoder=cross_encoder,
-            prompts=prompts,
+            prompts=prompts, gate_weights=gate_weights,
         )  # fmt: skip
         self._max_tokens, self._k = max_tokens, k
         self.calibration: dict[str, Any] | None = None
@@ -453,7 +454,8 @@ class Pipeline:
         from ragate.gates.registry import get_gate
 
         spec = self.spec if threshold is None else self.spec.with_threshold(threshold)
-        needs_index = get_gate(spec.gate.kind).needs_embeddings
+        gate = get_gate(spec.gate.kind)
+        needs_index = gate.needs_embeddings or gate.reads_index
         with self.model_lock():
             retriever = self.retriever if needs_index else self._retriever
             return decide(spec, question, self.lm, retriever, seed=self.seed if seed is None else seed)
@@ -600,11 +602,12 @@ def configure_method(
     *,
     cross_encoder: str | Path | None = None,
     prompts: str | None = None,
+    gate_weights: str | Path | None = None,
 ) -> MethodSpec:
-    """``spec`` with another gate or selector, SKR's label set, an answer length, a number of documents, the
-    cross-encoder a rerank selector reads or another prompt set (a name of ``ragate.methods.prompts.PROMPT_SETS``,
-    e.g. ``targ`` for TARG's reader with the documents first); a rerank selector without a cross-encoder is an error
-    here, before any cost."""
+    """``spec`` with another gate or selector, SKR's label set, a trained gate's weights (``ragate gate fit``), an
+    answer length, a number of documents, the cross-encoder a rerank selector reads or another prompt set (a name of
+    ``ragate.methods.prompts.PROMPT_SETS``, e.g. ``targ`` for TARG's reader with the documents first); a rerank
+    selector without a cross-encoder is an error here, before any cost."""
     from ragate.gates.registry import get_gate
     from ragate.methods.needs import require_reranker
     from ragate.methods.spec import RERANK_SELECTORS, SELECTORS, GateSpec
@@ -624,6 +627,12 @@ def configure_method(
         if spec.gate.kind != "skr":
             raise RagateError(f"--skr-labels goes with the skr gate (--method skr), not {spec.name!r}")
         spec = spec.with_(gate=replace(spec.gate, labels=str(skr_labels)))
+    if gate_weights is not None:
+        if not get_gate(spec.gate.kind).reads_weights:
+            raise RagateError(
+                f"--gate-weights goes with a trained gate (--method no-model-lr), not {spec.gate.kind!r}"
+            )
+        spec = spec.with_(gate=replace(spec.gate, weights=str(gate_weights)))
     if max_tokens is not None:
         if max_tokens < 1:
             raise RagateError(f"max_tokens must be at least 1, got {max_tokens}")

@@ -77,9 +77,12 @@ def gate_stages(trace: Trace) -> list[Stage]:
 
 def retrieval_path(trace: Trace) -> Cost:
     """What answering ``trace``'s question by always retrieving costs, measured on a trace that retrieved: its
-    stages after the gate's, plus a pseudo-context the gate wrote that the selector reused (PAIRS)."""
+    stages after the gate's, plus a pseudo-context the gate wrote that the selector reused (PAIRS) and a search
+    the gate made whose hits the reader read (a gate that reads no model: its stage is then not overhead)."""
     n = trace.gate_stages or 0
-    reused = [s for s in trace.stages[:n] if s.name == "pseudo-context"]
+    reused = [
+        s for s in trace.stages[:n] if s.name == "pseudo-context" or (s.name == "retrieve" and not s.overhead)
+    ]
     return Cost.of([*reused, *trace.stages[n:]])
 
 

@@ -174,6 +174,7 @@ def ask_with_method(
     selector: str | None = None,
     fallback: str | None = None,
     skr_labels: str | None = None,
+    gate_weights: str | None = None,
     calibration: str | None = None,
     max_tokens: int | None = None,
     cross_encoder: str | None = None,
@@ -200,6 +201,7 @@ def ask_with_method(
         selector=selector,
         fallback=fallback,
         skr_labels=skr_labels,
+        gate_weights=gate_weights,
         max_tokens=max_tokens,
         cross_encoder=cross_encoder,
         prompts=prompts,
@@ -286,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
         raise RagateError("--prompts goes with --method (the method whose prompt set it replaces)")
     if args.calibration and not args.method:
         raise RagateError("--calibration goes with --method (the method whose threshold it sets)")
+    if args.gate_weights and not args.method:
+        raise RagateError("--gate-weights goes with --method no-model-lr (the trained gate that reads them)")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise RagateError(f"max_tokens must be >= 1, got {args.max_tokens}")
     if (args.trace or args.trace_content) and not args.method:
@@ -304,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
             None,
             cross_encoder=args.cross_encoder,
             prompts=args.prompts,
+            gate_weights=args.gate_weights,
         )
         status = StageLine(not args.quiet)
         if args.index is None and spec.retrieves:
@@ -330,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
                 selector=args.selector,
                 fallback=args.fallback,
                 skr_labels=args.skr_labels,
+                gate_weights=args.gate_weights,
                 calibration=args.calibration,
                 max_tokens=args.max_tokens,
                 cross_encoder=args.cross_encoder,
@@ -455,6 +461,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="with --method skr: the label set of training questions it votes with (`ragate skr fit`)",
+    )
+    parser.add_argument(
+        "--gate-weights",
+        default=None,
+        metavar="FILE",
+        help="with --method no-model-lr: the trained gate's weights (`ragate gate fit`)",
     )
     parser.add_argument(
         "--cross-encoder",

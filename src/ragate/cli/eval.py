@@ -109,7 +109,16 @@ def register(subparsers: Any) -> None:
     )
     _concurrency(cal)
     server_request_options(cal)
-    cal.add_argument("--index", default=None, help="index directory (gates that embed, and --objective em)")
+    cal.add_argument(
+        "--index", default=None, help="index directory (gates that embed or search, and --objective em)"
+    )
+    cal.add_argument(
+        "--gate-weights",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --gate no-model-lr: its weights (`ragate gate fit`)",
+    )
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
     cal.add_argument("--quiet", action="store_true")
@@ -192,6 +201,14 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         metavar="FILE",
         help="the label set the skr method votes with (from `ragate skr fit`); its questions must not be this "
         "run's",
+    )
+    p.add_argument(
+        "--gate-weights",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the weights the trained gate no-model-lr reads (from `ragate gate fit`); its training questions "
+        "must not be this run's",
     )
     p.add_argument(
         "--cross-encoder",
@@ -387,7 +404,23 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
         cross_encoder=getattr(args, "cross_encoder", None),
         tuned=tuple(tuned),
+        gate_weights=_gate_weights(args, names),
     )
+
+
+def _gate_weights(args: argparse.Namespace, names: tuple[str, ...]) -> str | None:
+    """``--gate-weights``, which goes with a method whose gate reads them (no-model-lr)."""
+    from ragate.eval.run import reads_weights
+
+    path = getattr(args, "gate_weights", None)
+    if path is None:
+        return None
+    if not reads_weights(names):
+        raise RagateError(
+            "--gate-weights goes with a trained gate that reads them (--methods no-model-lr), which this run "
+            f"does not run ({', '.join(names)})"
+        )
+    return str(path)
 
 
 def _default_out(args: argparse.Namespace, kind: str) -> Path:
@@ -535,6 +568,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             extra_body=args.extra_body,
             openai_timeout=args.openai_timeout,
+            gate_weights=str(args.gate_weights) if args.gate_weights else None,
         )
         source = Path(args.dev).stem
     elif args.from_sweep is not None:
@@ -586,6 +620,7 @@ def _pipeline(args: argparse.Namespace) -> Any:
         base_url=base_urls(args.base_url),
         index=args.index,
         seed=args.seed,
+        gate_weights=args.gate_weights,
         backend_options=server_options(args.concurrency, args.extra_body, args.openai_timeout)
         if args.engine == "openai"
         else None,

@@ -11,7 +11,7 @@ from ragate.errors import RagateError
 
 SUBCOMMAND_MODULES = (
     "ragate.cli.ask", "ragate.cli.models", "ragate.cli.corpus", "ragate.cli.index", "ragate.cli.eval",
-    "ragate.cli.tune", "ragate.cli.serve", "ragate.cli.skr", "ragate.cli.reproduce",
+    "ragate.cli.tune", "ragate.cli.serve", "ragate.cli.skr", "ragate.cli.gate", "ragate.cli.reproduce",
 )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             fallback=fallback,
             openai_logprobs=args.openai_logprobs,
             skr_labels=str(args.skr_labels) if args.skr_labels else None,
+            gate_weights=str(args.gate_weights) if args.gate_weights else None,
             calibration=str(args.calibration) if args.calibration else None,
             index=args.index,
             milvus_uri=args.milvus,
@@ -202,6 +203,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="with --method skr: the label set of training questions it votes with (`ragate skr fit`)",
+    )
+    p.add_argument(
+        "--gate-weights",
+        default=None,
+        metavar="FILE",
+        help="with --method no-model-lr: the trained gate's weights (`ragate gate fit`)",
     )
     p.add_argument(
         "--calibration",

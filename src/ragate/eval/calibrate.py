@@ -319,24 +319,27 @@ def calibrate(
     concurrency: int = 1,
     extra_body: dict[str, Any] | None = None,
     openai_timeout: float | None = None,
+    gate_weights: str | None = None,
 ) -> dict[str, Any]:
     """Score ``method``'s gate on the dev questions and pick tau: F^-1(1 - budget) (``objective="budget"``; with
     ``confidence``, the :func:`conservative_threshold` that keeps new questions' rate at most ``budget`` with that
     confidence), or the tau of the best dev EM over the exact frontier (``"em"``, which needs the closed-book
     and retrieval answers too, so it runs a sweep pass in ``work_dir``). Returns what ``ragate calibrate``
-    saves. ``concurrency``: questions scored at once over a server backend (``base_url``)."""
+    saves. ``concurrency``: questions scored at once over a server backend (``base_url``). A gate that searches or
+    embeds to decide reads ``index`` (default: the demo index); a trained gate reads ``gate_weights``."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ragate.eval.datasets import load_dataset
-    from ragate.eval.run import EvalConfig, _open_lm, timeout_note
+    from ragate.eval.run import EvalConfig, _open_lm, _open_retriever, timeout_note
     from ragate.methods import decide, get_method
 
     spec = get_method(method)
     check_calibratable(spec)
     config = EvalConfig(
         dev, (method,), model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body,
-        extra=timeout_note(openai_timeout),
+        extra=timeout_note(openai_timeout), gate_weights=gate_weights,
     )  # fmt: skip
+    spec = config.spec(method)
     examples = load_dataset(dev, limit=limit)
     if not examples:
         raise RagateError(f"dev set {dev!r} has no questions")
@@ -351,15 +354,32 @@ def calibrate(
         "engine": engine,
         "seed": seed,
     }
+    if gate_weights is not None:
+        from ragate.fileio import sha256_file
+
+        result["gate_weights"] = {"path": str(Path(gate_weights).resolve()), "sha256": sha256_file(gate_weights)}
     if objective == "budget":
         if budget is None:
             raise RagateError("a budget calibration needs --budget RHO in [0, 1]")
-        lm = _open_lm(config, concurrency)
+        from ragate.gates.registry import get_gate
+
+        gate = get_gate(spec.gate.kind)
+        retriever = _open_retriever(config) if gate.reads_index or gate.needs_embeddings else None
+        if retriever is not None and concurrency > 1:
+            from ragate.retrieval.serial import SerialRetriever
+
+            retriever = SerialRetriever(retriever)
+        try:
+            lm = _open_lm(config, concurrency)
+        except BaseException:
+            if retriever is not None:
+                retriever.close()
+            raise
         try:
             with tqdm(total=len(examples), desc=f"score {method}", disable=not progress) as bar:
 
                 def score(item: tuple[int, Any]) -> float:
-                    found = decide(spec, item[1].question, lm, None, seed=seed + item[0]).score
+                    found = decide(spec, item[1].question, lm, retriever, seed=seed + item[0]).score
                     bar.update(1)
                     return found
 
@@ -367,6 +387,8 @@ def calibrate(
                     scores = list(pool.map(score, enumerate(examples)))
         finally:
             lm.close()
+            if retriever is not None:
+                retriever.close()
         found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
         rate = found.pop("retrieval_rate")
         found = {k: v for k, v in found.items() if k not in ("budget", "n")}

@@ -41,6 +41,7 @@ from ragate.eval.records import RecordWriter, is_count, is_number, is_real, late
 from ragate.eval.summary import summarize, summary_markdown
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock, lone_surrogate, parse_json, sha256_file, utf8_text
+from ragate.gates.registry import get_gate
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.needs import require, require_index
 from ragate.methods.spec import RERANK_SELECTORS
@@ -73,6 +74,7 @@ class EvalConfig:
     # `ragate tune` files whose trigger thresholds this run uses (ragate.eval.tune.apply_tuned): none of their
     # validation questions may be scored; not compared on resume (the thresholds they set are)
     tuned: tuple[str, ...] = ()
+    gate_weights: str | None = None  # a trained gate's weights (`ragate gate fit`) that no-model-lr reads
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -81,6 +83,8 @@ class EvalConfig:
         data.pop("tuned")  # recorded only where set: a finished run reread keeps its config.json as it was
         if self.tuned:
             data["tuned"] = [str(p) for p in self.tuned]
+        if data["gate_weights"] is None:
+            data.pop("gate_weights")  # recorded only where set, as tuned
         if isinstance(self.base_url, tuple):
             data["base_url"] = list(self.base_url)
         return data
@@ -106,6 +110,8 @@ class EvalConfig:
         spec = get_method(method)
         if spec.gate.kind == "skr" and spec.dynamic is None and spec.crag is None:
             spec = spec.with_(gate=replace(spec.gate, labels=self.skr_labels))
+        if spec.dynamic is None and spec.crag is None and get_gate(spec.gate.kind).reads_weights:
+            spec = spec.with_(gate=replace(spec.gate, weights=self.gate_weights))
         if self.cross_encoder and spec.selector.kind in RERANK_SELECTORS:
             spec = spec.with_(selector=replace(spec.selector, cross_encoder=self.cross_encoder))
         return spec.with_threshold(dict(self.thresholds).get(method))
@@ -142,7 +148,7 @@ def check_config(
     now = config.to_json()
     for key in (
         "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
-        "offset", "skr_labels", "cross_encoder", "shard", "extra_body",
+        "offset", "skr_labels", "cross_encoder", "shard", "extra_body", "gate_weights",
     ):  # fmt: skip
         if key == "methods" and add_methods and set(saved.get(key) or ()) <= set(now[key]):
             continue  # a sweep may gain gates: their scores join the stored answers
@@ -150,6 +156,8 @@ def check_config(
             continue  # more questions: the first ones are the same questions with the same seeds
         if key == "skr_labels" and add_methods and "skr" not in (saved.get("methods") or ()):
             continue  # no skr gate was swept before: no label set to keep
+        if key == "gate_weights" and add_methods and not reads_weights(saved.get("methods") or ()):
+            continue  # no trained gate was swept before: no weights to keep
         same = _index_path(saved.get(key)) == _index_path(now.get(key)) if key == "index" else None
         if key == "base_url" and saved.get("model") and saved.get(key) and now.get(key):
             continue  # servers come and go: the named model (checked above) is what the answers depend on
@@ -256,7 +264,7 @@ _CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dataset": (lambda v: isinstance(v, str) and bool(v), "a dataset name or path"),
     "methods": (_names, "a list of method names"),
     **dict.fromkeys(
-        ("model", "engine", "index", "fallback", "skr_labels", "cross_encoder", "kind", "shard"),
+        ("model", "engine", "index", "fallback", "skr_labels", "cross_encoder", "kind", "shard", "gate_weights"),
         (_text_or_none, "a string or null"),
     ),
     "base_url": (
@@ -275,7 +283,7 @@ _CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, dict) and _text_or_none(v.get("files_sha256")),
         "an object (its files_sha256 a string)",
     ),
-    **dict.fromkeys(("extra", "skr_label_set"), (lambda v: isinstance(v, dict), "an object")),
+    **dict.fromkeys(("extra", "skr_label_set", "gate_weights_file"), (lambda v: isinstance(v, dict), "an object")),
     "tuned": (lambda v: isinstance(v, list) and all(isinstance(p, str) and p for p in v), "a list of paths"),
     "tune_files": (
         lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
@@ -313,7 +321,9 @@ def _grows(before: int | None, now: int | None) -> bool:
 
 
 # keys added after runs were saved without them: their value then
-_ADDED: dict[str, Any] = {"offset": 0, "cross_encoder": None, "shard": None, "extra_body": None}
+_ADDED: dict[str, Any] = {
+    "offset": 0, "cross_encoder": None, "shard": None, "extra_body": None, "gate_weights": None,
+}  # fmt: skip
 
 
 def open_run(
@@ -359,7 +369,17 @@ def open_run(
                 "(its labels or embeddings differ), so skr's stored decisions came from other labels; restore that "
                 "label set, or run skr into another --out directory"
             )
+    weights_identity = check_weights_leak(config, examples)
+    if resume and weights_identity and saved_path.exists():
+        before = (read_run_config(out_dir).get("gate_weights_file") or {}).get("sha256")
+        if before and before != weights_identity["sha256"]:
+            raise RagateError(
+                f"cannot resume {out_dir}: the gate weights {config.gate_weights} were refit since this run began, "
+                "so the trained gate's stored decisions came from other weights; restore that file, or run it into "
+                "another --out directory"
+            )
     recorded = identity | ({"skr_label_set": skr_identity} if skr_identity else {})
+    recorded |= {"gate_weights_file": weights_identity} if weights_identity else {}
     recorded |= {"tune_files": tuned} if tuned else {}
     return recorded | ({"index_rebuilds": rebuilds} if rebuilds else {}), examples
 
@@ -390,6 +410,46 @@ def check_no_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[str, 
         "content_sha256": labels.content_sha256,
         "questions": len(labels.ids),
         "retrieve_share": float(labels.retrieve.mean()),
+    }
+
+
+def reads_weights(methods: Sequence[str]) -> bool:
+    """Whether any of ``methods`` (names) has a gate that reads a fitted weights file."""
+    from ragate.methods import all_methods
+
+    known = all_methods()
+    return any(
+        m in known and known[m].dynamic is None and get_gate(known[m].gate.kind).reads_weights for m in methods
+    )
+
+
+def check_weights_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[str, Any] | None:
+    """A trained gate must not score the questions it was fitted on: a run whose questions overlap the weights
+    file's training questions is refused, naming them and the fix. Returns what the run records of the file."""
+    if not reads_weights(config.methods):
+        return None
+    from ragate.gates import nomodel
+
+    if config.gate_weights is None:
+        raise RagateError(
+            "no-model-lr needs --gate-weights FILE: run `ragate sweep` on a training split (e.g. --offset 300), "
+            "then `ragate gate fit --sweep DIR --out FILE.json`"
+        )
+    weights = nomodel.load_weights(config.gate_weights)
+    shared = nomodel.overlap(weights, [ex.question for ex in examples])
+    if shared:
+        raise RagateError(
+            f"{len(shared)} of this run's {len(examples)} questions trained the gate weights {config.gate_weights} "
+            f"(e.g. {shared[0][:60]!r}): their scores would be fitted, not predicted. Fit the weights on another "
+            "split (`ragate sweep --offset N` then `ragate gate fit`) or evaluate other questions"
+        )
+    path = Path(config.gate_weights).expanduser()
+    return {
+        "path": str(path.resolve()),
+        "sha256": sha256_file(path),
+        "questions": int(weights.meta.get("n") or 0),
+        "label": weights.meta.get("label"),
+        "features": list(weights.features),
     }
 
 

@@ -24,7 +24,8 @@ from ragate.fileio import atomic_writer
 _LOCAL = frozenset(
     {
         "shard", "base_url", "index", "skr_labels", "cross_encoder", "provenance", "provenance_history",
-        "index_rebuilds", "extra", "dataset_files", "index_identity", "skr_label_set",
+        "index_rebuilds", "extra", "dataset_files", "index_identity", "skr_label_set", "gate_weights",
+        "gate_weights_file",
     }
 )  # fmt: skip
 
@@ -49,6 +50,7 @@ def _identity(config: dict[str, Any]) -> dict[str, Any]:
         "index": index.get("files_sha256") or index.get("passages_sha256"),
         "model": model.get("sha256") or model.get("model"),
         "skr labels": (config.get("skr_label_set") or {}).get("content_sha256"),
+        "gate weights": (config.get("gate_weights_file") or {}).get("sha256"),
     }
 
 

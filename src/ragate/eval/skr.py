@@ -8,6 +8,7 @@ by file sha256, so that a label set is refused with another model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +37,24 @@ def _records(sweep_dir: Path) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def fit_labels(
-    sweep_dir: str | Path,
-    *,
-    index: str | None = None,
-    family: str | None = None,
-    metric: str = "em",
-    method: str = "skr",
-) -> LabelSet:
-    """The label set of ``sweep_dir``'s questions for ``family`` (default: ``method``'s family)."""
-    from ragate.methods.runner import encoder_identity
-    from ragate.retrieval.demo import demo_index
-    from ragate.retrieval.index import open_index
+@dataclass(frozen=True)
+class SweepQuestions:
+    """What a fit reads from a sweep: its ``config.json`` (``saved``), the run's :class:`EvalConfig`, the dataset
+    files (checked by sha256), ``family``'s records (each (id, family) once) and the question of each record id."""
 
-    sweep_dir = Path(sweep_dir)
+    saved: dict[str, Any]
+    config: EvalConfig
+    files: list[dict[str, Any]]
+    family: str
+    records: list[dict[str, Any]]
+    questions: dict[str, str]
+
+
+def sweep_questions(
+    sweep_dir: Path, *, family: str | None, metric: str, method: str, what: str = "SKR's labels"
+) -> SweepQuestions:
+    """The records of ``family`` (default: ``method``'s) in the sweep ``sweep_dir`` and their questions, checked:
+    a sweep (not an eval run), records of that family scored by ``metric``, the dataset file the sweep read."""
     config_path = sweep_dir / "config.json"
     if not config_path.is_file():
         raise RagateError(
@@ -59,9 +64,7 @@ def fit_labels(
     if "dataset" not in saved or "methods" not in saved:
         raise RagateError(f"{config_path} names no dataset or methods: restore it, or sweep again")
     if saved.get("kind") != "sweep":
-        raise RagateError(
-            f"{sweep_dir} is an eval run, not a sweep: SKR's labels come from `ragate sweep` records"
-        )
+        raise RagateError(f"{sweep_dir} is an eval run, not a sweep: {what} come from `ragate sweep` records")
     family = family or family_key(get_method(method))
     records = _records(sweep_dir)
     mine = [r for r in records if r["family"] == family]
@@ -88,15 +91,12 @@ def fit_labels(
     missing = [r["id"] for r in mine if r["id"] not in questions]
     if missing:
         raise RagateError(f"{len(missing)} record ids are not in {config.dataset!r} (e.g. {missing[0]!r})")
-    index = index if index is not None else saved.get("index")
-    with open_index(index or demo_index()) as retriever:
-        encoder = encoder_identity(retriever)
-        if encoder is None:
-            raise RagateError(
-                "SKR embeds questions with the index's encoder: use a dense or hybrid index (--index)"
-            )
-        texts = [questions[r["id"]] for r in mine]
-        embeddings = np.asarray(retriever.embed_queries(texts), dtype=np.float32)
+    return SweepQuestions(saved, config, files, family, mine, questions)
+
+
+def sweep_model(saved: dict[str, Any], sweep_dir: Path) -> dict[str, Any]:
+    """The model the sweep answered with (engine, name, file sha256, server), checked against the file now under
+    that name: labels say what the swept file knew."""
     engine = saved.get("engine", "llama.cpp")
     # a local engine run without --model loaded the default, under that name (ragate.backends.load_backend)
     name = saved.get("model") or (DEFAULT_MODEL if engine != "openai" else None)
@@ -107,15 +107,43 @@ def fit_labels(
             f"the sweep {sweep_dir} ran model file sha256 {swept[:12]}…, but {saved.get('model')!r} is now "
             f"{model['sha256'][:12]}…: its labels say what the other file knew; reinstall that model or sweep again"
         )
+    return {k: model.get(k) for k in ("engine", "model", "sha256", "base_url") if model.get(k)}
+
+
+def fit_labels(
+    sweep_dir: str | Path,
+    *,
+    index: str | None = None,
+    family: str | None = None,
+    metric: str = "em",
+    method: str = "skr",
+) -> LabelSet:
+    """The label set of ``sweep_dir``'s questions for ``family`` (default: ``method``'s family)."""
+    from ragate.methods.runner import encoder_identity
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    sweep_dir = Path(sweep_dir)
+    found = sweep_questions(sweep_dir, family=family, metric=metric, method=method)
+    saved, config, mine = found.saved, found.config, found.records
+    index = index if index is not None else saved.get("index")
+    with open_index(index or demo_index()) as retriever:
+        encoder = encoder_identity(retriever)
+        if encoder is None:
+            raise RagateError(
+                "SKR embeds questions with the index's encoder: use a dense or hybrid index (--index)"
+            )
+        texts = [found.questions[r["id"]] for r in mine]
+        embeddings = np.asarray(retriever.embed_queries(texts), dtype=np.float32)
     meta = {
         "encoder": encoder,
         "index": str(Path(index).expanduser().resolve()) if index else "demo",
-        "model": {k: model.get(k) for k in ("engine", "model", "sha256", "base_url") if model.get(k)},
+        "model": sweep_model(saved, sweep_dir),
         "dataset": config.dataset,
-        "dataset_files": files,
+        "dataset_files": found.files,
         "offset": config.offset,
         "limit": config.limit,
-        "family": family,
+        "family": found.family,
         "metric": metric,
         "label": f"retrieve iff open {metric} > closed {metric}",
         "sweep": str(sweep_dir.resolve()),

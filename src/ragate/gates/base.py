@@ -22,6 +22,7 @@ from ragate.types import Generation, GenerationRequest, Message
 
 if TYPE_CHECKING:
     from ragate.methods.spec import GateSpec
+    from ragate.retrieval.types import ScoredHits
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,10 @@ class GateContext(Protocol):
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
+    def scored_search(self, k: int) -> ScoredHits: ...  # the question's top-k, which a "question" selector reuses
+
+    def need_retriever(self) -> Any: ...  # the index (an error naming --index when the caller gave none)
+
     def set_answer(self, text: str) -> None: ...
 
     def timed(self, name: str, *, overhead: bool = False) -> contextlib.AbstractContextManager[None]: ...
@@ -160,6 +165,8 @@ class Gate:
     default_tau: ClassVar[float] = 0.5
     tau_source: ClassVar[str] = "ragate's choice, not a paper's: calibrate it to a budget"
     needs_embeddings: ClassVar[bool] = False  # reads the index's encoder (question or answer embeddings)
+    reads_index: ClassVar[bool] = False  # searches the index or counts its passages to decide (gates/nomodel.py)
+    reads_weights: ClassVar[bool] = False  # reads a fitted weights file (GateSpec.weights, `ragate gate fit`)
     thresholded: ClassVar[bool] = True  # False: the decision ignores tau (never, always): nothing to sweep
     budget_control: ClassVar[bool] = True  # `serve --budget` can move its tau (a score that ranks questions)
     calibration_note: ClassVar[str | None] = None  # why `ragate calibrate` does not take it, where it does not

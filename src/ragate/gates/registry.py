@@ -33,6 +33,13 @@ _BUILTIN = {
     "self-eval": "ragate.gates.self_eval:SelfEval",
     "self-rag-lite": "ragate.gates.self_rag:SelfRagLite",
     "skr": "ragate.gates.skr:SKR",
+    "retrieval-top1": "ragate.gates.nomodel:RetrievalTop1",
+    "retrieval-gap": "ragate.gates.nomodel:RetrievalGap",
+    "retrieval-dispersion": "ragate.gates.nomodel:RetrievalDispersion",
+    "question-length": "ragate.gates.nomodel:QuestionLength",
+    "question-numeric": "ragate.gates.nomodel:QuestionNumeric",
+    "question-rarity": "ragate.gates.nomodel:QuestionRarity",
+    "no-model-lr": "ragate.gates.nomodel:NoModelLR",
 }
 GATE_REGISTRY: Registry[Gate] = Registry("gate", ENTRY_POINT_GROUP, _BUILTIN, Gate)
 

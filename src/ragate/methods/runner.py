@@ -27,7 +27,7 @@ from ragate.methods import prompts as P
 from ragate.methods.needs import require, require_index
 from ragate.methods.spec import MethodSpec, SelectorSpec
 from ragate.methods.trace import Stage, Trace
-from ragate.retrieval.types import Hit, Retriever
+from ragate.retrieval.types import Hit, Retriever, ScoredHits
 from ragate.selection.dpr import dpr_ais, fixed_split, merge_by_id, rerank_scores
 from ragate.types import Generation, GenerationRequest, Message
 
@@ -56,6 +56,7 @@ class QuestionRun:
         self._answer: str | None = None  # set by a gate whose own reply holds the answer (verbal confidence)
         self.pseudo: str | None = None  # a pseudo-context the gate wrote, reused by the selector
         self.gate_stages: int | None = None  # how many of the stages the gate made (set once it has decided)
+        self._scored: tuple[int, ScoredHits, int] | None = None  # a gate's search: (k, hits, its stage's place)
 
     @property
     def prompts(self) -> P.PromptSet:
@@ -157,7 +158,26 @@ class QuestionRun:
     def model_identity(self) -> dict[str, Any]:
         return _model_identity(self.lm.model, self.lm.engine)
 
+    def scored_search(self, k: int) -> ScoredHits:
+        """The question's top ``k`` and the similarity scores they rest on, searched once and recorded as a
+        "retrieve" stage marked overhead: a gate that reads no model decides from it. When the selector then asks
+        the same search (the question, ``k``), it reads these hits and the stage is no longer overhead."""
+        if self._scored is None or self._scored[0] != k:
+            retriever = self.need_retriever()
+            if self.progress is not None:
+                self.progress("retrieve")
+            start = time.perf_counter()
+            found = retriever.scored_search([self.question], k)[0]
+            self.stages.append(Stage("retrieve", 0, 0, time.perf_counter() - start, overhead=True))
+            self.queries.append(self.question)
+            self._scored = (k, found, len(self.stages) - 1)
+        return self._scored[1]
+
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        if self._scored is not None and queries == [self.question] and k == self._scored[0]:
+            _, found, at = self._scored  # the gate's own search: read, not repeated
+            self.stages[at] = replace(self.stages[at], overhead=False)
+            return [list(found.hits)]
         retriever = self.need_retriever()
         if self.progress is not None:
             self.progress("retrieve")

@@ -38,6 +38,7 @@ class GateSpec:
     compare: Literal["gt", "ge"] = "gt"  # UGT: paper ">" or the authors' code ">="
     labels: str | None = None  # SKR: the label set from `ragate skr fit` (a path)
     neighbours: int = 10  # SKR: k of the kNN vote
+    weights: str | None = None  # a trained gate (no-model-lr): the weights file from `ragate gate fit` (a path)
 
     @property
     def tau(self) -> float:

@@ -117,6 +117,7 @@ class BM25Retriever(Retriever):
     """Lexical retrieval over a bm25s index whose score arrays are memory-mapped."""
 
     kind = "bm25"
+    score_kind = "bm25"
 
     def __init__(
         self, model: Any, passages: PassageStore, params: BM25Params, bm25_dir: Path = Path(BM25_DIR)

@@ -91,6 +91,7 @@ class DenseRetriever(Retriever):
     """Nearest passages by inner product of normalised embeddings; scores are cosines in [-1, 1]."""
 
     kind = "dense"
+    score_kind = "cosine"  # inner products of L2-normalised vectors
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ import numpy as np
 from ragate.retrieval.bm25 import BM25Retriever
 from ragate.retrieval.dense import DenseRetriever
 from ragate.retrieval.ranking import RRF_K, check_queries, make_hits, reciprocal_rank_fusion
-from ragate.retrieval.types import Hit, Passage, Retriever
+from ragate.retrieval.types import Hit, Passage, Retriever, ScoredHits
 
 FUSION_DEPTH = 100
 
@@ -29,6 +29,7 @@ class HybridRetriever(Retriever):
     """BM25 + dense over the same passages, fused by reciprocal rank with constant ``rrf_k`` (60)."""
 
     kind = "hybrid"
+    score_kind = "rrf"
 
     def __init__(
         self,
@@ -71,14 +72,20 @@ class HybridRetriever(Retriever):
         return self.dense.search_by_vectors(vectors, k)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        return [found.hits for found in self.scored_search(queries, k)]
+
+    def scored_search(self, queries: Sequence[str], k: int) -> list[ScoredHits]:
+        """The fused hits and, as their similarity scores, the dense half's top-k cosines (the fused scores carry
+        only ranks: the first hit's is 2/61 whenever both halves agree on it)."""
         check_queries(queries, k)
         depth = max(k, self.fusion_depth)
         lexical = self.bm25.search_rows(queries, depth)
         semantic = self.dense.search_rows(queries, depth)
         results = []
-        for (bm25_rows, bm25_scores), (dense_rows, _) in zip(lexical, semantic, strict=True):
+        for (bm25_rows, bm25_scores), (dense_rows, dense_scores) in zip(lexical, semantic, strict=True):
             rows, scores = reciprocal_rank_fusion([bm25_rows[bm25_scores > 0], dense_rows], k=self.rrf_k)
-            results.append(make_hits(rows[:k], scores[:k], self.passages.by_row))
+            hits = make_hits(rows[:k], scores[:k], self.passages.by_row)
+            results.append(ScoredHits(hits, np.asarray(dense_scores[:k], dtype=np.float64), "cosine"))
         return results
 
     def close(self) -> None:

@@ -98,6 +98,7 @@ class MilvusRetriever(Retriever):
     """Search a Milvus collection of passages and their normalised embeddings (scores are cosines)."""
 
     kind = "milvus"
+    score_kind = "cosine"
 
     def __init__(self, client: Any, collection: str, encoder: Encoder, manifest: dict[str, Any]) -> None:
         self.client = client

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ragate.retrieval.types import Hit, Passage, Retriever
+from ragate.retrieval.types import Hit, Passage, Retriever, ScoredHits
 
 
 class SerialRetriever(Retriever):
@@ -17,10 +17,15 @@ class SerialRetriever(Retriever):
 
     def __init__(self, inner: Retriever) -> None:
         self.inner, self.kind, self._lock = inner, inner.kind, threading.Lock()
+        self.score_kind = inner.score_kind
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         with self._lock:
             return self.inner.search(queries, k)
+
+    def scored_search(self, queries: Sequence[str], k: int) -> list[ScoredHits]:
+        with self._lock:
+            return self.inner.scored_search(queries, k)
 
     def __len__(self) -> int:
         return len(self.inner)

@@ -48,6 +48,17 @@ class Hit:
         return self.passage.id
 
 
+@dataclass(frozen=True, eq=False)
+class ScoredHits:
+    """One query's hits (what :meth:`Retriever.search` returns) and the similarity scores its ranking rests on, best
+    first (``kind``: "cosine" for a dense index or a hybrid index's dense half, "bm25", or "score" for a retriever
+    that says nothing of its scale). A gate that reads no model reads these (:mod:`ragate.gates.nomodel`)."""
+
+    hits: list[Hit]
+    scores: np.ndarray
+    kind: str
+
+
 class Retriever(Closeable, ABC):
     """Ranked search over a corpus. ``search`` is batched: a list of queries in, one ranked list per query out.
 
@@ -57,6 +68,7 @@ class Retriever(Closeable, ABC):
     """
 
     kind: str
+    score_kind: str = "score"  # what a hit's score is: "cosine", "bm25", "rrf" (ranks only), "score" (unknown)
 
     @abstractmethod
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...
@@ -67,6 +79,14 @@ class Retriever(Closeable, ABC):
     @abstractmethod
     def passage(self, passage_id: str) -> Passage:
         """The passage with this id; ``KeyError`` naming the id when the corpus has none."""
+
+    def scored_search(self, queries: Sequence[str], k: int) -> list[ScoredHits]:
+        """:meth:`search` and, per query, the similarity scores its ranking rests on: the hits' own scores here; a
+        hybrid index, whose fused scores carry only ranks, gives its dense half's cosines (one search either way)."""
+        return [
+            ScoredHits(hits, np.array([h.score for h in hits], dtype=np.float64), self.score_kind)
+            for hits in self.search(queries, k)
+        ]
 
     @property
     def has_embeddings(self) -> bool:

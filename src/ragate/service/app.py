@@ -205,6 +205,12 @@ class Runtime:
                 "this server has no SKR label set: it answers skr when started with --method skr "
                 "--skr-labels FILE",
             )
+        if spec.gate.kind == "no-model-lr" and spec.gate.weights is None:
+            raise ApiError(
+                400,
+                "this server has no gate weights: it answers no-model-lr when started with --method no-model-lr "
+                "--gate-weights FILE",
+            )
         return spec
 
     def question(self, text: str) -> str:
@@ -485,6 +491,7 @@ def load_pipeline(
             budget_state=state,
             fallback=settings.fallback,
             skr_labels=settings.skr_labels,
+            gate_weights=settings.gate_weights,
             lm=lm,
             backend_options=settings.backend_options,
             prompts=settings.prompts,

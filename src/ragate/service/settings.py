@@ -63,6 +63,7 @@ class ServiceSettings:
     fallback: str | None = None  # the gate served where the backend cannot serve the method's own
     openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate votes with
+    gate_weights: str | None = None  # a trained gate's weights (`ragate gate fit`) that no-model-lr reads
     calibration: str | None = None  # a `ragate calibrate` file: the served method's threshold
     prompt_state_mb: int = 512  # llama.cpp: the prompt states kept for exact prefix reuse (0: none)
     prompts: str | None = None  # another prompt set for the served method (e.g. targ: its documents first)
@@ -109,6 +110,18 @@ class ServiceSettings:
                 "--method skr needs --skr-labels FILE: run `ragate sweep` on a training split, then "
                 "`ragate skr fit --sweep DIR --out FILE`"
             )
+        if self.gate_weights is not None or self.method == "no-model-lr":
+            from ragate.gates.registry import get_gate
+            from ragate.methods import get_method
+
+            reads = get_gate(get_method(self.method).gate.kind).reads_weights
+            if self.gate_weights is not None and not reads:
+                raise ValueError(f"--gate-weights goes with --method no-model-lr, not {self.method!r}")
+            if reads and self.gate_weights is None:
+                raise ValueError(
+                    f"--method {self.method} needs --gate-weights FILE: run `ragate sweep` on a training split, then "
+                    "`ragate gate fit --sweep DIR --out FILE.json`"
+                )
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty: pass a non-empty key or none")
         if self.api_key is not None and not (
