@@ -429,6 +429,39 @@ def test_document_file_reading_is_exact() -> None:
     assert doc.text == (FIXTURES / "green-tea.md").read_text(encoding="utf-8")
 
 
+MARKUP_FILES = {  # name -> (text, the title it must get)
+    "install.rst": (
+        ".. _install:\n\n==========\nInstalling\n==========\n\nRun ``pip install kettle``. The glob weight is 50.\n",
+        "Installing",
+    ),
+    "notes.rest": ("Some notes\n----------\n\nReST with the other suffix.\n", "Some notes"),
+    "guide.adoc": (
+        ":toc:\n\n= Operator Guide\n\n== Starting\n\nStart the engine with `kettle up`.\n",
+        "Operator Guide",
+    ),
+    "todo.org": ("#+TITLE: Garden plans\n\n* Spring\nSow the tomatoes in March.\n", "Garden plans"),
+    "heads.org": ("* Autumn chores\nRake the leaves.\n", "Autumn chores"),
+    "page.textile": ("h1(#top). Brewing log\n\np. Boil at *100 C*.\n", "Brewing log"),
+    "untitled.rst": ("No heading here, only a paragraph of reStructuredText with *emphasis*.\n", "untitled"),
+}
+
+
+def test_plain_text_markup_is_read_as_text_with_its_title(tmp_path: Path) -> None:
+    folder = tmp_path / "markup"
+    folder.mkdir()
+    for name, (text, _) in MARKUP_FILES.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    stats = DocumentStats()
+    out = index_documents(folder, tmp_path / "ix", "bm25", progress=False, stats=stats)
+    assert stats.unsupported == {} and stats.files == len(MARKUP_FILES)
+    by_file = {Path(p.source).name: p for p in stored(out)}
+    for name, (text, title) in MARKUP_FILES.items():
+        assert by_file[name].title == title, name
+        assert by_file[name].text == text.strip()  # the markup is kept as it is, like Markdown's
+    found = find_files([folder / "install.rst"]).files  # a file named on its own is read too
+    assert [f.source for f in found] == [(folder / "install.rst").as_posix()]
+
+
 # ----------------------------------------------------------------------------------------------- links and special files
 
 TEXT = "Plain notes about growing tomatoes in a small garden, watered every morning."

@@ -9,7 +9,7 @@ The face of the package (imported lazily, so ``import ragate`` stays fast)::
 
 - :class:`Pipeline`, :class:`Answer`, :class:`Document`, :class:`Calibration`: answer questions with one method
   (:class:`Retrieval`: its decision and documents alone, for a framework's own reader; ``ragate.integrations``);
-- :func:`index_documents` / :func:`add_documents`: your own files (txt, md, html, jsonl, pdf) as an index;
+- :func:`index_documents` / :func:`add_documents`: your own files (txt, md, rst, html, jsonl, pdf, ...) as an index;
 - :class:`Gate`, :class:`Need`, :class:`GateDecision`, :func:`register_gate`: a gate of your own, and
   :class:`Trigger`, :class:`Fire`, :func:`register_trigger` a dynamic trigger; :func:`register_method` a recipe;
 - :func:`all_methods`, :func:`get_method`: what runs.

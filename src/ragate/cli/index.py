@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--docs",
         nargs="+",
         metavar="PATH",
-        help="your own documents: files, folders (recursive) or globs of .txt .md .html .jsonl .pdf; chunked",
+        help="your own documents: files, folders (recursive) or globs of .txt .md .rst .adoc .org .html .jsonl .pdf; "
+        "chunked",
     )
     build.add_argument("--kind", choices=("bm25", "dense", "hybrid"), required=True)
     build.add_argument("--out", type=Path, required=True, help="index directory to create")
@@ -249,12 +250,14 @@ def _warn_skipped(stats: Any) -> None:
 
 
 def _document_problems(stats: Any) -> list[str]:
+    from ragate.retrieval.files import SUFFIXES
+
     lines = []
     if stats.unsupported:
         kinds = ", ".join(f"{suffix} {n:,}" for suffix, n in sorted(stats.unsupported.items()))
         lines.append(
             f"skipped {_count(sum(stats.unsupported.values()), 'file')} of unsupported types ({kinds}); "
-            "ragate reads .txt .md .markdown .html .htm .jsonl .pdf"
+            f"ragate reads {' '.join(SUFFIXES)}"
         )
     if stats.empty or stats.bad:
         lines.append(

@@ -1,8 +1,9 @@
 """Your own documents: find files, extract their text, chunk it, and index it (or add it to an index).
 
 ``index_documents(["notes/", "papers/*.pdf"], "idx/notes")`` finds the files (folders walked, globs expanded:
-:mod:`ragate.retrieval.files`), reads ``.txt``, ``.md``/``.markdown``, ``.html``/``.htm``, ``.jsonl`` (one document
-a line: ``{"text", "title"?, "id"?}``) and ``.pdf`` (with pypdf; text extraction in :mod:`ragate.retrieval.extract`),
+:mod:`ragate.retrieval.files`), reads ``.txt``, ``.md``/``.markdown``, plain-text markup (``.rst``/``.rest``,
+``.adoc``/``.asciidoc``, ``.org``, ``.textile``: as text), ``.html``/``.htm``, ``.jsonl`` (one document a line:
+``{"text", "title"?, "id"?}``) and ``.pdf`` (with pypdf; text extraction in :mod:`ragate.retrieval.extract`),
 chunks every document with TARG's chunker (:func:`~ragate.retrieval.corpus.chunk_spans`: ~1000 characters,
 100 overlap, min 200) and builds a ``bm25``/``dense``/``hybrid`` index of the chunks.
 
@@ -44,6 +45,7 @@ from ragate.retrieval.extract import (
     decode_text,
     extract_html,
     extract_markdown,
+    extract_markup,
     extract_pdf,
     extract_text,
 )
@@ -62,6 +64,7 @@ from ragate.retrieval.store import staged_directory, write_manifest
 from ragate.retrieval.types import Passage
 
 DOCUMENTS = "documents.json"
+MARKUP = ("rst", "asciidoc", "org", "textile")  # plain-text markup: read as text, titled by its own headings
 SKIP_BAD = "pass --skip-bad (skip_bad=True) to skip and count damaged files and lines"
 
 
@@ -162,6 +165,8 @@ def read_file(
             extracted = extract_html(decode_text(data), stem)
         elif kind == "markdown":
             extracted = extract_markdown(decode_text(data), stem)
+        elif kind in MARKUP:
+            extracted = extract_markup(decode_text(data), stem, kind)
         else:
             extracted = extract_text(decode_text(data), stem)
         key = _key(doc_file.source)

@@ -1,4 +1,4 @@
-"""Text and title out of one document file: plain text, Markdown, HTML and PDF.
+"""Text and title out of one document file: plain text, Markdown and other plain-text markup, HTML and PDF.
 
 Each function takes the file's bytes or decoded text and its stem (the fallback title) and returns an
 :class:`Extracted`. Spans of chunks are offsets into ``Extracted.text``, so that text is the reference every
@@ -7,6 +7,9 @@ passage is cut from. Nothing here touches the file system; :mod:`ragate.retrieva
 - text: decoded as UTF-8 (a byte-order mark is dropped), line ends made ``\\n``; title = the stem.
 - Markdown: the text as it is (after the same decoding); title = the first ``# `` heading outside code fences,
   else the stem.
+- reStructuredText, AsciiDoc, Org and Textile: read as text, the markup left in place (as Markdown's is); title =
+  the first section title (reST: a line over an underline of one punctuation character at least as long; AsciiDoc:
+  ``= Title``; Org: ``#+TITLE:``, else the first ``* heading``; Textile: ``h1.``), else the stem.
 - HTML: the standard library's :class:`html.parser.HTMLParser`; ``script``, ``style``, ``template``, ``noscript``
   and everything in ``head`` are dropped except ``<title>``, which is the title (else the first ``<h1>``, else
   the stem); block elements end a line; white space inside a line is folded as a browser shows it (kept in
@@ -18,6 +21,7 @@ passage is cut from. Nothing here touches the file system; :mod:`ragate.retrieva
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -67,6 +71,50 @@ def extract_markdown(text: str, stem: str) -> Extracted:
         elif not fenced and (match := _HEADING.match(line)):
             return Extracted(match.group(1).strip(), text)
     return Extracted(stem, text)
+
+
+_RST_ADORNMENT = re.compile(r"""^([=\-`:'"~^_*+#<>.])\1+[ \t]*$""")
+_ADOC_TITLE = re.compile(r"^= +(\S.*?)[ \t]*$")
+_ORG_TITLE = re.compile(r"^#\+title:[ \t]*(\S.*?)[ \t]*$", re.IGNORECASE)
+_ORG_HEADING = re.compile(r"^\*+ +(\S.*?)[ \t]*$")
+_TEXTILE_TITLE = re.compile(r"^h1(?:\([^)]*\)|\{[^}]*\}|\[[^\]]*\]|[<>=]+)*\. +(\S.*?)[ \t]*$")
+
+
+def _rst_title(lines: list[str]) -> str | None:
+    """The first section title: a text line (not indented, not a directive or comment) whose next line is an
+    adornment of one punctuation character at least as long as the title."""
+    for line, under in itertools.pairwise(lines):
+        title = line.strip()
+        if (
+            title
+            and not line[0].isspace()
+            and not line.startswith("..")
+            and not _RST_ADORNMENT.match(line)
+            and _RST_ADORNMENT.match(under)
+            and len(under.rstrip()) >= len(title)
+        ):
+            return title
+    return None
+
+
+def extract_markup(text: str, stem: str, kind: str) -> Extracted:
+    """A plain-text markup file (``kind``: ``rst``, ``asciidoc``, ``org`` or ``textile``) read as text, its markup
+    left in place; the title is its document or first section title, else the stem."""
+    lines = text.split("\n")
+    title: str | None = None
+    if kind == "rst":
+        title = _rst_title(lines)
+    else:
+        patterns = {
+            "asciidoc": (_ADOC_TITLE,),
+            "org": (_ORG_TITLE, _ORG_HEADING),
+            "textile": (_TEXTILE_TITLE,),
+        }[kind]
+        for pattern in patterns:
+            title = next((m.group(1) for line in lines if (m := pattern.match(line))), None)
+            if title:
+                break
+    return Extracted(title or stem, text)
 
 
 _SKIP = frozenset({"script", "style", "template", "noscript"})

@@ -50,6 +50,13 @@ SUFFIXES = {
     ".htm": "html",
     ".jsonl": "jsonl",
     ".pdf": "pdf",
+    # plain-text markup, read as text (the title from its own heading syntax)
+    ".rst": "rst",
+    ".rest": "rst",
+    ".adoc": "asciidoc",
+    ".asciidoc": "asciidoc",
+    ".org": "org",
+    ".textile": "textile",
 }
 NO_SUFFIX = "(no extension)"
 MAX_FILE_BYTES = 256 * 2**20  # one file's bytes are read whole: a larger file is refused, not read
