@@ -246,6 +246,51 @@ def test_length_check_by_tokens(tmp_path: Path, minilm: Encoder) -> None:
     assert not fine.should_warn and fine.longest <= 256 * 5 // 4
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_chunks_fit_the_encoder_window_by_default(tmp_path: Path, minilm: Encoder, kind: str) -> None:
+    stats = DocumentStats()
+    out = index_documents(FIXTURES, tmp_path / kind, kind, encoder=minilm, progress=False, stats=stats)
+    passages = stored(out)
+    check = check_passage_lengths(passages, minilm)
+    assert check.unit == "word pieces" and check.over == 0 and check.longest <= 256 and not check.should_warn
+    assert stats.chunking == index_info(out)["chunking"] == {
+        "unit": "word pieces", "size": 256, "overlap": 25, "min_size": 51, "encoder": "all-MiniLM-L6-v2",
+    }  # fmt: skip
+    texts = extracted_texts(FIXTURES)
+    long = sorted((p for p in passages if p.source.endswith("long.txt")), key=lambda p: int(p.id.split("#")[1]))
+    assert len(long) >= 10
+    spans = [p.span for p in long]
+    assert spans[0] is not None and spans[0][0] == 0
+    assert spans[-1] is not None and spans[-1][1] == len(texts[document_id(long[0].id)].rstrip())
+    for before, after in itertools.pairwise(spans):  # every character is in a chunk: each starts inside the last
+        assert before is not None and after is not None and before[0] < after[0] < before[1]
+    for passage in passages:
+        assert passage.span is not None
+        assert texts[document_id(passage.id)][passage.span[0] : passage.span[1]] == passage.text
+    # the old chunking stays an explicit option: any character flag chunks by characters
+    by_chars = index_documents(FIXTURES, tmp_path / "chars", kind, encoder=minilm, chunk_size=3000, progress=False)
+    assert index_info(by_chars)["chunking"] == {"size": 3000, "overlap": 100, "min_size": 200}
+    assert check_passage_lengths(stored(by_chars), minilm).over > 0
+
+
+def test_fit_chunks_hold_a_long_title_and_text_with_many_pieces_per_character(minilm: Encoder) -> None:
+    """Identifiers and numbers take many word pieces a character: the chunks still fit, title included."""
+    from ragate.retrieval.fit import FitChunker
+
+    chunker = FitChunker.of(minilm)
+    assert chunker is not None
+    words = [f"ffi_prep_cif_var{i}(0x{i * 7919:x}, FFI_TYPE_UINT{8 * (i % 8)})" for i in range(400)]
+    text = " ".join(words) + ". " + "Plain words follow here. " * 300
+    title = "libffi reference: " + " ".join(words[:3])  # ~60 word pieces
+    spans = chunker.spans(text, title)
+    tokenizer = minilm.model.tokenizer  # type: ignore[attr-defined]
+    chunks = [chunker.contents(title, text[a:b].strip()) for a, b in spans]
+    lengths = [len(ids) for ids in tokenizer(chunks, verbose=False)["input_ids"]]
+    assert max(lengths) <= 256 and len(spans) > 10
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert chunker.spans("   \n ", "t") == [] and chunker.spans("short text", "t") == [(0, 10)]
+
+
 def test_length_check_by_characters() -> None:
     text = (FIXTURES / "long.txt").read_text(encoding="utf-8")
     whole = [Passage("long", "long", text), Passage("short", "", "a short passage")]
@@ -262,7 +307,10 @@ def test_cli_warns_for_over_long_passages(tmp_path: Path, capsys: pytest.Capture
     captured = capsys.readouterr()
     assert "read 1 file: 1 document, 5 passages (chunks of ~3,000 characters" in captured.out
     assert "ragate: warning: " in captured.err and "longer than 256 word pieces" in captured.err
-    assert "rebuild with --chunk-size" in captured.err
+    assert "rebuild without a chunk size, which fits each chunk to the encoder's window" in captured.err
+    assert main([*argv[:-1], str(tmp_path / "fit"), "--quiet"]) == 0  # which it does
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "chunks of at most 256 word pieces" in captured.out
 
     # a corpus of whole documents: the bm25 rule, by characters
     corpus = tmp_path / "whole.jsonl"
@@ -295,12 +343,14 @@ def test_cli_build_info_search(docs: Path, tmp_path: Path, capsys: pytest.Captur
     captured = capsys.readouterr()
     assert "read 6 files: 7 documents" in captured.out and "indexed" in captured.out
     assert "skipped 1 file of unsupported types (.png 1)" in captured.out
-    assert "warning" not in captured.err  # TARG's default chunks fit MiniLM's window
+    assert "warning" not in captured.err  # the default chunks fit MiniLM's window
+    fit = "chunks of at most 256 word pieces of all-MiniLM-L6-v2 (its window, title included), 25 overlap, min 51"
+    assert f"passages ({fit})" in captured.out
 
     assert main(["index", "info", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"documents  7 in 6 files (from {docs})" in printed
-    assert "chunking   ~1,000 characters a chunk, 100 overlap, min 200" in printed and DOCUMENTS in printed
+    assert f"chunking   {fit}" in printed and DOCUMENTS in printed
 
     questions = [
         "What water temperature should green tea be brewed at?",

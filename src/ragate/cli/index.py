@@ -98,7 +98,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _chunk_flags(parser: argparse.ArgumentParser) -> None:
     chunk = parser.add_argument_group(
-        "chunking (TARG's chunker; always on with --docs, on with --corpus only when a flag is given)"
+        "chunking",
+        "--docs chunks for a dense or hybrid index to fit the encoder's window, counted in its word pieces; these "
+        "flags chunk by characters instead (TARG's chunker), which is the default for bm25. With --corpus, "
+        "chunking is on only when a flag is given.",
     )
     chunk.add_argument("--chunk-size", type=int, default=None, help="characters per chunk (default 1000)")
     chunk.add_argument("--chunk-overlap", type=int, default=None, help="characters of overlap (default 100)")
@@ -109,25 +112,15 @@ def _chunk_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _chunking(args: argparse.Namespace) -> Any:
-    """The chunk settings the flags ask for; ``None`` for ``--corpus`` without any chunk flag."""
+    """The character chunk settings the flags ask for (TARG's for the flags not given); ``None`` without any chunk
+    flag (``--docs``: fit the encoder, or characters for bm25; ``--corpus``: no chunking)."""
     from ragate.errors import RagateError
-    from ragate.retrieval.documents import check_chunking
-    from ragate.retrieval.pooled import ChunkSettings
+    from ragate.retrieval.documents import character_chunking
 
-    flags = (args.chunk_size, args.chunk_overlap, args.min_chunk)
-    if args.corpus is not None and flags == (None, None, None):
-        return None
-    default = ChunkSettings()
-    chunking = ChunkSettings(
-        default.size if args.chunk_size is None else args.chunk_size,
-        default.overlap if args.chunk_overlap is None else args.chunk_overlap,
-        default.min_size if args.min_chunk is None else args.min_chunk,
-    )
     try:
-        check_chunking(chunking)
+        return character_chunking(args.chunk_size, args.chunk_overlap, args.min_chunk)
     except ValueError as err:
         raise RagateError(str(err)) from None
-    return chunking
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -163,7 +156,7 @@ def run_build(args: argparse.Namespace) -> int:
         print(line)
     check = check_passage_lengths(iter_passage_file(out / PASSAGES), encoder, progress=not args.quiet)
     if check.should_warn:
-        print(f"ragate: warning: {check.warning()}", file=sys.stderr)
+        print(f"ragate: warning: {check.warning(fit=bool(args.docs))}", file=sys.stderr)
     print(out)
     return 0
 
@@ -208,7 +201,9 @@ def _count(n: int, noun: str) -> str:
 
 
 def _describe(chunking: Any) -> str:
-    return f"chunks of ~{chunking.size:,} characters, {chunking.overlap:,} overlap, min {chunking.min_size:,}"
+    from ragate.retrieval.fit import describe_chunking, manifest_chunking
+
+    return describe_chunking(manifest_chunking(chunking))
 
 
 def _build_from_documents(
@@ -224,19 +219,21 @@ def _build_from_documents(
                 args.docs,
                 args.out,
                 args.kind,
-                chunk_size=chunking.size,
-                chunk_overlap=chunking.overlap,
-                min_chunk=chunking.min_size,
+                chunk_size=None if chunking is None else chunking.size,
+                chunk_overlap=None if chunking is None else chunking.overlap,
+                min_chunk=None if chunking is None else chunking.min_size,
                 skip_bad=args.skip_bad,
                 stats=stats,
                 **common,
             )
         finally:
             _warn_skipped(stats)
+    from ragate.retrieval.fit import describe_chunking
+
     summary = (
         f"read {_count(stats.files, 'file')}: {_count(stats.documents, 'document')}, "
         f"{_count(stats.passages, 'passage')} "
-        f"({_describe(chunking)})"
+        f"({describe_chunking(stats.chunking)})"
     )
     return out, stats.passages, [summary, *_document_problems(stats)]
 
@@ -346,11 +343,9 @@ def run_info(args: argparse.Namespace) -> int:
     else:
         print(f"corpus     {manifest.get('corpus') or '-'}")
     if manifest.get("chunking"):
-        chunking = manifest["chunking"]
-        print(
-            f"chunking   ~{chunking['size']:,} characters a chunk, {chunking['overlap']:,} overlap, "
-            f"min {chunking['min_size']:,}"
-        )
+        from ragate.retrieval.fit import describe_chunking
+
+        print(f"chunking   {describe_chunking(manifest['chunking'])}")
     print(f"built      {manifest['created_at']} by ragate {manifest['ragate_version']}")
     print(f"format     {manifest['format']} v{manifest['format_version']}")
     check = "size checked" if args.no_verify else "size and sha256 verified"

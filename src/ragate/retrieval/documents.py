@@ -4,8 +4,10 @@
 :mod:`ragate.retrieval.files`), reads ``.txt``, ``.md``/``.markdown``, plain-text markup (``.rst``/``.rest``,
 ``.adoc``/``.asciidoc``, ``.org``, ``.textile``: as text), ``.html``/``.htm``, ``.jsonl`` (one document a line:
 ``{"text", "title"?, "id"?}``) and ``.pdf`` (with pypdf; text extraction in :mod:`ragate.retrieval.extract`),
-chunks every document with TARG's chunker (:func:`~ragate.retrieval.corpus.chunk_spans`: ~1000 characters,
-100 overlap, min 200) and builds a ``bm25``/``dense``/``hybrid`` index of the chunks.
+chunks every document and builds a ``bm25``/``dense``/``hybrid`` index of the chunks. For a dense or hybrid
+index the chunks fit the encoder's window, counted in its word pieces (:mod:`ragate.retrieval.fit`); for BM25, or
+when a character ``chunk_size`` (``chunk_overlap``, ``min_chunk``) is given, TARG's chunker cuts by characters
+(:func:`~ragate.retrieval.corpus.chunk_spans`: ~1000 characters, 100 overlap, min 200).
 
 Each passage keeps the document's title, its file (``Passage.source``: the path relative to a folder argument,
 as given for a file or a glob match) and its span ``[start, end)`` in the extracted text
@@ -50,6 +52,7 @@ from ragate.retrieval.extract import (
     extract_text,
 )
 from ragate.retrieval.files import SUFFIXES, DocumentFile, NotRegularFile, covers, find_files, read_regular
+from ragate.retrieval.fit import FitChunker, chunk_spans_for, chunking_from_manifest, manifest_chunking
 from ragate.retrieval.index import (
     IndexKind,
     build_encoder,
@@ -94,6 +97,7 @@ class DocumentStats:
     skipped: list[str] = field(default_factory=list)  # "path: why", left out by the link policy
     dropped: list[str] = field(default_factory=list)  # files gone from the paths given (add)
     dropped_passages: int = 0  # the passages of those files, dropped from the index (add)
+    chunking: dict[str, Any] = field(default_factory=dict)  # how they were chunked: the manifest's entry
 
     def note(self, problem: str) -> None:
         if len(self.examples) < MAX_EXAMPLES:
@@ -229,11 +233,14 @@ def _jsonl_document(line: str, source: str, line_no: int) -> Document:
     return Document(key, source, title or "", text)
 
 
-def document_passages(doc: Document, chunking: ChunkSettings) -> list[Passage]:
-    """The chunks of a document: TARG's chunker, each span trimmed of white space at its ends, so that
-    ``doc.text[start:end] == passage.text``; ids ``"{key}#{n}"``."""
+Chunking = ChunkSettings | FitChunker  # by characters (TARG's chunker), or in the encoder's word pieces
+
+
+def document_passages(doc: Document, chunking: Chunking) -> list[Passage]:
+    """The chunks of a document (TARG's chunker by characters, or to fit the encoder's window), each span trimmed
+    of white space at its ends, so that ``doc.text[start:end] == passage.text``; ids ``"{key}#{n}"``."""
     out: list[Passage] = []
-    for start, end in chunk_spans(doc.text, chunking.size, chunking.overlap, chunking.min_size):
+    for start, end in chunk_spans_for(doc.text, doc.title, chunking):
         piece = doc.text[start:end]
         start += len(piece) - len(piece.lstrip())
         end -= len(piece) - len(piece.rstrip())
@@ -250,6 +257,23 @@ def document_passages(doc: Document, chunking: ChunkSettings) -> list[Passage]:
     return out
 
 
+def character_chunking(
+    size: int | None = None, overlap: int | None = None, min_size: int | None = None
+) -> ChunkSettings | None:
+    """Chunking by characters when any of the three is given (TARG's value for each one not given), checked;
+    None when none is (the default: fit the encoder, or TARG's characters for BM25)."""
+    if size is None and overlap is None and min_size is None:
+        return None
+    default = ChunkSettings()
+    chunking = ChunkSettings(
+        default.size if size is None else size,
+        default.overlap if overlap is None else overlap,
+        default.min_size if min_size is None else min_size,
+    )
+    check_chunking(chunking)
+    return chunking
+
+
 def check_chunking(chunking: ChunkSettings) -> None:
     """``ValueError`` naming the flags unless 1 <= overlap < size and 0 <= min <= size."""
     try:
@@ -263,7 +287,7 @@ def check_chunking(chunking: ChunkSettings) -> None:
 
 def _read_all(
     files: Sequence[DocumentFile],
-    chunking: ChunkSettings,
+    chunking: Chunking,
     records: list[FileRecord],
     *,
     skip_bad: bool,
@@ -386,9 +410,9 @@ def index_documents(
     out_dir: str | Path,
     kind: IndexKind = "hybrid",
     *,
-    chunk_size: int = 1000,
-    chunk_overlap: int = 100,
-    min_chunk: int = 200,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    min_chunk: int | None = None,
     encoder: Encoder | str | Path | None = None,
     hnsw: bool = False,
     hnsw_params: HNSWParams | None = None,
@@ -400,21 +424,24 @@ def index_documents(
 ) -> Path:
     """Index the documents under ``paths`` (files, folders, globs) in ``out_dir`` (atomically); returns it.
 
-    Chunks are about ``chunk_size`` characters, overlap by ``chunk_overlap`` and are never under ``min_chunk``
-    (TARG's defaults). A damaged file (not UTF-8, a bad JSONL line, an unreadable PDF, over
+    Chunking: for ``dense`` and ``hybrid``, chunks fit the encoder's window, counted in its word pieces with the
+    title (:mod:`ragate.retrieval.fit`), unless one of ``chunk_size``, ``chunk_overlap``, ``min_chunk`` is given:
+    then, and for ``bm25``, chunks are about ``chunk_size`` characters, overlap by ``chunk_overlap`` and are never
+    under ``min_chunk`` (TARG's 1000, 100 and 200 for those not given). A damaged file (not UTF-8, a bad JSONL line, an unreadable PDF, over
     :data:`~ragate.retrieval.files.MAX_FILE_BYTES`) raises :class:`CorpusFormatError` naming it unless
     ``skip_bad``; ``stats`` receives the counts. Paths the link and special-file policy leaves out (links out of
     the folders given, FIFOs, devices, names that are not UTF-8) are skipped with a :class:`SkippedPathsWarning`
     and listed in ``stats.skipped``. Check the passage lengths against the encoder with
     :func:`ragate.retrieval.lengths.check_passage_lengths`.
     """
-    chunking = ChunkSettings(chunk_size, chunk_overlap, min_chunk)
-    check_chunking(chunking)
+    by_characters = character_chunking(chunk_size, chunk_overlap, min_chunk)
     path_list = _path_list(paths)
     stats = stats if stats is not None else DocumentStats()
     before = len(stats.skipped)
     files = _find(path_list, stats)
     enc = build_encoder(kind, encoder)
+    chunking: Chunking = by_characters or FitChunker.of(enc) or ChunkSettings()
+    stats.chunking = manifest_chunking(chunking)
     records: list[FileRecord] = []
     out_dir = Path(out_dir)
     with staged_directory(out_dir, overwrite=overwrite) as root:
@@ -430,7 +457,7 @@ def index_documents(
             progress=progress,
         )
         _write_records(root, records)
-        extra = {"documents": _documents_entry(records, path_list), "chunking": asdict(chunking)}
+        extra = {"documents": _documents_entry(records, path_list), "chunking": stats.chunking}
         write_manifest(root, index_manifest(kind, n, enc, params, extra=extra))
     _warn_skipped(stats, before)
     return out_dir
@@ -475,8 +502,12 @@ def add_documents(
             f"{index_dir} was not built from documents (ragate index build --docs): only such an index records "
             "its files; build one with `ragate index build --docs PATH ... --out DIR`"
         )
-    chunking = ChunkSettings(**manifest["chunking"])
     enc = index_encoder(index_dir, manifest, encoder) if manifest["kind"] != "bm25" else None
+    try:
+        chunking = chunking_from_manifest(manifest["chunking"], enc)
+    except (KeyError, TypeError, ValueError) as err:
+        raise IndexFormatError(f"{index_dir}: cannot chunk new documents as the index did ({err})") from None
+    stats.chunking = dict(manifest["chunking"])
     old = read_records(index_dir)
     by_source = {r.source: r for r in old}
     path_list = _path_list(paths)

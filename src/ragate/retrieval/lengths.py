@@ -13,7 +13,8 @@ BM25 indexes read whole passages, but a retrieved passage goes into the reader's
 (about 500 tokens, twice TARG's chunks) five of them take ~2,500 tokens, more than a 2,048-token context, and a
 long passage matches a query by any one of its paragraphs. The check warns for any passage over 2,000 characters.
 
-The fix is to chunk: ``--chunk-size N`` with ``--docs`` or ``--corpus``; the suggested N is
+The fix is to chunk: with ``--docs``, no chunk size at all (chunks then fit the encoder's window, counted in its
+word pieces: :mod:`ragate.retrieval.fit`), else ``--chunk-size N``; the suggested N is
 ``0.8 · window · (characters per word piece)``, rounded down to 50 (the chunker lets a chunk grow by up to
 ``--min-chunk`` characters to avoid a short tail).
 """
@@ -56,8 +57,10 @@ class LengthCheck:
             return self.over > 0
         return self.longest > self.limit * 5 // 4 or self.over > OVER_SHARE * self.passages
 
-    def warning(self) -> str:
-        """The message ``ragate index build`` prints when :attr:`should_warn` (what, how many, why, the fix)."""
+    def warning(self, *, fit: bool = False) -> str:
+        """The message ``ragate index build`` prints when :attr:`should_warn` (what, how many, why, the fix).
+        ``fit``: the passages are documents chunked by a character size given (``--docs`` with ``--chunk-size``),
+        so the first fix is to give none, which fits the chunks to the encoder's window in one pass."""
         if self.unit == "characters":
             why = (
                 f"each retrieved passage goes whole into the reader's prompt: five of {self.limit:,}+ characters "
@@ -69,10 +72,15 @@ class LengthCheck:
                 "what comes after"
             )
         verb = "is" if self.over == 1 else "are"
+        fix = f"rebuild with --chunk-size {self.suggested_chunk_size}"
+        if fit and self.unit == "word pieces":
+            fix = (
+                "rebuild without a chunk size, which fits each chunk to the encoder's window (or with --chunk-size "
+                f"{self.suggested_chunk_size})"
+            )
         return (
             f"{self.over:,} of {self.passages:,} passages {verb} longer than {self.limit:,} {self.unit} "
-            f"(longest: {self.longest:,} {self.unit}, passage {self.longest_id}); {why}. Chunk them: rebuild "
-            f"with --chunk-size {self.suggested_chunk_size}"
+            f"(longest: {self.longest:,} {self.unit}, passage {self.longest_id}); {why}. Chunk them: {fix}"
         )
 
 

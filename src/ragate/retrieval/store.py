@@ -78,7 +78,7 @@ def rebuild_hint(
     kind = manifest.get("kind") if manifest.get("kind") in KINDS else "bm25|dense|hybrid"
     parts = ["ragate index build", source, f"--kind {kind}", f"--out {index_dir}"]
     chunking = field(manifest, "chunking", dict)
-    if chunking:
+    if chunking and chunking.get("unit", "characters") == "characters":  # word pieces: the default, no flag
         parts.append(
             f"--chunk-size {chunking.get('size')} --chunk-overlap {chunking.get('overlap')} "
             f"--min-chunk {chunking.get('min_size')}"
