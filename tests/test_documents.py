@@ -16,6 +16,7 @@ import socket
 import stat
 import subprocess
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,8 +29,12 @@ from ragate.retrieval.corpus import document_id, passage_json, read_passages
 from ragate.retrieval.documents import (
     DOCUMENTS,
     DocumentStats,
+    DocumentsWarning,
+    PassageLengthWarning,
+    SkippedFilesWarning,
     add_documents,
     index_documents,
+    problem_lines,
     read_file,
     read_records,
 )
@@ -150,6 +155,40 @@ def test_span_is_stored_only_when_set(tmp_path: Path) -> None:
     corpus.write_text('{"id": "x", "title": "", "text": "t", "span": [5, 2]}\n', encoding="utf-8")
     with pytest.raises(CorpusFormatError, match=r"c.jsonl:1: .*span"):
         list(read_passages(corpus))
+
+
+def test_index_documents_reports_what_it_skipped_and_warned_as_the_cli_does(
+    docs: Path, tmp_path: Path, minilm: Encoder
+) -> None:
+    (docs / "photo.png").write_bytes(b"\x89PNG\r\n")
+    (docs / "notes.rst").write_text("Notes\n=====\n\nRead, not skipped.\n", encoding="utf-8")
+    (docs / "empty.md").write_text("  \n", encoding="utf-8")
+    with pytest.warns(SkippedFilesWarning) as caught:  # no stats given: the warning is the report
+        index_documents(docs, tmp_path / "a", "bm25", progress=False)
+    (message,) = [str(w.message) for w in caught if w.category is SkippedFilesWarning]
+    assert message.startswith("skipped 1 file of unsupported types (.png 1); ragate reads .txt .md")
+    assert "skipped 1 empty document and 0 damaged files or lines; first problems:" in message
+    assert "empty.md: 1 empty document(s) skipped" in message
+
+    stats = DocumentStats()  # given: the same in stats, and the CLI prints the same lines
+    with pytest.warns(SkippedFilesWarning):
+        index_documents(docs, tmp_path / "b", "bm25", progress=False, stats=stats)
+    assert stats.unsupported == {".png": 1} and stats.empty == 1
+    assert "\n".join(problem_lines(stats)) == message
+    assert stats.lengths is not None and stats.lengths.unit == "characters" and not stats.lengths.should_warn
+
+    # passages longer than the encoder reads: the CLI's warning, and its check in stats
+    with pytest.warns(PassageLengthWarning, match="rebuild without a chunk size") as caught:
+        index_documents(
+            FIXTURES / "long.txt", tmp_path / "c", "dense", encoder=minilm, chunk_size=3000, progress=False, stats=stats
+        )
+    assert stats.lengths.over >= 4 and stats.lengths.warning(fit=True) in [str(w.message) for w in caught]
+    assert all(issubclass(w.category, DocumentsWarning) for w in caught)
+
+    # nothing to report: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DocumentsWarning)
+        index_documents(FIXTURES / "long.txt", tmp_path / "d", "dense", encoder=minilm, progress=False)
 
 
 def test_folders_globs_hidden_and_unsupported_files(docs: Path, tmp_path: Path) -> None:

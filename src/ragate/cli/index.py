@@ -145,8 +145,9 @@ def run_build(args: argparse.Namespace) -> int:
         "progress": not args.quiet,
     }
     start = time.perf_counter()
+    check = None
     if args.docs:
-        out, count, report = _build_from_documents(args, chunking, common)
+        out, count, report, check = _build_from_documents(args, chunking, common)
     else:
         out, count, report = _build_from_corpus(args, chunking, common)
     seconds = time.perf_counter() - start
@@ -154,7 +155,8 @@ def run_build(args: argparse.Namespace) -> int:
     print(f"indexed {count:,} passages ({args.kind}) in {seconds:.1f} s: {rate:,.0f} passages/s")
     for line in report:
         print(line)
-    check = check_passage_lengths(iter_passage_file(out / PASSAGES), encoder, progress=not args.quiet)
+    if check is None:  # --docs: index_documents checked them
+        check = check_passage_lengths(iter_passage_file(out / PASSAGES), encoder, progress=not args.quiet)
     if check.should_warn:
         print(f"ragate: warning: {check.warning(fit=bool(args.docs))}", file=sys.stderr)
     print(out)
@@ -208,12 +210,12 @@ def _describe(chunking: Any) -> str:
 
 def _build_from_documents(
     args: argparse.Namespace, chunking: Any, common: dict[str, Any]
-) -> tuple[Path, int, list[str]]:
-    from ragate.retrieval.documents import DocumentStats, SkippedPathsWarning, index_documents
+) -> tuple[Path, int, list[str], Any]:
+    from ragate.retrieval.documents import DocumentStats, DocumentsWarning, index_documents, problem_lines
 
     stats = DocumentStats()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SkippedPathsWarning)  # printed below from stats, as a ragate warning
+        warnings.simplefilter("ignore", DocumentsWarning)  # printed below from stats, as the CLI's lines
         try:
             out = index_documents(
                 args.docs,
@@ -235,7 +237,7 @@ def _build_from_documents(
         f"{_count(stats.passages, 'passage')} "
         f"({describe_chunking(stats.chunking)})"
     )
-    return out, stats.passages, [summary, *_document_problems(stats)]
+    return out, stats.passages, [summary, *problem_lines(stats)], stats.lengths
 
 
 def _warn_skipped(stats: Any) -> None:
@@ -246,33 +248,14 @@ def _warn_skipped(stats: Any) -> None:
         print(f"ragate: warning: {skipped_message(stats.skipped)}", file=sys.stderr)
 
 
-def _document_problems(stats: Any) -> list[str]:
-    from ragate.retrieval.files import SUFFIXES
-
-    lines = []
-    if stats.unsupported:
-        kinds = ", ".join(f"{suffix} {n:,}" for suffix, n in sorted(stats.unsupported.items()))
-        lines.append(
-            f"skipped {_count(sum(stats.unsupported.values()), 'file')} of unsupported types ({kinds}); "
-            f"ragate reads {' '.join(SUFFIXES)}"
-        )
-    if stats.empty or stats.bad:
-        lines.append(
-            f"skipped {_count(stats.empty, 'empty document')} and {stats.bad:,} damaged files or lines; "
-            "first problems:"
-        )
-        lines += [f"  {example}" for example in stats.examples]
-    return lines
-
-
 def run_add(args: argparse.Namespace) -> int:
-    from ragate.retrieval.documents import DocumentStats, SkippedPathsWarning, add_documents
+    from ragate.retrieval.documents import DocumentStats, DocumentsWarning, add_documents, problem_lines
     from ragate.retrieval.store import read_manifest
 
     stats = DocumentStats()
     start = time.perf_counter()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SkippedPathsWarning)  # printed below from stats, as a ragate warning
+        warnings.simplefilter("ignore", DocumentsWarning)  # printed below from stats, as the CLI's lines
         try:
             out = add_documents(
                 args.dir,
@@ -301,7 +284,7 @@ def run_add(args: argparse.Namespace) -> int:
         )
     elif not stats.dropped:
         print(f"nothing to add: {_count(stats.unchanged, 'file')} unchanged")
-    for line in _document_problems(stats):
+    for line in problem_lines(stats):
         print(line)
     manifest = read_manifest(out)
     documents = manifest["documents"]

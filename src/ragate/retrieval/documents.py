@@ -20,8 +20,15 @@ The index directory also holds ``documents.json`` (each file's source, size, sha
 passages it keeps, and drops the passages of files gone from the folders (and globs) it is given.
 
 Only regular files inside the paths given are read (the link and special-file policy of
-:mod:`ragate.retrieval.files`); what it leaves out is listed in ``DocumentStats.skipped`` and, from Python, in one
-:class:`SkippedPathsWarning` per call.
+:mod:`ragate.retrieval.files`).
+
+What a call skipped and warned about is what ``ragate index build --docs`` prints, given two ways: in the
+:class:`DocumentStats` passed as ``stats`` (``unsupported``, ``empty``, ``bad`` with ``examples``, ``skipped``,
+``lengths``), and as Python warnings with the CLI's text, so that a call without ``stats`` is not silent:
+:class:`SkippedFilesWarning` (files of types ragate does not read, empty documents, damaged files skipped with
+``skip_bad``), :class:`SkippedPathsWarning` (paths the link policy left out) and :class:`PassageLengthWarning`
+(passages longer than the encoder reads); all are :class:`DocumentsWarning`, a ``RuntimeWarning``, at most one of
+each per call. The CLI prints them itself and silences the warnings.
 """
 
 from __future__ import annotations
@@ -62,8 +69,9 @@ from ragate.retrieval.index import (
     write_index_files,
     write_updated_index,
 )
+from ragate.retrieval.lengths import LengthCheck, check_passage_lengths
 from ragate.retrieval.pooled import ChunkSettings
-from ragate.retrieval.store import staged_directory, write_manifest
+from ragate.retrieval.store import PASSAGES, iter_passage_file, staged_directory, write_manifest
 from ragate.retrieval.types import Passage
 
 DOCUMENTS = "documents.json"
@@ -75,9 +83,23 @@ class _BadLine(Exception):
     """A JSONL line that is not a document; the reader adds file and line number."""
 
 
-class SkippedPathsWarning(RuntimeWarning):
+class DocumentsWarning(RuntimeWarning):
+    """Something :func:`index_documents` or :func:`add_documents` skipped or found wrong (the CLI prints it)."""
+
+
+class SkippedPathsWarning(DocumentsWarning):
     """Paths under the documents given that were not read: links out of the folders given, dangling links and
     loops, FIFOs, sockets and devices, names that are not UTF-8 (the message lists them)."""
+
+
+class SkippedFilesWarning(DocumentsWarning):
+    """Files of types ragate does not read, empty documents, and damaged files or lines skipped with ``skip_bad``
+    (how many of each, the first problems)."""
+
+
+class PassageLengthWarning(DocumentsWarning):
+    """Passages longer than the encoder reads (or than a reader's prompt takes, for BM25): the message says how
+    many and the fix (:mod:`ragate.retrieval.lengths`)."""
 
 
 @dataclass
@@ -98,6 +120,7 @@ class DocumentStats:
     dropped: list[str] = field(default_factory=list)  # files gone from the paths given (add)
     dropped_passages: int = 0  # the passages of those files, dropped from the index (add)
     chunking: dict[str, Any] = field(default_factory=dict)  # how they were chunked: the manifest's entry
+    lengths: LengthCheck | None = None  # the stored passages against the encoder's window (index_documents)
 
     def note(self, problem: str) -> None:
         if len(self.examples) < MAX_EXAMPLES:
@@ -351,10 +374,61 @@ def skipped_message(skipped: Sequence[str]) -> str:
     return "\n".join([head + ":", *lines])
 
 
-def _warn_skipped(stats: DocumentStats, before: int) -> None:
-    """One :class:`SkippedPathsWarning` for the paths this call skipped (those after the first ``before``)."""
-    if len(stats.skipped) > before:
-        warnings.warn(skipped_message(stats.skipped[before:]), SkippedPathsWarning, stacklevel=3)
+def problem_lines(stats: DocumentStats) -> list[str]:
+    """What was skipped as unsupported, empty or damaged, in the lines ``ragate index build --docs`` prints."""
+    lines = []
+    if stats.unsupported:
+        kinds = ", ".join(f"{suffix} {n:,}" for suffix, n in sorted(stats.unsupported.items()))
+        lines.append(
+            f"skipped {_count(sum(stats.unsupported.values()), 'file')} of unsupported types ({kinds}); "
+            f"ragate reads {' '.join(SUFFIXES)}"
+        )
+    if stats.empty or stats.bad:
+        lines.append(
+            f"skipped {_count(stats.empty, 'empty document')} and {stats.bad:,} damaged files or lines; "
+            "first problems:"
+        )
+        lines += [f"  {example}" for example in stats.examples]
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """How much a :class:`DocumentStats` held when a call began (a caller may pass one to several calls)."""
+
+    skipped: int
+    unsupported: dict[str, int]
+    empty: int
+    bad: int
+    examples: int
+
+    @classmethod
+    def of(cls, stats: DocumentStats) -> _Seen:
+        return cls(len(stats.skipped), dict(stats.unsupported), stats.empty, stats.bad, len(stats.examples))
+
+
+def _warn_skipped(stats: DocumentStats, before: _Seen) -> None:
+    """One :class:`SkippedPathsWarning` for the paths this call skipped and one :class:`SkippedFilesWarning` for
+    the files it skipped (what ``stats`` gained since ``before``), each with the CLI's text."""
+    if len(stats.skipped) > before.skipped:
+        warnings.warn(skipped_message(stats.skipped[before.skipped :]), SkippedPathsWarning, stacklevel=3)
+    unsupported = {
+        suffix: n - before.unsupported.get(suffix, 0)
+        for suffix, n in stats.unsupported.items()
+        if n > before.unsupported.get(suffix, 0)
+    }
+    this_call = DocumentStats(
+        empty=stats.empty - before.empty,
+        bad=stats.bad - before.bad,
+        unsupported=unsupported,
+        examples=stats.examples[before.examples :],
+    )
+    if lines := problem_lines(this_call):
+        warnings.warn("\n".join(lines), SkippedFilesWarning, stacklevel=3)
 
 
 def _path_list(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
@@ -431,13 +505,15 @@ def index_documents(
     :data:`~ragate.retrieval.files.MAX_FILE_BYTES`) raises :class:`CorpusFormatError` naming it unless
     ``skip_bad``; ``stats`` receives the counts. Paths the link and special-file policy leaves out (links out of
     the folders given, FIFOs, devices, names that are not UTF-8) are skipped with a :class:`SkippedPathsWarning`
-    and listed in ``stats.skipped``. Check the passage lengths against the encoder with
-    :func:`ragate.retrieval.lengths.check_passage_lengths`.
+    and listed in ``stats.skipped``. Files of other types and empty documents are skipped, counted in ``stats``
+    and warned about in one :class:`SkippedFilesWarning`. The stored passages are then checked against the encoder
+    (:func:`ragate.retrieval.lengths.check_passage_lengths`; ``stats.lengths``), with a
+    :class:`PassageLengthWarning` when they are too long, as ``ragate index build`` warns.
     """
     by_characters = character_chunking(chunk_size, chunk_overlap, min_chunk)
     path_list = _path_list(paths)
     stats = stats if stats is not None else DocumentStats()
-    before = len(stats.skipped)
+    before = _Seen.of(stats)
     files = _find(path_list, stats)
     enc = build_encoder(kind, encoder)
     chunking: Chunking = by_characters or FitChunker.of(enc) or ChunkSettings()
@@ -460,6 +536,10 @@ def index_documents(
         extra = {"documents": _documents_entry(records, path_list), "chunking": stats.chunking}
         write_manifest(root, index_manifest(kind, n, enc, params, extra=extra))
     _warn_skipped(stats, before)
+    stats.lengths = check = check_passage_lengths(iter_passage_file(out_dir / PASSAGES), enc)
+    if check.should_warn:
+        fit = by_characters is not None and FitChunker.of(enc) is not None
+        warnings.warn(check.warning(fit=fit), PassageLengthWarning, stacklevel=2)
     return out_dir
 
 
@@ -491,11 +571,12 @@ def add_documents(
     or now left out by the link policy), or no longer matched by a glob given, has its passages dropped
     (``stats.dropped``). Kept passages keep their embedding rows (copied, not re-encoded); BM25 and HNSW are
     rebuilt over the whole store. Chunking is the index's. Files the index holds that ``paths`` do not cover
-    stay. Nothing is written when nothing changed. Skipped paths are reported as by :func:`index_documents`.
+    stay. Nothing is written when nothing changed. Skipped paths and files are reported as by
+    :func:`index_documents`.
     """
     index_dir = Path(index_dir)
     stats = stats if stats is not None else DocumentStats()
-    before = len(stats.skipped)
+    before = _Seen.of(stats)
     manifest = index_info(index_dir)
     if not manifest.get("documents") or not manifest.get("chunking"):
         raise IndexFormatError(
