@@ -38,6 +38,7 @@ from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.needs import require, require_index
 from ragate.methods.runner import decide
 from ragate.methods.trace import Stage, Trace
+from ragate.paper_tau import TauHints
 from ragate.retrieval.types import Hit, Retriever
 from ragate.tracing import Tracing
 
@@ -276,6 +277,7 @@ class Pipeline:
             check_state_path(Path(budget_state))
         self._owned: list[Any] = []
         self._lock = threading.RLock()
+        self._tau_hints = TauHints()  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
         self._encoder = encoder
         try:
             self.index_name, self._retriever = self._open_retriever(index, search, retriever)
@@ -369,6 +371,7 @@ class Pipeline:
         spec = configure_method(spec, None, None, None, max_tokens, k).with_threshold(threshold)
         if self._retriever is not None:  # the demo index serves every method
             require_index(spec, self._retriever, where=self.index_name)
+        self._tau_hints.note(spec, self.model_label, method or self.method)
         return spec
 
     def controls(self, method: str | None, threshold: float | None) -> bool:
@@ -443,6 +446,7 @@ class Pipeline:
         """Only the gate's decision and score for ``question`` (no answer is written). Under a budget it is decided
         at the controller's tau and counted, like an answer (a router in front of another reader)."""
         if self.budget is None:
+            self._tau_hints.note(self.spec, self.model_label, self.method)
             return self._decide(question, seed)
         decision = self._decide(question, seed, threshold=self.budget.tau)
         self.budget.observe(decision.score, decision.retrieve)
