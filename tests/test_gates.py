@@ -31,22 +31,26 @@ def test_ugt_hand_computed_and_comparison_modes() -> None:
 
 
 def test_targ_margin_hand_computed() -> None:
-    # gaps g = (0, 3), beta = 3: U = (e^0 + e^-1) / 2 = 0.683940
+    # gaps g = (0, 3), beta = 3: U = (e^0 + e^-1) / 2 = 0.683940 with k = 2
     draft = make_generation(
         ["a", "b"], [-0.7, -0.1], [[("a", -0.7), ("x", -0.7)], [("b", -0.1), ("y", -3.1)]]
     )
-    d = targ_margin(draft, tau=0.5)
+    d = targ_margin(draft, tau=0.5, k=2)
     assert d.score == pytest.approx(0.683940, abs=1e-6) and d.retrieve
-    assert not targ_margin(draft, tau=0.7).retrieve
+    assert not targ_margin(draft, tau=0.7, k=2).retrieve
     assert targ_margin(draft, tau=0.5, k=1).score == pytest.approx(1.0)  # only the tied first step
+    # the draft ended after 2 of k = 20 steps: Eq. 2 divides by k (issue 51); the old form by the 2 present
+    assert targ_margin(draft, tau=0.5).score == pytest.approx(0.0683940, abs=1e-7)
+    assert targ_margin(draft, tau=0.5, divide_by="present").score == pytest.approx(0.683940, abs=1e-6)
 
 
 def test_targ_entropy_hand_computed_exact_and_approximate() -> None:
     exact = make_generation(["a", "b"], [-1.0, -1.0], entropies=[math.log(4), 0.0])
-    assert targ_entropy(exact, tau=0.5).score == pytest.approx(math.log(4) / 2)
+    assert targ_entropy(exact, tau=0.5, k=2).score == pytest.approx(math.log(4) / 2)
+    assert targ_entropy(exact, tau=0.5).score == pytest.approx(math.log(4) / 20)  # Eq. 1: divided by k = 20
     # no exact entropies: the top-k approximation, and the reason says so
     approx = make_generation(["a"], [math.log(0.5)], [[("a", math.log(0.5)), ("b", math.log(0.5))]])
-    d = targ_entropy(approx, tau=0.5)
+    d = targ_entropy(approx, tau=0.5, k=1)
     assert d.score == pytest.approx(math.log(2)) and "approximation" in d.reason
 
 

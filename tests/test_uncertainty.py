@@ -66,7 +66,8 @@ def test_margin_and_link() -> None:
 
 def test_mean_entropy_prefix() -> None:
     assert mean_entropy([1.0, 2.0, 3.0, 10.0], k=3) == pytest.approx(2.0)
-    assert mean_entropy([1.0, 2.0], k=20) == pytest.approx(1.5)  # a draft shorter than k: mean of what exists
+    assert mean_entropy([1.0, 2.0], k=20) == pytest.approx(0.15)  # a draft shorter than k: Eq. 1 divides by k
+    assert mean_entropy([1.0, 2.0], k=20, divide_by="present") == pytest.approx(1.5)  # before issue 51
     with pytest.raises(ValueError, match="empty draft"):
         mean_entropy([], k=20)
 

@@ -6,6 +6,7 @@ log-probabilities) so that they can be checked by hand and used on any backend's
 References (equation numbers as in ``../shared/papers``):
 - token entropy: TARG Eq. 1 (mean over a k-token prefix), ETC Eq. 3 (per step);
 - top-1/top-2 margin and the link exp(-g/beta): TARG Eq. 2 (beta = 3 by default);
+- the lower bound on Eqs. 1-2 from a draft's first tokens (their exact early exit): :func:`prefix_bound`;
 - normalised answer NLL: DTR Eqs. 2-3;
 - empirical disagreement across N samples: TARG Eq. 3 (N = 5, T = 0.7 by default).
 """
@@ -20,6 +21,7 @@ from typing import Literal
 import numpy as np
 
 DEFAULT_MARGIN_BETA = 3.0
+DivideBy = Literal["k", "present"]  # what TARG's mean divides a draft shorter than k by (Eqs. 1-2: k)
 END_OF_SAMPLE = "\x00<end>"  # the symbol a sample that already ended contributes at later steps
 
 
@@ -112,18 +114,37 @@ def margin_uncertainty(gap: float, beta: float = DEFAULT_MARGIN_BETA) -> float:
     return math.exp(-gap / beta)
 
 
-def mean_entropy(entropies: Sequence[float], k: int | None = None) -> float:
-    """U_ent(k) = (1/k) sum_{t<=k} H_t (TARG Eq. 1) over the first ``k`` steps (all steps when ``k`` is None)."""
-    return _mean_prefix(entropies, k, "mean_entropy")
+def mean_entropy(entropies: Sequence[float], k: int | None = None, *, divide_by: DivideBy = "k") -> float:
+    """U_ent(k) = (1/k) sum_{t<=k} H_t (TARG Eq. 1) over the first ``k`` steps (all steps when ``k`` is None).
+
+    A draft that ended (end of sequence) before step k has no H_t for the steps it did not write: Eq. 1 still
+    divides by k (``divide_by="k"``, the default: the missing steps add nothing), while ``divide_by="present"``
+    averages over the steps present (ragate before issue 51). With ``k`` None both are the mean of all steps."""
+    return _mean_prefix(entropies, k, "mean_entropy", divide_by)
 
 
 def mean_margin_uncertainty(
-    gaps: Sequence[float], k: int | None = None, beta: float = DEFAULT_MARGIN_BETA
+    gaps: Sequence[float], k: int | None = None, beta: float = DEFAULT_MARGIN_BETA, *, divide_by: DivideBy = "k"
 ) -> float:
-    """U_mar(k; beta) = (1/k) sum_{t<=k} exp(-g_t / beta) in (0, 1] (TARG Eq. 2)."""
+    """U_mar(k; beta) = (1/k) sum_{t<=k} exp(-g_t / beta) in (0, 1] (TARG Eq. 2); ``divide_by`` as in
+    :func:`mean_entropy` (a draft shorter than k: the Eq. divides by k, "present" by the steps there are)."""
     return _mean_prefix(
-        [margin_uncertainty(g, beta) for g in _prefix(gaps, k)], None, "mean_margin_uncertainty"
+        [margin_uncertainty(g, beta) for g in _prefix(gaps, k)], k, "mean_margin_uncertainty", divide_by
     )
+
+
+def prefix_bound(terms: Sequence[float], k: int) -> float:
+    """(1/k) sum_{t<=j} u_t over the j <= k per-step terms a draft has so far: a lower bound, for every j, on
+    TARG's U = (1/k) sum_{t<=k} u_t (Eqs. 1-2) and on the mean over the steps present, because every term is >= 0
+    (an entropy H_t, a margin link exp(-g_t/beta)) and the steps present are at most k.
+
+    It is computed exactly as :func:`mean_entropy` computes U (a correctly rounded ``math.fsum``, then one
+    division), and rounding is monotone, so ``prefix_bound(...) > tau`` after j steps implies U > tau for the whole
+    draft in floating point too: the decision "retrieve" is settled, and the rest of the draft need not be decoded
+    (TARG's exact early exit, issue 51)."""
+    if k < 1:
+        raise ValueError(f"prefix length k must be >= 1, got {k}")
+    return float(math.fsum(terms[:k]) / k)
 
 
 def normalised_nll(logprobs: Sequence[float]) -> float:
@@ -164,8 +185,11 @@ def _prefix(values: Sequence[float], k: int | None) -> Sequence[float]:
     return values if k is None else values[:k]
 
 
-def _mean_prefix(values: Sequence[float], k: int | None, name: str) -> float:
+def _mean_prefix(values: Sequence[float], k: int | None, name: str, divide_by: DivideBy = "k") -> float:
     head = _prefix(values, k)
     if len(head) == 0:
         raise ValueError(f"{name} of an empty draft is undefined: the draft has no tokens")
-    return float(math.fsum(head) / len(head))
+    if divide_by not in ("k", "present"):
+        raise ValueError(f"divide_by must be 'k' (TARG Eqs. 1-2) or 'present', got {divide_by!r}")
+    n = k if k is not None and divide_by == "k" else len(head)
+    return float(math.fsum(head) / n)

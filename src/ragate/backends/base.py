@@ -110,6 +110,15 @@ class Backend(Closeable, ABC):
         self.check(request)
         return replay(self._generate([request])[0], watch)
 
+    def generate_settled(self, request: GenerationRequest, settled: Watch) -> Generation:
+        """``request``'s generation up to the first token where ``settled`` (seeing the generation so far) returns
+        True, or whole: a gate's exact early exit (TARG Eqs. 1-2), whose decision is settled before its draft ends.
+        The tokens are those of ``generate([request])``, cut there. Engines that decode token by token (llama.cpp,
+        transformers) decode no further; others generate the whole reply and cut it (the same tokens, all paid:
+        the OpenAI-compatible backend does not stream). A call that must not depend on the calls before it
+        (:class:`ragate.eval.calls.CallCache`) computes it from a cleared cache, as it does every call."""
+        return self.generate_watched(request, settled)
+
     def clear_cache(self) -> None:
         """Forget cached prompt state (the key/value cache kept for prefix reuse), so that the next request is
         timed cold. Benchmarks comparing methods on the same question need this; serving does not."""

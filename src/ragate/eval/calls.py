@@ -22,8 +22,9 @@ on its own, so the cost is split: ``paid`` is what was measured, and the call is
 tokens took when they were evaluated (apportioned by token count), an estimate of what it costs computed alone, so
 a method's cost columns do not depend on which method happened to run before it.
 
-Not stored: requests that ask for attentions (arrays), sampling without a seed, and watched generations (the
-dynamic loop's, whose end depends on the trigger watching them).
+Not stored: requests that ask for attentions (arrays), sampling without a seed, watched generations (the
+dynamic loop's, whose end depends on the trigger watching them) and a gate's draft that stopped early because its
+decision was settled (:meth:`CallCache.generate_settled`; one that ran to its end is the whole call's, and is).
 
 The store is one SQLite file (WAL mode), safe for several worker processes at once; values are zlib-compressed
 JSON, never pickle.
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ragate.backends.base import Backend
-from ragate.backends.decoding import Watch
+from ragate.backends.decoding import Watch, replay
 from ragate.backends.prompt_states import PrefixReuse
 from ragate.errors import CallCacheError
 from ragate.types import Generation, GenerationRequest, TopLogprob
@@ -361,6 +362,37 @@ class CallCache(Backend):
         the engine evaluates from a cleared cache (the loop's first, after :func:`~ragate.dynamic.loop.run_dynamic`
         cleared it) starts from a kept prompt state as other calls do."""
         gens, _ = self._computed(lambda: [self.inner.generate_watched(request, watch, recompute=recompute)])
+        return gens[0]
+
+    def generate_settled(self, request: GenerationRequest, settled: Watch) -> Generation:
+        """A gate's draft that may stop once its decision is settled (:meth:`Backend.generate_settled`), computed as
+        every call here is: from a cleared cache (and kept prompt states), so that it is the stored call's
+        generation cut where ``settled`` fires. A stored whole generation on which ``settled`` never fires is the
+        answer, at its stored cost; one on which it fires is computed again, stopping there, so that the call is
+        charged what the early exit costs. A computed generation that ran to its end is stored (it is the whole
+        call's); one that stopped early is not."""
+        key = request_key(self.inner, self.identity, [request]) if self.store is not None else None
+        if key is not None and self.store is not None:
+            hit = _stored_generations(self.store.get(key), 1)
+            if hit is not None and replay(hit[0][0], settled) is hit[0][0]:
+                gens, cpu_seconds, seconds = hit
+                self._count(_cost(gens, cpu_seconds, seconds), paid=None)
+                return gens[0]
+        fired: list[bool] = []
+
+        def watch(gen: Generation) -> bool:
+            fired.append(settled(gen))
+            return fired[-1]
+
+        self.inner.clear_cache()
+        gens, charged = self._computed(lambda: [self.inner.generate_settled(request, watch)])
+        if key is not None and self.store is not None and not (fired and fired[-1]):
+            value = {
+                "generations": [generation_to_json(g) for g in gens],
+                "seconds": charged.seconds,
+                "cpu_seconds": charged.cpu_seconds,
+            }
+            self.store.put(key, value)
         return gens[0]
 
     def _computed(self, compute: Callable[[], list[Generation]]) -> tuple[list[Generation], Cost]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -102,7 +102,14 @@ class GateContext(Protocol):
     @property
     def prompts(self) -> Any: ...  # the method's PromptSet: direct, with_context, pseudo_context, system
 
-    def draft(self, max_tokens: int | None = None) -> Generation: ...
+    def draft(
+        self, max_tokens: int | None = None, *, settled: Callable[[Generation], bool] | None = None
+    ) -> Generation:
+        """The greedy draft (see above). ``settled``, if given, sees the draft after each token and returns True once
+        the gate's decision can no longer change (TARG's exact early exit): the draft may then stop there, where the
+        run allows it (not for sweeps and calibration, which need the full score). Unless it stops, the draft is the
+        same as without ``settled``."""
+        ...
 
     def one(
         self,

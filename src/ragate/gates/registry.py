@@ -28,6 +28,8 @@ _BUILTIN = {
     "targ-entropy": "ragate.gates.targ:TargEntropy",
     "targ-margin": "ragate.gates.targ:TargMargin",
     "targ-variance": "ragate.gates.targ:TargVariance",
+    "targ-entropy-present": "ragate.gates.targ:TargEntropyPresent",
+    "targ-margin-present": "ragate.gates.targ:TargMarginPresent",
     "llm-judge": "ragate.gates.judge:LLMJudge",
     "verbal-confidence": "ragate.gates.verbal:VerbalConfidence",
     "self-eval": "ragate.gates.self_eval:SelfEval",

@@ -6,25 +6,41 @@
 - variance (Eq. 3): N = 5 extra prefixes sampled at T = 0.7; d_t = 1 - (share of the most common token at t),
   U = mean d_t in [0, (N-1)/N].
 
-A draft that ends before k tokens is scored on the steps it has (end-of-sequence is not a step); an empty draft
-retrieves. Thresholds are model-specific: calibrate tau to a retrieval budget (TARG section 3.3) rather than
-reusing the paper's numbers.
+A draft that ends (end of sequence, which is not a step) before k tokens is divided by k as Eqs. 1-2 write it: the
+steps it did not write add nothing. ``targ-entropy-present`` and ``targ-margin-present`` divide by the steps
+present instead (ragate before issue 51; every TARG score in docs/results.md from before then is of that form).
+An empty draft retrieves. Thresholds are model-specific: calibrate tau to a retrieval budget (TARG section 3.3)
+rather than reusing the paper's numbers.
+
+Exact early exit (issue 51). Every per-step term of Eqs. 1-2 is >= 0 (an entropy; exp(-g/beta) > 0) and U divides
+their sum by a fixed k, so after j < k tokens (1/k) sum_{t<=j} u_t is a lower bound on U, in floating point too
+(:func:`ragate.uncertainty.prefix_bound`). Once it exceeds tau the decision "retrieve" cannot change, and the
+entropy and margin gates stop the draft there (:class:`Settled`); when the decision is "no" the draft goes on to k
+tokens and then on as the answer, as without it. Decisions and answers are those of the full draft; the score of
+a draft stopped early is that lower bound (the reason says so), so sweeps, calibration and a live budget, which
+rank scores, read full drafts (``ragate.methods.runner.decide`` never stops early). Of ragate's other gates none
+qualifies: DTR's UGT divides by the answer's own length T (Eq. 3), which grows with the draft, so a later
+confident token lowers it; the variance gate's d_t (Eq. 3) needs all N samples at step t, which are generated one
+after another; the rest read whole replies (PAIRS, the judge, self-eval, verbal confidence, Self-RAG-lite) or no
+draft at all (SKR, random, never, always).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from ragate.gates.base import Gate, GateContext, GateDecision, Need, TokenUncertainty
 from ragate.types import Generation, GenerationRequest
 from ragate.uncertainty import (
     DEFAULT_MARGIN_BETA,
+    DivideBy,
     disagreement,
     margin_uncertainty,
     mean_entropy,
     mean_margin_uncertainty,
+    prefix_bound,
 )
 
 if TYPE_CHECKING:
@@ -46,22 +62,77 @@ def _empty(tau: float) -> GateDecision:
     return GateDecision(True, math.inf, tau, "empty draft: nothing to score")
 
 
-def targ_entropy(draft: Generation, tau: float, *, k: int = DEFAULT_PREFIX) -> GateDecision:
-    """TARG Eq. 1 over the draft's first ``k`` steps."""
+def targ_entropy(
+    draft: Generation, tau: float, *, k: int = DEFAULT_PREFIX, divide_by: DivideBy = "k", early: bool = False
+) -> GateDecision:
+    """TARG Eq. 1 over the draft's first ``k`` steps (``divide_by``: see :func:`ragate.uncertainty.mean_entropy`).
+    ``early``: the draft was stopped once the decision was settled (:class:`Settled`); the score is then the
+    lower bound (1/k) sum H_t over the steps written, which already exceeds ``tau``."""
     if len(draft) == 0:
         return _empty(tau)
     entropies, exact = draft.step_entropies()
     detail = "" if exact else " (top-k entropy approximation)"
-    return _decide("mean entropy", mean_entropy(entropies, k), tau, detail)
+    if early:
+        return _settled("mean entropy", prefix_bound(entropies, k), tau, len(draft), k, detail)
+    return _decide("mean entropy", mean_entropy(entropies, k, divide_by=divide_by), tau, detail)
 
 
 def targ_margin(
-    draft: Generation, tau: float, *, k: int = DEFAULT_PREFIX, beta: float = DEFAULT_MARGIN_BETA
+    draft: Generation,
+    tau: float,
+    *,
+    k: int = DEFAULT_PREFIX,
+    beta: float = DEFAULT_MARGIN_BETA,
+    divide_by: DivideBy = "k",
+    early: bool = False,
 ) -> GateDecision:
-    """TARG Eq. 2 over the draft's first ``k`` steps; needs at least the top-2 log-probabilities per step."""
+    """TARG Eq. 2 over the draft's first ``k`` steps; needs at least the top-2 log-probabilities per step.
+    ``divide_by`` and ``early`` as in :func:`targ_entropy`."""
     if len(draft) == 0:
         return _empty(tau)
-    return _decide(f"margin (beta={beta:g})", mean_margin_uncertainty(draft.top1_top2_gaps, k, beta), tau)
+    name = f"margin (beta={beta:g})"
+    if early:
+        terms = [margin_uncertainty(g, beta) for g in draft.top1_top2_gaps]
+        return _settled(name, prefix_bound(terms, k), tau, len(draft), k)
+    return _decide(name, mean_margin_uncertainty(draft.top1_top2_gaps, k, beta, divide_by=divide_by), tau)
+
+
+def _settled(name: str, bound: float, tau: float, n: int, k: int, detail: str = "") -> GateDecision:
+    retrieve = bound > tau  # True whenever Settled stopped the draft; checked, not assumed
+    return GateDecision(
+        retrieve,
+        bound,
+        tau,
+        f"{name} U >= {bound:.4g} {'>' if retrieve else '<='} tau = {tau:g} from the first {n} of k = {k} draft "
+        f"tokens (exact early exit: the other terms are >= 0, so the decision is settled){detail}",
+    )
+
+
+class Settled:
+    """Watches a TARG draft as it is decoded and says when the decision "retrieve" is settled: the lower bound
+    (1/k) sum_{t<=j} u_t (TARG Eqs. 1-2, :func:`ragate.uncertainty.prefix_bound`) exceeds ``tau`` after j < k
+    tokens. ``terms`` gives a draft's per-step terms u_t (each >= 0). It remembers where it fired (``at``), so that
+    the gate knows that the draft it gets back was stopped there (:meth:`stopped`)."""
+
+    def __init__(self, terms: Callable[[Generation], Sequence[float]], k: int, tau: float) -> None:
+        self.terms, self.k, self.tau = terms, k, tau
+        self.at: int | None = None
+
+    def __call__(self, draft: Generation) -> bool:
+        if len(draft) >= self.k:  # the draft is whole: nothing left to save
+            return False
+        if prefix_bound(self.terms(draft), self.k) > self.tau:
+            self.at = len(draft)
+            return True
+        return False
+
+    def stopped(self, draft: Generation) -> bool:
+        """Whether ``draft`` is the one this watcher stopped (its length is where it fired)."""
+        return self.at is not None and len(draft) == self.at
+
+
+def _entropies(draft: Generation) -> Sequence[float]:
+    return draft.step_entropies()[0]
 
 
 def targ_variance(samples: Sequence[Generation], tau: float, *, k: int = DEFAULT_PREFIX) -> GateDecision:
@@ -93,9 +164,13 @@ class TargEntropy(Gate):
     default_tau = 0.8
     tau_source = _ENTROPY_TAU
     like = "targ-entropy"
+    divide_by: ClassVar[DivideBy] = "k"
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
-        return targ_entropy(ctx.draft(ctx.params.prefix), tau, k=ctx.params.prefix)
+        k = ctx.params.prefix
+        settled = Settled(_entropies, k, tau)
+        draft = ctx.draft(k, settled=settled)
+        return targ_entropy(draft, tau, k=k, divide_by=self.divide_by, early=settled.stopped(draft))
 
     def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
         entropies, exact = draft.step_entropies()
@@ -109,16 +184,42 @@ class TargMargin(Gate):
     default_tau = 0.25
     tau_source = _MARGIN_TAU
     like = "targ-margin"
+    divide_by: ClassVar[DivideBy] = "k"
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         p = ctx.params
-        return targ_margin(ctx.draft(p.prefix), tau, k=p.prefix, beta=p.beta)
+
+        def terms(draft: Generation) -> list[float]:
+            return [margin_uncertainty(g, p.beta) for g in draft.top1_top2_gaps]
+
+        settled = Settled(terms, p.prefix, tau)
+        draft = ctx.draft(p.prefix, settled=settled)
+        early = settled.stopped(draft)
+        return targ_margin(draft, tau, k=p.prefix, beta=p.beta, divide_by=self.divide_by, early=early)
 
     def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
         values = tuple(margin_uncertainty(g, params.beta) for g in draft.top1_top2_gaps)
         return TokenUncertainty(
             f"margin exp(-g/{params.beta:g})", values, min(params.prefix, len(values)), 1.0
         )
+
+
+class TargEntropyPresent(TargEntropy):
+    description = (
+        "TARG's entropy gate (Eq. 1) with a draft shorter than k averaged over its tokens, not divided by k "
+        "(ragate before issue 51)"
+    )
+    like = "targ-entropy"
+    divide_by = "present"
+
+
+class TargMarginPresent(TargMargin):
+    description = (
+        "TARG's margin gate (Eq. 2) with a draft shorter than k averaged over its tokens, not divided by k "
+        "(ragate before issue 51)"
+    )
+    like = "targ-margin"
+    divide_by = "present"
 
 
 class TargVariance(Gate):

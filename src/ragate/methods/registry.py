@@ -148,6 +148,17 @@ _METHODS = (
         _TARG_SELECT,
         TARG,
     ),
+    *(  # the form of Eqs. 1-2 ragate had before issue 51: a draft shorter than k averaged over its tokens
+        MethodSpec(
+            f"targ-{gate}-present",
+            f"TARG's {gate} gate with a draft that ends before k averaged over its tokens, not divided by k "
+            "(ragate before issue 51)",
+            GateSpec(f"targ-{gate}-present"),
+            _TARG_SELECT,
+            TARG,
+        )
+        for gate in ("entropy", "margin")
+    ),
     MethodSpec(
         "targ-always",
         "TARG's reader for every question: the question, then the top-5 passages (Eq. 5)",

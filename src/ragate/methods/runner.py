@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ragate.backends.base import Backend
+from ragate.backends.decoding import Watch
 from ragate.errors import GateError, ModelNotFoundError, RagateError
 from ragate.gates.base import GateDecision
 from ragate.gates.registry import get_gate
@@ -46,9 +47,12 @@ class QuestionRun:
         *,
         seed: int = 0,
         progress: Callable[[str], None] | None = None,
+        early_exit: bool = True,
     ) -> None:
         self.spec, self.question, self.lm, self.retriever = spec, question, lm, retriever
         self.seed, self.params = seed, spec.gate
+        self.early_exit = early_exit  # a gate's draft may stop once its decision is settled (TARG Eqs. 1-2)
+        self._cut_early = False  # the draft stopped there: it is not an answer until continued
         self.stages: list[Stage] = []
         self.queries: list[str] = []
         self.progress = progress
@@ -86,19 +90,44 @@ class QuestionRun:
         top_logprobs: int = 5,
         **fields: str,
     ) -> Generation:
-        request = GenerationRequest(
+        request = self._request(template, max_tokens, top_logprobs, **fields)
+        return self.generate(name, [request], overhead=overhead)[0]
+
+    def _request(
+        self, template: str, max_tokens: int | None, top_logprobs: int = 5, **fields: str
+    ) -> GenerationRequest:
+        return GenerationRequest(
             self.messages(template, **fields),
             max_tokens=max_tokens or self.spec.max_tokens,
             top_logprobs=min(
                 top_logprobs, self.lm.capabilities.top_k
             ),  # what the gate needs is checked first
         )
-        return self.generate(name, [request], overhead=overhead)[0]
 
-    def draft(self, max_tokens: int | None = None) -> Generation:
-        """The greedy direct answer, generated once (``max_tokens`` None: the method's answer length)."""
+    def draft(self, max_tokens: int | None = None, *, settled: Watch | None = None) -> Generation:
+        """The greedy direct answer, generated once (``max_tokens`` None: the method's answer length).
+
+        ``settled`` (a gate's exact early exit, e.g. :class:`ragate.gates.targ.Settled`) sees the draft after each
+        token; where this run allows early exit, the draft stops at the first token where it returns True
+        (:meth:`Backend.generate_settled <ragate.backends.base.Backend.generate_settled>`: local engines decode no
+        further). A draft that never settles is the one generated without it."""
         if self._draft is None:
-            self._draft = self.one("draft", self.spec.prompts.direct, max_tokens=max_tokens)
+            generate_settled = getattr(self.lm, "generate_settled", None)
+            if settled is None or not self.early_exit or generate_settled is None:
+                self._draft = self.one("draft", self.spec.prompts.direct, max_tokens=max_tokens)
+                return self._draft
+            request = self._request(self.spec.prompts.direct, max_tokens)
+            if self.progress is not None:
+                self.progress("draft")
+            fired: list[bool] = []
+
+            def watch(gen: Generation) -> bool:
+                fired.append(settled(gen))
+                return fired[-1]
+
+            self._draft = generate_settled(request, watch)
+            self._cut_early = bool(fired) and fired[-1] and len(self._draft) < request.max_tokens
+            self.stages.append(Stage.of("draft", self._draft))
         return self._draft
 
     @property
@@ -129,7 +158,8 @@ class QuestionRun:
         text = draft.text
         if len(draft) > self.spec.max_tokens and len(draft.offsets) == len(draft):  # a gate's draft is longer
             return text[: draft.offsets[self.spec.max_tokens - 1][1]]  # than the answer may be: cut it there
-        if draft.finish_reason == "length" and self.spec.max_tokens > len(draft):
+        cut = draft.finish_reason == "length" or self._cut_early  # stopped before its end: continue it
+        if cut and self.spec.max_tokens > len(draft):
             if not self.lm.capabilities.continues:  # a chat endpoint: the whole greedy answer, which the draft
                 return self.one("answer", self.spec.prompts.direct).text  # (greedy, same prompt) begins
             rest = GenerationRequest(
@@ -202,6 +232,7 @@ def run_method(
     seed: int = 0,
     dataset: str | None = None,
     progress: Callable[[str], None] | None = None,
+    early_exit: bool = True,
 ) -> Trace:
     """Answer ``question`` with ``spec``; ``retriever`` may be None only for methods that never retrieve.
 
@@ -209,7 +240,10 @@ def run_method(
     few-shot exemplars (single-shot methods ignore it). A method the backend cannot serve (a logprob gate on a
     text-only API) is a :class:`~ragate.errors.CapabilityError`, and one the index cannot serve (DPR-AIS over
     an index without embeddings) an :class:`~ragate.errors.IndexNeedError`, both before any LM call.
-    ``progress`` is called with each stage's name as it starts (``ragate ask``'s status line)."""
+    ``progress`` is called with each stage's name as it starts (``ragate ask``'s status line). ``early_exit``: a
+    gate whose decision can be settled before its draft ends (TARG's entropy and margin, Eqs. 1-2) stops the
+    draft there; decisions and answers are the same as without it, the gate's score of such a draft is a lower
+    bound (False: every draft is whole, every score exact)."""
     require(spec, lm.capabilities, engine=lm.engine)
     if retriever is not None:
         require_index(spec, retriever)
@@ -219,7 +253,7 @@ def run_method(
         if progress is not None:
             progress("generate")
         return run_dynamic(spec, question, lm, retriever, dataset=dataset)
-    run = QuestionRun(spec, question, lm, retriever, seed=seed, progress=progress)
+    run = QuestionRun(spec, question, lm, retriever, seed=seed, progress=progress, early_exit=early_exit)
     if spec.crag is not None:
         from ragate.methods.crag_lite import run_crag_lite
 
@@ -265,15 +299,16 @@ def select_documents(
     *,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    early_exit: bool = True,
 ) -> Trace:
     """The gate and, when it says "retrieve", the method's selection, with no answer written: what a framework
     that reads the documents with its own model needs (``ragate.integrations``). The trace's ``answer`` is empty
-    and its documents are those ``run_method`` would read with the same ``seed``."""
+    and its documents are those ``run_method`` would read with the same ``seed`` (``early_exit`` as there)."""
     _no_gate_alone(spec)
     require(spec, lm.capabilities, engine=lm.engine)
     if retriever is not None:
         require_index(spec, retriever)
-    run = QuestionRun(spec, question, lm, retriever, seed=seed, progress=progress)
+    run = QuestionRun(spec, question, lm, retriever, seed=seed, progress=progress, early_exit=early_exit)
     decision, documents = _gate_and_select(run)
     return Trace(
         spec.name, question, "", decision.retrieve, decision, tuple(run.queries), documents, tuple(run.stages),
@@ -301,10 +336,12 @@ def decide(
     """Only the gate: its decision and score for ``question`` (what calibration and threshold sweeps need).
 
     It pays for the gate's own generations and nothing after them, so its score equals the one ``run_method``
-    would see with the same ``seed``. Dynamic methods have no gate to run alone: they decide while writing."""
+    would see with the same ``seed`` and ``early_exit=False``: drafts are never stopped early here, because what
+    reads these scores ranks them (threshold sweeps, calibration, AUROC), and an early-exit score is only a lower
+    bound. Dynamic methods have no gate to run alone: they decide while writing."""
     _no_gate_alone(spec)
     require(spec, lm.capabilities, engine=lm.engine)
-    run = QuestionRun(spec, question, lm, retriever, seed=seed)
+    run = QuestionRun(spec, question, lm, retriever, seed=seed, early_exit=False)
     return run_gate(run, spec)
 
 
