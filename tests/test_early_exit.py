@@ -103,6 +103,7 @@ class _Index:
     """A retriever stand-in: the same two passages for every query."""
 
     kind = "dense"
+    score_kind = "cosine"
 
     def search(self, queries: list[str], k: int) -> list[list[Any]]:
         from ragate.retrieval.types import Hit, Passage
@@ -226,3 +227,50 @@ def test_smollm2_early_exit_gives_the_full_drafts_decisions_and_answers_with_few
     store.close()
     assert retrieved >= 2 and skipped >= 2  # both cases are exercised
     assert saved > 0  # fewer decoded tokens on the retrieved questions
+
+
+def test_a_run_resumes_only_with_the_same_early_exit_and_the_same_targ_form(tmp_path: Path) -> None:
+    """Early exit changes a run's costs, the division by k its TARG scores: a run from before issue 51 (neither
+    recorded) resumes with --no-early-exit, and not at all when it scored TARG's entropy or margin."""
+    import json
+
+    from ragate.errors import RagateError
+    from ragate.eval.run import EvalConfig, check_config
+
+    def saved(config: EvalConfig, *drop: str) -> Path:
+        out = tmp_path / "-".join(config.methods)
+        out.mkdir(exist_ok=True)
+        data = {k: v for k, v in config.to_json().items() if k not in drop}
+        (out / "config.json").write_text(json.dumps(data))
+        return out
+
+    old = saved(EvalConfig("demo", ("dtr",), early_exit=False))  # a run before issue 51 recorded neither key
+    assert "early_exit" not in json.loads((old / "config.json").read_text())
+    check_config(EvalConfig("demo", ("dtr",), early_exit=False), old, resume=True)
+    with pytest.raises(RagateError, match="Resume with --no-early-exit"):
+        check_config(EvalConfig("demo", ("dtr",)), old, resume=True)
+    new = saved(EvalConfig("demo", ("no-retrieval",)))
+    with pytest.raises(RagateError, match="resume without --no-early-exit"):
+        check_config(EvalConfig("demo", ("no-retrieval",), early_exit=False), new, resume=True)
+    targ = EvalConfig("demo", ("targ-margin",), early_exit=False)
+    assert targ.to_json()["targ_mean"] == "k"
+    before = saved(targ, "targ_mean")
+    with pytest.raises(RagateError, match="averages? a draft shorter than k"):
+        check_config(targ, before, resume=True)
+    check_config(targ, saved(targ), resume=True)
+    present = EvalConfig("demo", ("targ-margin-present",), early_exit=False)
+    assert "targ_mean" not in present.to_json()
+    check_config(present, saved(present), resume=True)
+
+
+def test_pipeline_stops_drafts_early_unless_told_not_to_or_a_budget_ranks_its_scores(tmp_path: Path) -> None:
+    from ragate.pipeline import Pipeline
+
+    def draft_tokens(**options: Any) -> tuple[int, bool]:
+        with Pipeline("targ-margin", lm=_lm(), retriever=_Index(), threshold=0.5, **options) as rag:  # type: ignore[arg-type]
+            answer = rag.answer("Who founded Rome?")
+            return next(s for s in answer.stages if s.name == "draft").completion_tokens, answer.retrieved
+
+    assert draft_tokens() == (11, True)  # 11/20 > 0.5
+    assert draft_tokens(early_exit=False) == (20, True)
+    assert draft_tokens(budget=0.5, budget_state=str(tmp_path / "b.json")) == (20, True)  # the controller ranks

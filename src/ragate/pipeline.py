@@ -32,6 +32,7 @@ from typing import Any, Self
 from tqdm.auto import tqdm
 
 from ragate.backends import Backend, load_backend
+from ragate.backends.threads import thread_options
 from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
 from ragate.methods import MethodSpec, get_method, run_method
@@ -207,6 +208,12 @@ class Pipeline:
     ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close. Every answer is an OpenTelemetry
     span with the gate, retrieval and generations as children (:mod:`ragate.tracing`), sent to ``tracer_provider``
     or the application's global one; ``trace_content=True`` puts the question, answer and documents in them.
+    ``threads`` / ``batch_threads``: a local engine's threads for decoding / prompt evaluation (llama.cpp; torch's
+    for transformers); None or "auto" (the default) uses the CPUs of this process that other processes leave free,
+    looked at again as it runs (:mod:`ragate.backends.threads`). ``early_exit`` (default True): a gate whose
+    decision is settled before its draft ends (TARG's entropy and margin) stops the draft there, with the same
+    decisions and answers (:mod:`ragate.gates.targ`); calls whose threshold the budget controller sets and
+    :meth:`decide` / :meth:`scores` / :meth:`calibrate` always read whole drafts, since they rank the scores.
     """
 
     def __init__(
@@ -238,6 +245,9 @@ class Pipeline:
         lm: Backend | None = None,
         retriever: Retriever | None = None,
         backend_options: dict[str, Any] | None = None,
+        threads: int | str | None = None,
+        batch_threads: int | str | None = None,
+        early_exit: bool = True,
         max_question_chars: int = MAX_QUESTION_CHARS,
         tracer_provider: Any = None,
         trace_content: bool | None = None,
@@ -248,6 +258,7 @@ class Pipeline:
             gate=gate, selector=selector, fallback=fallback, prompts=prompts,
         )  # fmt: skip
         self._closed = False
+        self.early_exit = bool(early_exit)
         engine = backend or ("openai" if base_url else "llama.cpp")
         if base_url and engine != "openai":
             raise RagateError(f"base_url goes with backend='openai', not {engine!r}")
@@ -287,6 +298,7 @@ class Pipeline:
                 options = dict(backend_options or {})
                 if engine == "openai":
                     options.setdefault("base_url", base_url)
+                options |= thread_options(engine, threads, batch_threads)
                 lm = load_backend(model, engine, **options)
                 self._owned.append(lm)
             self.lm: Backend = _exact_calls(lm)
@@ -406,7 +418,10 @@ class Pipeline:
                 if still_wanted is not None and not still_wanted():
                     raise TimeoutError("given up while waiting for the model")
                 retriever = self.retriever if spec.retrieves else self._retriever
-                trace = run_method(spec, question, self.lm, retriever, seed=self.seed, progress=progress)
+                early = self.early_exit and not self.controls(method, threshold)  # the controller ranks scores
+                trace = run_method(
+                    spec, question, self.lm, retriever, seed=self.seed, progress=progress, early_exit=early
+                )
             self.tracing.finish(span, trace, model=model, engine=engine)
         if self.controls(method, threshold) and self.budget is not None:
             self.budget.observe(trace.gate.score, trace.retrieved)
@@ -432,7 +447,10 @@ class Pipeline:
         try:
             with self.tracing.span("ragate.retrieve", spec.name, model=model, engine=engine) as span:
                 with self.model_lock():
-                    trace = select_documents(spec, question, self.lm, self.retriever, seed=self.seed)
+                    early = self.early_exit and not self.controls(method, threshold)
+                    trace = select_documents(
+                        spec, question, self.lm, self.retriever, seed=self.seed, early_exit=early
+                    )
                 self.tracing.finish(span, trace, model=model, engine=engine)
         except ValueError as err:
             if isinstance(err, RagateError):

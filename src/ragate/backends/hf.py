@@ -43,9 +43,24 @@ class TransformersBackend(Backend):
     engine = "transformers"
 
     def __init__(
-        self, model_path: str | Path, *, name: str | None = None, max_context: int | None = None
+        self,
+        model_path: str | Path,
+        *,
+        name: str | None = None,
+        max_context: int | None = None,
+        n_threads: int | str | None = None,
     ) -> None:
+        """``n_threads``: torch's intra-op threads for the whole process (``torch.set_num_threads``: the encoder
+        shares them); None or "auto" leaves torch's own default (one per physical core)."""
+        from ragate.backends.threads import check_threads
+
+        try:
+            threads = check_threads(n_threads, "n_threads")
+        except ValueError as err:
+            raise RagateError(str(err)) from None
         torch, transformers = _import_transformers()
+        if threads is not None:
+            torch.set_num_threads(threads)
         path = Path(model_path)
         if not path.exists():
             raise ModelNotFoundError(

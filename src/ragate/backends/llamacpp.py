@@ -7,13 +7,13 @@ does, and greedy output equals its ``temperature=0`` output. The key/value cache
 prompt that extends the previous sequence (a draft continued, N samples of one prompt) only evaluates new tokens.
 Inside :meth:`LlamaCppBackend.exact_prefix_reuse` a prompt evaluated from a cleared cache starts instead from the
 kept state of an earlier prompt, cut at an aligned length, which gives the same logits bit for bit
-(:mod:`ragate.backends.prompt_states`).
+(:mod:`ragate.backends.prompt_states`). Its thread counts follow :mod:`ragate.backends.threads`: by default as
+many threads as this process has CPUs that other processes leave free, looked at again between tokens.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +26,7 @@ from ragate.backends.base import Backend, Capabilities, check_text
 from ragate.backends.decoding import Recompute, Watch, check_prompt_fits, common_prefix_len, decode
 from ragate.backends.prompt_states import DEFAULT_STATE_BYTES, KeptPrompt, PrefixReuse, PromptStates
 from ragate.backends.template import chat_segments
+from ragate.backends.threads import ThreadPolicy, check_threads, usable_cpus
 from ragate.errors import ModelNotFoundError, RagateError
 from ragate.types import Generation, GenerationRequest, Message
 
@@ -46,10 +47,7 @@ def _import_llama_cpp() -> Any:
 
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity, so ``taskset -c 0`` gives one thread), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return max(1, len(usable_cpus()))
 
 
 class LlamaCppBackend(Backend):
@@ -63,19 +61,32 @@ class LlamaCppBackend(Backend):
         *,
         name: str | None = None,
         n_ctx: int = DEFAULT_CONTEXT,
-        n_threads: int | None = None,
+        n_threads: int | str | None = None,
+        n_threads_batch: int | str | None = None,
         prompt_state_bytes: int = DEFAULT_STATE_BYTES,
     ) -> None:
-        """``prompt_state_bytes`` bounds the prompt states kept for :meth:`exact_prefix_reuse` (0: none)."""
+        """``prompt_state_bytes`` bounds the prompt states kept for :meth:`exact_prefix_reuse` (0: none).
+        ``n_threads`` (decoding) and ``n_threads_batch`` (prompt evaluation, default: as ``n_threads``) are whole
+        numbers, or None / "auto": the CPUs of this process that other processes leave free
+        (:mod:`ragate.backends.threads`)."""
+        try:
+            threads = ThreadPolicy(
+                check_threads(n_threads, "n_threads"), check_threads(n_threads_batch, "n_threads_batch")
+            )
+        except ValueError as err:
+            raise RagateError(str(err)) from None
         llama_cpp = _import_llama_cpp()
         path = Path(model_path)
         if not path.is_file():
             raise ModelNotFoundError(f"no GGUF file at {path}: the llama.cpp backend loads a .gguf file")
         self._lib = llama_cpp
+        self._threads = threads
+        n, n_batch = threads.current()
         self._llm = llama_cpp.Llama(
             model_path=str(path),
             n_ctx=n_ctx,
-            n_threads=n_threads or usable_cores(),
+            n_threads=n,
+            n_threads_batch=n_batch,
             logits_all=False,
             verbose=False,
         )
@@ -110,7 +121,18 @@ class LlamaCppBackend(Backend):
     def is_end(self, token_id: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._llm._model.vocab, token_id))
 
+    @property
+    def thread_counts(self) -> dict[str, object]:
+        """The engine's thread counts now and how they are chosen (``auto`` or ``fixed``)."""
+        return self._threads.describe()
+
+    def _adapt_threads(self) -> None:
+        changed = self._threads.look()
+        if changed is not None and self._llm is not None:
+            self._lib.llama_set_n_threads(self._llm.ctx, *changed)
+
     def next_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        self._adapt_threads()
         llm = self._llm
         if self._reuse is not None and llm.n_tokens == 0:
             return self._exact_prompt_logits(token_ids, self._reuse)

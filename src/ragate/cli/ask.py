@@ -182,6 +182,9 @@ def ask_with_method(
     progress: Any = None,
     tracer_provider: Any = None,
     trace_content: bool | None = None,
+    threads: int | str | None = None,
+    batch_threads: int | str | None = None,
+    early_exit: bool = True,
     **options: Any,
 ) -> tuple[Trace, dict[str, Any]]:
     """Run a named method on one question through :class:`ragate.Pipeline` against ``index`` (default: the demo
@@ -208,6 +211,9 @@ def ask_with_method(
         backend_options=options,
         tracer_provider=tracer_provider,
         trace_content=trace_content,
+        threads=threads,
+        batch_threads=batch_threads,
+        early_exit=early_exit,
     ) as rag:
         answer = rag.answer(question, progress=progress)
         return answer.trace, capability_summary(rag.lm)
@@ -292,6 +298,8 @@ def run(args: argparse.Namespace) -> int:
         raise RagateError("--gate-weights goes with --method no-model-lr (the trained gate that reads them)")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise RagateError(f"max_tokens must be >= 1, got {args.max_tokens}")
+    if args.no_early_exit and not args.method:
+        raise RagateError("--no-early-exit goes with --method (a gate's draft; closed-book has none)")
     if (args.trace or args.trace_content) and not args.method:
         raise RagateError("--trace and --trace-content go with --method (the spans are the gate's and the answer's)")
     if args.method:
@@ -343,6 +351,9 @@ def run(args: argparse.Namespace) -> int:
                 progress=status,
                 tracer_provider=provider,
                 trace_content=args.trace_content or None,
+                threads=args.threads,
+                batch_threads=args.batch_threads,
+                early_exit=not args.no_early_exit,
                 **options,
             )
         finally:
@@ -356,6 +367,9 @@ def run(args: argparse.Namespace) -> int:
         raise RagateError(
             "--index goes with --method (e.g. --method dtr); without a method ragate ask is closed-book"
         )
+    from ragate.backends.threads import thread_options
+
+    options |= thread_options(args.backend, args.threads, args.batch_threads)
     result = ask(
         args.question,
         model=args.model,
@@ -386,6 +400,34 @@ def trace_options(p: argparse.ArgumentParser) -> None:
         "--trace-content",
         action="store_true",
         help="spans carry the question, the answer and the documents' text (default: ids, scores and counts only)",
+    )
+
+
+def thread_arguments(p: argparse.ArgumentParser) -> None:
+    """``--threads`` and ``--batch-threads``: a local engine's threads (``ragate ask``, ``eval``, ``sweep``,
+    ``serve``)."""
+    p.add_argument(
+        "--threads",
+        default="auto",
+        metavar="N|auto",
+        help="a local engine's threads for generating: auto (default) uses the CPUs this process may run on that "
+        "other processes leave free, looked at again as it runs; N fixes them (llama.cpp; torch's for transformers)",
+    )
+    p.add_argument(
+        "--batch-threads",
+        default=None,
+        metavar="N|auto",
+        help="llama.cpp's threads for evaluating prompts (default: as --threads)",
+    )
+
+
+def early_exit_argument(p: argparse.ArgumentParser) -> None:
+    """``--no-early-exit``: every gate's draft decoded whole (``ragate ask``, ``eval``, ``serve``)."""
+    p.add_argument(
+        "--no-early-exit",
+        action="store_true",
+        help="decode every gate draft whole: by default TARG's entropy and margin gates stop their draft once "
+        "the decision 'retrieve' is settled (same decisions and answers; the score is then a lower bound)",
     )
 
 
@@ -489,5 +531,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no status line on stderr while it works")
+    thread_arguments(parser)
+    early_exit_argument(parser)
     trace_options(parser)
     parser.set_defaults(run=run)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ragate.cli.ask import early_exit_argument, thread_arguments
 from ragate.errors import RagateError
 
 BACKEND_CHOICES = ("llama.cpp", "transformers", "openai")
@@ -25,6 +26,7 @@ def register(subparsers: Any) -> None:
     _common(ev, dataset_required=False)
     ev.add_argument("--methods", help="comma-separated method names (see `ragate ask --help`)")
     _concurrency(ev)
+    early_exit_argument(ev)
     ev.set_defaults(run=_run_eval)
 
     sw = subparsers.add_parser(
@@ -217,6 +219,7 @@ def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> Non
         help="a sentence-transformers CrossEncoder folder: the K of rerank and dpr-ais-rerank (PAIRS Eq. 7)",
     )
     p.add_argument("--seed", type=int, default=0)
+    thread_arguments(p)
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/DATASET-MODEL)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument(
@@ -399,13 +402,28 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
         fallback=getattr(args, "fallback", None),
         shard=args.shard,
         extra_body=args.extra_body,
-        extra=timeout_note(args.openai_timeout),
+        extra=timeout_note(args.openai_timeout) | _thread_note(args),
         offset=getattr(args, "offset", 0),
         skr_labels=str(args.skr_labels) if getattr(args, "skr_labels", None) else None,
         cross_encoder=getattr(args, "cross_encoder", None),
         tuned=tuple(tuned),
         gate_weights=_gate_weights(args, names),
+        # eval: TARG's early exit unless --no-early-exit; a sweep reads every gate draft whole (it ranks scores)
+        early_exit=not getattr(args, "no_early_exit", True),
     )
+
+
+def _thread_note(args: argparse.Namespace) -> dict[str, Any]:
+    """``--threads`` / ``--batch-threads`` as ``EvalConfig.extra`` records them (where not auto): they change no
+    answer (ragate.backends.threads), so a resume may change them."""
+    from ragate.backends.threads import thread_options
+
+    thread_options(args.engine, args.threads, args.batch_threads)  # checked before any model loads
+    return {
+        key: int(value)
+        for key, value in (("threads", args.threads), ("batch_threads", args.batch_threads))
+        if value not in (None, "auto")
+    }
 
 
 def _gate_weights(args: argparse.Namespace, names: tuple[str, ...]) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ragate.backends import ENGINES
-from ragate.cli.ask import trace_options
+from ragate.cli.ask import early_exit_argument, thread_arguments, trace_options
 from ragate.cli.eval import base_urls
 from ragate.errors import RagateError
 from ragate.methods.needs import DEFAULT_TEXT_GATE
@@ -23,6 +23,7 @@ from ragate.methods.needs import DEFAULT_TEXT_GATE
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """The :class:`ServiceSettings` for the parsed command line (the API key from the environment if not given)."""
+    from ragate.backends.threads import check_threads
     from ragate.service.settings import API_KEY_ENV, ServiceSettings
 
     engine = args.backend or ("openai" if args.base_url else "llama.cpp")
@@ -60,6 +61,9 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             backend_timeout=args.openai_timeout,
             max_reply_bytes=args.max_reply_bytes,
             prompt_state_mb=args.prompt_state_mb,
+            threads=check_threads(args.threads, "--threads"),
+            batch_threads=check_threads(args.batch_threads, "--batch-threads"),
+            early_exit=not args.no_early_exit,
             prompts=args.prompts,
             answer_log=str(args.answer_log) if args.answer_log else None,
             trace_file=str(args.trace) if args.trace else None,
@@ -192,6 +196,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="llama.cpp: memory for the kept prompt states a new prompt starts from (the gate's draft for the "
         f"reading prompt, a dynamic method's exemplars); 0 keeps none (default {d.prompt_state_mb})",
     )
+    thread_arguments(p)
+    early_exit_argument(p)
     p.add_argument(
         "--openai-logprobs",
         choices=("auto", "on", "off"),

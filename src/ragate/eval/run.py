@@ -75,6 +75,9 @@ class EvalConfig:
     # validation questions may be scored; not compared on resume (the thresholds they set are)
     tuned: tuple[str, ...] = ()
     gate_weights: str | None = None  # a trained gate's weights (`ragate gate fit`) that no-model-lr reads
+    # TARG's entropy and margin gates stop their draft once "retrieve" is settled (same decisions and answers,
+    # fewer tokens; ragate.gates.targ); compared on resume, so that a run's costs are of one kind
+    early_exit: bool = True
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -85,6 +88,10 @@ class EvalConfig:
             data["tuned"] = [str(p) for p in self.tuned]
         if data["gate_weights"] is None:
             data.pop("gate_weights")  # recorded only where set, as tuned
+        if data.pop("early_exit"):  # recorded only where on: runs before issue 51 had none
+            data["early_exit"] = True
+        if targ_mean_methods(self.methods):
+            data["targ_mean"] = TARG_MEAN  # how these scores divide a short draft (absent: before issue 51)
         if isinstance(self.base_url, tuple):
             data["base_url"] = list(self.base_url)
         return data
@@ -148,7 +155,7 @@ def check_config(
     now = config.to_json()
     for key in (
         "dataset", "methods", "model", "engine", "index", "limit", "seed", "thresholds", "base_url", "fallback",
-        "offset", "skr_labels", "cross_encoder", "shard", "extra_body", "gate_weights",
+        "offset", "skr_labels", "cross_encoder", "shard", "extra_body", "gate_weights", "early_exit", "targ_mean",
     ):  # fmt: skip
         if key == "methods" and add_methods and set(saved.get(key) or ()) <= set(now[key]):
             continue  # a sweep may gain gates: their scores join the stored answers
@@ -158,6 +165,10 @@ def check_config(
             continue  # no skr gate was swept before: no label set to keep
         if key == "gate_weights" and add_methods and not reads_weights(saved.get("methods") or ()):
             continue  # no trained gate was swept before: no weights to keep
+        if key == "targ_mean" and not targ_mean_methods(saved.get("methods") or ()):
+            continue  # no TARG entropy or margin score stored: nothing to mix
+        if key in ("early_exit", "targ_mean") and saved.get(key) != now.get(key):
+            raise RagateError(f"cannot resume {out_dir}: {_resume_hint(key, saved.get(key))}")
         same = _index_path(saved.get(key)) == _index_path(now.get(key)) if key == "index" else None
         if key == "base_url" and saved.get("model") and saved.get(key) and now.get(key):
             continue  # servers come and go: the named model (checked above) is what the answers depend on
@@ -273,6 +284,8 @@ _CONFIG: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "limit": (lambda v: v is None or is_count(v), "a count or null"),
     "offset": (is_count, "a count"),
+    "early_exit": (lambda v: isinstance(v, bool), "true or false"),
+    "targ_mean": (lambda v: v in ("k", "present"), '"k" or "present"'),
     "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53, "an integer"),
     "thresholds": (
         lambda v: isinstance(v, dict) and all(is_real(t) for t in v.values()),
@@ -318,6 +331,37 @@ def _urls(value: Any) -> str:
 def _grows(before: int | None, now: int | None) -> bool:
     """Whether ``--limit now`` extends a run of ``--limit before`` (None: every question of the file)."""
     return before is not None and (now is None or now >= before)
+
+
+TARG_MEAN = "k"  # TARG's entropy and margin divide a draft shorter than k by k (Eqs. 1-2; issue 51)
+
+
+def targ_mean_methods(methods: Sequence[str]) -> list[str]:
+    """The methods whose gate is TARG's entropy or margin as Eqs. 1-2 write it (a short draft divided by k)."""
+    out = []
+    for name in methods:
+        try:
+            spec = get_method(name)
+        except RagateError:
+            continue
+        if spec.dynamic is None and getattr(get_gate(spec.gate.kind), "divide_by", None) == TARG_MEAN:
+            out.append(name)
+    return out
+
+
+def _resume_hint(key: str, saved: Any) -> str:
+    if key == "early_exit":
+        return (
+            "it was run without TARG's early exit (every gate draft decoded whole), and this run would stop drafts "
+            "early: its costs would be of two kinds. Resume with --no-early-exit"
+            if not saved
+            else "it was run with TARG's early exit; resume without --no-early-exit"
+        )
+    return (
+        "its TARG entropy/margin scores average a draft shorter than k over its tokens (ragate before issue 51), "
+        "and this ragate divides by k as TARG's Eqs. 1-2 do: the scores would be of two kinds. Start a new run "
+        "(the old form is the method targ-entropy-present / targ-margin-present)"
+    )
 
 
 # keys added after runs were saved without them: their value then
@@ -834,8 +878,9 @@ def _answer_jobs(
                     with calls.tally() as tally:
                         start, cpu = time.perf_counter(), clock()
                         trace = run_method(
-                            spec, ex.question, target, retriever, seed=config.seed + i, dataset=ex.dataset
-                        )
+                            spec, ex.question, target, retriever, seed=config.seed + i, dataset=ex.dataset,
+                            early_exit=config.early_exit,
+                        )  # fmt: skip
                         wall, cpu = time.perf_counter() - start, clock() - cpu
                     counted = tally if target is calls else None
                     record = record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted)
@@ -933,11 +978,14 @@ def server_options(
 def _open_lm(config: EvalConfig, concurrency: int = 1) -> Backend:
     """The run's model; a server backend with a connection for each of ``concurrency`` calls in flight."""
     from ragate.backends import load_backend
+    from ragate.backends.threads import thread_options
 
     options: dict[str, Any] = {}
     if config.engine == "openai":
         timeout = config.extra.get("openai_timeout")
         options = {"base_url": config.base_url, **server_options(concurrency, config.extra_body, timeout)}
+    else:  # threads change no computation (ragate.backends.threads): a note in extra, not compared on resume
+        options = thread_options(config.engine, config.extra.get("threads"), config.extra.get("batch_threads"))
     return load_backend(config.model, config.engine, **options)
 
 

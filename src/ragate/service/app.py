@@ -494,6 +494,7 @@ def load_pipeline(
             gate_weights=settings.gate_weights,
             lm=lm,
             backend_options=settings.backend_options,
+            early_exit=settings.early_exit,
             prompts=settings.prompts,
             max_question_chars=settings.max_question_chars,
             tracer_provider=provider,

@@ -66,6 +66,9 @@ class ServiceSettings:
     gate_weights: str | None = None  # a trained gate's weights (`ragate gate fit`) that no-model-lr reads
     calibration: str | None = None  # a `ragate calibrate` file: the served method's threshold
     prompt_state_mb: int = 512  # llama.cpp: the prompt states kept for exact prefix reuse (0: none)
+    threads: int | None = None  # a local engine's threads (None: auto, the CPUs others leave free)
+    batch_threads: int | None = None  # llama.cpp's prompt-evaluation threads (None: as threads)
+    early_exit: bool = True  # TARG's entropy/margin drafts stop once "retrieve" is settled (ragate.gates.targ)
     prompts: str | None = None  # another prompt set for the served method (e.g. targ: its documents first)
     answer_log: str | None = None  # a file each answer's decision, cost and savings are appended to (JSON lines)
     trace_file: str | None = None  # a file the OpenTelemetry spans are appended to (else the global provider's)
@@ -84,6 +87,12 @@ class ServiceSettings:
             raise ValueError(f"service settings must be positive: {', '.join(bad)}")
         if self.port > 65535:
             raise ValueError(f"port must be at most 65535, got {self.port}")
+        from ragate.backends.threads import check_threads
+
+        for name, value in (("threads", self.threads), ("batch_threads", self.batch_threads)):
+            check_threads(value, f"--{name.replace('_', '-')}")
+        if self.engine == "openai" and (self.threads is not None or self.batch_threads is not None):
+            raise ValueError("--threads and --batch-threads set a local engine's threads; a model server sets its own")
         if self.prompt_state_mb < 0:
             raise ValueError(f"--prompt-state-mb must be >= 0 (0 keeps no prompt states), got {self.prompt_state_mb}")
         if self.backend_retries < 0:
@@ -149,10 +158,13 @@ class ServiceSettings:
     def backend_options(self) -> dict[str, Any]:
         """Constructor options for the LM backend: the kept prompt states' bound (llama.cpp), the server and its
         limits (OpenAI-compatible)."""
+        from ragate.backends.threads import thread_options
+
         if self.engine == "llama.cpp":
-            return {"prompt_state_bytes": self.prompt_state_mb * 2**20}
+            threads = thread_options(self.engine, self.threads, self.batch_threads)
+            return {"prompt_state_bytes": self.prompt_state_mb * 2**20, **threads}
         if self.engine != "openai":
-            return {}
+            return thread_options(self.engine, self.threads, self.batch_threads)
         return {
             "base_url": self.openai_base_url,
             "timeout": min(self.backend_timeout, self.request_timeout),
