@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 import fnmatch
 import importlib.util
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -201,6 +202,53 @@ class SentenceTransformerEncoder(Encoder):
 
     def __repr__(self) -> str:
         return f"SentenceTransformerEncoder(name={self.name!r}, dim={self.dim}, path={str(self.model_dir)!r})"
+
+
+class _Once:
+    """An encoder loaded the first time it is asked for, by one thread; shared by a deferred encoder's copies."""
+
+    def __init__(self, load: Callable[[], Encoder]) -> None:
+        self._load, self._lock = load, threading.Lock()
+        self.encoder: Encoder | None = None
+
+    def get(self) -> Encoder:
+        with self._lock:
+            if self.encoder is None:
+                self.encoder = self._load()
+            return self.encoder
+
+
+class DeferredEncoder(Encoder):
+    """An encoder whose identity is known (an index's manifest records it) and whose model loads on first use.
+
+    Opening a dense or hybrid index used to load its encoder at once: importing sentence-transformers (torch,
+    transformers, scikit-learn) took ~13 of the ~15 s `ragate ask --method ...` spent before its first LM call,
+    and a question the gate answers without retrieval never embeds anything (issue 51). ``load`` is called the
+    first time a text is embedded or the model is asked for, and must return an encoder of this identity."""
+
+    def __init__(
+        self, *, name: str, source: str, dim: int, query_prefix: str, document_prefix: str,
+        load: Callable[[], Encoder],
+    ) -> None:  # fmt: skip
+        self.name, self.source, self.dim = name, source, dim
+        self.query_prefix, self.document_prefix = query_prefix, document_prefix
+        self._once = _Once(load)
+
+    @property
+    def loaded(self) -> bool:
+        return self._once.encoder is not None
+
+    def _embed(self, texts: Sequence[str], *, prefix: str, batch_size: int, progress: bool) -> np.ndarray:
+        return self._once.get()._embed(texts, prefix=prefix, batch_size=batch_size, progress=progress)
+
+    def __getattr__(self, name: str) -> Any:  # the model's own attributes (``model``, ``model_dir``)
+        if name.startswith("__") or name == "_once":
+            raise AttributeError(name)
+        return getattr(self._once.get(), name)
+
+    def __repr__(self) -> str:
+        state = "loaded" if self.loaded else "not loaded yet"
+        return f"DeferredEncoder(name={self.name!r}, dim={self.dim}, source={self.source!r}, {state})"
 
 
 def default_encoder_dir() -> Path:

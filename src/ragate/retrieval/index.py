@@ -34,7 +34,13 @@ from ragate.retrieval.dense import (
     build_embeddings,
     build_hnsw,
 )
-from ragate.retrieval.encoders import Encoder, encoder_differences, load_encoder
+from ragate.retrieval.encoders import (
+    DeferredEncoder,
+    Encoder,
+    encoder_differences,
+    load_encoder,
+    resolve_encoder_dir,
+)
 from ragate.retrieval.hybrid import FUSION_DEPTH, HybridRetriever
 from ragate.retrieval.pooled import ChunkSettings
 from ragate.retrieval.store import (
@@ -235,19 +241,40 @@ def index_encoder(
 
 
 def _load_index_encoder(index_dir: Path, manifest: dict[str, Any]) -> Encoder:
+    """The encoder the manifest records, loaded on first use (:class:`DeferredEncoder`): its identity is the
+    manifest's, and the model's files are looked for now, so a missing model is an error before any cost."""
     built = manifest["encoder"]
-    try:
-        return load_encoder(
-            built["source"],
-            name=built["name"],
-            query_prefix=built["query_prefix"],
-            document_prefix=built["document_prefix"],
-        )
-    except ModelNotFoundError as err:
-        raise ModelNotFoundError(
+
+    def missing(err: ModelNotFoundError) -> ModelNotFoundError:
+        return ModelNotFoundError(
             f"{index_dir} was built with encoder {built['name']!r} from {built['source']!r}, which cannot be "
             f"loaded here ({err}); pass the same model as encoder= (CLI: --encoder PATH)"
-        ) from err
+        )
+
+    try:
+        resolve_encoder_dir(built["source"])
+    except ModelNotFoundError as err:
+        raise missing(err) from err
+
+    def load() -> Encoder:
+        try:
+            enc = load_encoder(
+                built["source"],
+                name=built["name"],
+                query_prefix=built["query_prefix"],
+                document_prefix=built["document_prefix"],
+            )
+        except ModelNotFoundError as err:
+            raise missing(err) from err
+        check_encoder(index_dir, manifest, enc)  # the model's own dimension, now that it is loaded
+        return enc
+
+    try:
+        dim = int(built["dim"])
+        identity = {k: str(built[k]) for k in ("name", "source", "query_prefix", "document_prefix")}
+    except (KeyError, TypeError, ValueError):
+        return load()  # a manifest without the full record: load now (check_encoder names what differs)
+    return DeferredEncoder(dim=dim, load=load, **identity)
 
 
 def open_index(

@@ -1,0 +1,105 @@
+"""What `ragate ask --method M` spends before its first LM call, and on the whole command.
+
+    taskset -c 0 .venv/bin/python benchmarks/startup.py [--rounds 3] [--methods targ-margin,dtr]
+
+Each round runs in fresh processes (imports are what is measured, so nothing may be warm in this one):
+
+- ``phases``: a child process times the steps `ragate ask` takes in order: importing the CLI and building its
+  parser, constructing the :class:`ragate.Pipeline` (the model loaded), then the answer: what came before its first
+  LM call (opening the demo index, where the method retrieves) and the whole answer;
+- ``ask``: the wall time of the whole `ragate ask QUESTION --method M --quiet` command.
+
+Three cases: DTR on "Who wrote Hamlet?" (the issue's command), and TARG's margin gate at the demo's calibrated
+threshold on `make demo`'s two questions, one it answers without retrieval and one it retrieves for.
+
+Prints the median of the rounds. The demo index must exist already (`make demo` or any `ragate ask --method`
+builds it on first use): building it is not start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+CALIBRATION = "src/ragate/data/demo/targ-margin-smollm2-135m-budget-0.5.json"
+CASES = (
+    ("dtr", "Who wrote Hamlet?", None),
+    ("targ-margin", "what is the main mineral in lithium batteries", CALIBRATION),  # make demo: skipped
+    ("targ-margin", "where do the greasers live in the outsiders", CALIBRATION),  # make demo: retrieved
+)
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from ragate.cli.main import build_parser
+build_parser()
+t1 = time.perf_counter()
+from ragate.pipeline import Pipeline
+rag = Pipeline(sys.argv[1], calibration=sys.argv[3] or None)
+t3 = t2 = time.perf_counter()
+first = []
+def progress(stage):
+    if not first:
+        first.append(time.perf_counter())
+answer = rag.answer(sys.argv[2], progress=progress)
+t4 = time.perf_counter()
+mods = sorted({m.split(".")[0] for m in sys.modules})
+print(json.dumps({
+    "imports": t1 - t0, "pipeline": t2 - t1, "to_first_call": first[0] - t3 if first else None,
+    "answer": t4 - t3, "retrieved": answer.retrieved,
+    "heavy": [m for m in ("torch", "transformers", "sentence_transformers", "sklearn", "scipy") if m in mods],
+}))
+"""
+
+
+def phases(method: str, question: str, calibration: str | None) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, method, question, calibration or ""],
+        capture_output=True, text=True, check=True, timeout=1800,
+    )  # fmt: skip
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def ask(method: str, question: str, calibration: str | None) -> float:
+    extra = ["--calibration", calibration] if calibration else []
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "ask", question, "--method", method, "--quiet", *extra],
+        capture_output=True, text=True, check=True, timeout=1800,
+    )  # fmt: skip
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    rows: list[list[dict[str, object]]] = [[] for _ in CASES]
+    walls: list[list[float]] = [[] for _ in CASES]
+    for _ in range(args.rounds):
+        for i, case in enumerate(CASES):
+            rows[i].append(phases(*case))
+            walls[i].append(ask(*case))
+    print(f"`ragate ask QUESTION --method M`, median of {args.rounds} rounds, seconds")
+    print("| method | question | imports + parser | Pipeline() (model) | answer: to first LM call | answer | "
+          "whole `ragate ask` | retrieved | heavy modules imported |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for i, (method, question, _) in enumerate(CASES):
+        def med(key: str, i: int = i) -> float:
+            return statistics.median(float(r[key] or 0.0) for r in rows[i])  # type: ignore[arg-type]
+
+        last = rows[i][-1]
+        heavy = ", ".join(last["heavy"]) or "none"  # type: ignore[arg-type]
+        print(
+            f"| {method} | {question} | {med('imports'):.2f} | {med('pipeline'):.2f} | {med('to_first_call'):.2f} | "
+            f"{med('answer'):.2f} | {statistics.median(walls[i]):.2f} | {last['retrieved']} | {heavy} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
