@@ -422,6 +422,64 @@ def test_methods_that_share_an_operating_point_share_one_label() -> None:
     ]
 
 
+def _sentence_answers(records: list[dict[str, Any]]) -> None:
+    """Answers in sentences: EM 0 everywhere, accuracy (the gold answer contained) as EM was."""
+    for r in records:
+        for scores in [r.get("scores"), *(r[side]["scores"] for side in ("closed", "open") if side in r)]:
+            if scores is not None:
+                scores["acc"], scores["em"], scores["f1"] = scores["em"], 0.0, 0.2 * scores["em"]
+
+
+def test_the_report_plots_accuracy_when_em_is_near_zero_for_sentence_answers(tmp_path: Path) -> None:
+    from ragate.eval.report import report_metric
+
+    run = _run_dir(tmp_path / "run")
+    for name in ("questions.jsonl", "sweep.jsonl"):
+        records = read_records(run / name)
+        _sentence_answers(records)
+        write_records(run / name, records)
+    (run / "results.json").unlink()
+    md = write_report(run)[0].read_text()
+    assert md.splitlines()[2].startswith(
+        "**Metric: acc (contains).** EM is at most 0.0% here while accuracy reaches"
+    )
+    assert (
+        "| gate method | n | Never acc | Always acc |" in md
+        and "Closed-book / retrieval acc (contains)" in md
+    )
+    assert "## Paired differences in acc (contains)" in md
+    assert "Metric:" not in write_report(run, metric="em")[0].read_text()  # asked for: kept
+    # EM that is not near zero, or accuracy no higher: EM, as before
+    assert report_metric(_synthetic_eval(12), _synthetic_sweep(40)) == ("em", None)
+    flat = _synthetic_eval(12)
+    for r in flat:
+        if "scores" in r:
+            r["scores"] = {"em": 0.0, "f1": 0.0, "acc": 0.04}
+    assert report_metric(flat, []) == ("em", None)
+
+
+def test_the_plots_carry_bootstrap_intervals() -> None:
+    from ragate.eval.metrics import bootstrap_ci
+    from ragate.eval.report import operating_intervals, plot_operating_points
+
+    records = _synthetic_sweep(40)
+    plot = frontier_points(records, "targ-margin", "acc")
+    closed = [r["closed"]["scores"]["acc"] for r in records]
+    assert plot["intervals"]["never"] == bootstrap_ci(closed)
+    for name in ("default", "never", "always"):
+        lo, hi = plot["intervals"][name]
+        y = {"default": plot["default"], "never": plot["never"], "always": plot["always"]}[name][1]
+        assert 0.0 <= lo <= y <= hi <= 1.0 and hi > lo
+    for row in accuracy_by_decile(records, "targ-margin", "acc"):
+        assert row["closed_ci"][0] <= row["closed_acc"] <= row["closed_ci"][1]
+    rows = summarize(_synthetic_eval(12))
+    intervals = operating_intervals(rows, "em")
+    by_method = {r["method"]: r for r in rows}
+    std = by_method["standard-rag"]
+    assert intervals[(1.0, round(100 * std["em"], 6))] == tuple(std["em_ci"])
+    assert plot_operating_points(rows, "em").startswith(PNG_MAGIC)
+
+
 def test_write_report_without_sweep_or_results(tmp_path: Path) -> None:
     run = _run_dir(tmp_path / "run", sweep=False, results=False)
     written = write_report(run, out=tmp_path / "elsewhere")

@@ -136,8 +136,9 @@ def register(subparsers: Any) -> None:
     rep.add_argument(
         "--metric",
         choices=("em", "f1", "acc"),
-        default="em",
-        help="accuracy in plots, deciles and quadrants (acc suits small models that answer in sentences)",
+        default=None,
+        help="accuracy in plots, deciles, quadrants and paired differences (default: em, or acc when EM is near 0 "
+        "for every method while acc is not: answers in sentences, as small models write them)",
     )
     rep.add_argument(
         "--budgets",

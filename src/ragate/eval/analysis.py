@@ -23,6 +23,7 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.eval.calibrate import threshold_for_budget
+from ragate.eval.metrics import bootstrap_ci
 from ragate.eval.sweep import decisions, frontier, method_records, point, swept_methods
 
 Metric = Literal["em", "f1", "acc"]
@@ -39,6 +40,9 @@ class FrontierPlot(TypedDict):
     never: XY
     always: XY
     random: list[XY]  # expected accuracy of retrieving for a random share rho, rho = 0, 0.1, ..., 1
+    intervals: dict[
+        str, XY
+    ]  # "default", "never", "always": percentile-bootstrap 95% interval of the accuracy
 
 
 class DecileRow(TypedDict):
@@ -48,6 +52,7 @@ class DecileRow(TypedDict):
     n: int
     closed_acc: float  # mean metric of the closed-book (Never-RAG) answers in the bin
     open_acc: float  # ... and of the retrieval (Always-RAG) answers
+    closed_ci: XY  # percentile-bootstrap 95% interval of closed_acc
 
 
 class QuadrantTable(TypedDict):
@@ -107,11 +112,24 @@ def frontier_points(
 ) -> FrontierPlot:
     """Plotting data for one gate's accuracy/retrieval frontier (TARG Fig. 2, DESIGN.md section 1): every
     threshold's operating point, the gate's default point, Never-RAG, Always-RAG, and the random gate, whose
-    expected accuracy at rate rho is never + rho * (always - never)."""
+    expected accuracy at rate rho is never + rho * (always - never). The default point, Never and Always carry the
+    percentile-bootstrap 95% interval of their accuracy over the questions."""
     f = frontier(sweep_records, method)
     curve = sorted((p["retrieval_rate"], p[metric]) for p in f["points"])
     never, always = f["never"][metric], f["always"][metric]
     rhos = [i / 10 for i in range(11)]
+    rows = [r for r in method_records(sweep_records, method) if method in r["gates"]]
+    chosen = {
+        "default": decisions(rows, method),
+        "never": [False] * len(rows),
+        "always": [True] * len(rows),
+    }
+    intervals = {
+        name: bootstrap_ci(
+            [(r["open"] if x else r["closed"])["scores"][metric] for r, x in zip(rows, which, strict=True)]
+        )
+        for name, which in chosen.items()
+    }
     return {
         "method": method,
         "metric": metric,
@@ -121,6 +139,7 @@ def frontier_points(
         "never": (0.0, never),
         "always": (1.0, always),
         "random": [(rho, never + rho * (always - never)) for rho in rhos],
+        "intervals": intervals,
     }
 
 
@@ -156,6 +175,7 @@ def accuracy_by_decile(
                 "n": len(members),
                 "closed_acc": statistics.fmean(rows[i]["closed"]["scores"][metric] for i in members),
                 "open_acc": statistics.fmean(rows[i]["open"]["scores"][metric] for i in members),
+                "closed_ci": bootstrap_ci([rows[i]["closed"]["scores"][metric] for i in members]),
             }
         )
     return out

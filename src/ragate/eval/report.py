@@ -3,7 +3,10 @@
 Reads an eval run (``questions.jsonl``, ``results.json``) and/or a sweep run (``sweep.jsonl``) and writes, where
 the data allows: the eval summary table, the sweep's frontier table, the gates' AUROC, closed-book accuracy by
 score decile (TARG A.6), the (U, Δ) quadrants (TARG A.7), retrieval recall (DTR Table 4) and PAIRS's direct/
-retrieved split (PAIRS Fig. 3); ``frontier.png`` and ``deciles.png``; and ``report.html`` with the plots inlined.
+retrieved split (PAIRS Fig. 3); ``frontier.png`` and ``deciles.png``, with percentile-bootstrap 95% intervals as
+error bars; and ``report.html`` with the plots inlined. The metric is EM unless asked, or, when EM is near zero where
+accuracy (the gold answer contained) is not, accuracy: a small model that answers in sentences scores ~0 EM even
+when it is right (:func:`report_metric`).
 Plots need matplotlib (``pip install 'ragate[eval]'``), imported only here, and rendered with the Agg canvas
 directly, so the process-wide matplotlib backend is left as it was.
 """
@@ -46,6 +49,34 @@ PAIRS_METHODS = ("pairs", "pairs-exclude-num", "pairs-embedding")
 
 
 _LABEL = {"em": "EM", "f1": "F1", "acc": "acc (contains)"}
+NEAR_ZERO_EM = 0.05  # EM at most this for every method ...
+SENTENCE_GAP = 0.10  # ... while accuracy is at least this much higher somewhere: answers in sentences
+
+
+def report_metric(
+    eval_records: Sequence[dict[str, Any]], sweep_records: Sequence[dict[str, Any]]
+) -> tuple[Metric, str | None]:
+    """The metric a report uses when none is asked for: EM, or accuracy when EM is near zero for every method (at
+    most :data:`NEAR_ZERO_EM`) while accuracy is not (:data:`SENTENCE_GAP` higher somewhere), the mark of answers in
+    sentences that hold the gold answer; with the sentence that says why, or None for EM."""
+    em: list[float] = []
+    acc: list[float] = []
+    for row in summarize([r for r in eval_records if "error" not in r]):
+        if row.get("n"):
+            em.append(row["em"])
+            acc.append(row["acc"])
+    for side in ("closed", "open"):  # a sweep: Never-RAG's and Always-RAG's answers bound every gate's
+        answers = [r[side]["scores"] for r in sweep_records]
+        if answers:
+            em.append(sum(a["em"] for a in answers) / len(answers))
+            acc.append(sum(a["acc"] for a in answers) / len(answers))
+    if not em or max(em) > NEAR_ZERO_EM or max(acc) < max(em) + SENTENCE_GAP:
+        return "em", None
+    return "acc", (
+        f"**Metric: {_LABEL['acc']}.** EM is at most {100 * max(em):.1f}% here while accuracy reaches "
+        f"{100 * max(acc):.1f}%: the answers are sentences that hold the gold answer, which EM (the answer equal to "
+        "a gold one) scores 0. Plots and tables below use accuracy; `ragate report --metric em` shows EM."
+    )
 
 
 def _pct(x: float | None) -> str:
@@ -169,15 +200,19 @@ def plot_frontiers(plots: Sequence[FrontierPlot], metric: Metric = "em") -> byte
         ax.plot(xs, [100 * y for y in ys], drawstyle="steps-post", marker=".", ms=4, lw=1.2, color=color)
         ax.plot([], [], color=color, marker=".", label=p["method"])
         dx, dy = p["default"]
+        _error_bar(ax, dx, dy, p["intervals"]["default"], color)
         ax.plot([dx], [100 * dy], marker="*", ms=13, color=color, markeredgecolor="black", ls="none")
-    families = {(p["never"][1], p["always"][1]): p["random"] for p in plots}  # one baseline per family
-    for j, ((never, always), random_line) in enumerate(families.items()):
-        rx, ry = zip(*random_line, strict=True)
+    families = {(p["never"][1], p["always"][1]): p for p in plots}  # one baseline per family
+    for j, ((never, always), p) in enumerate(families.items()):
+        rx, ry = zip(*p["random"], strict=True)
         labels = ("random gate", "Never-RAG", "Always-RAG") if j == 0 else (None, None, None)
         ax.plot(rx, [100 * y for y in ry], ls="--", lw=1, color="grey", label=labels[0])
+        _error_bar(ax, 0.0, never, p["intervals"]["never"], "black")
+        _error_bar(ax, 1.0, always, p["intervals"]["always"], "black")
         ax.plot([0], [100 * never], marker="s", color="black", ls="none", label=labels[1])
         ax.plot([1], [100 * always], marker="^", color="black", ls="none", label=labels[2])
     ax.plot([], [], marker="*", ms=10, color="white", markeredgecolor="black", ls="none", label="default")
+    ax.errorbar([], [], yerr=[], color="grey", capsize=3, ls="none", label="bootstrap 95% interval")
     ax.set(
         xlabel="retrieval rate",
         ylabel=f"{_LABEL[metric]} (%)",
@@ -187,6 +222,29 @@ def plot_frontiers(plots: Sequence[FrontierPlot], metric: Metric = "em") -> byte
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     return render(fig)
+
+
+def _error_bar(ax: Any, x: float, y: float, interval: tuple[float, float], color: str) -> None:
+    """A vertical bar over the interval (accuracy in [0, 1], drawn in %) at the point (x, y)."""
+    lo, hi = interval
+    ax.errorbar(
+        [x], [100 * y], yerr=[[100 * (y - lo)], [100 * (hi - y)]], color=color, capsize=3, lw=1, ls="none"
+    )
+
+
+def operating_intervals(
+    rows: Sequence[dict[str, Any]], metric: Metric = "em"
+) -> dict[tuple[float, float], tuple[float, float]]:
+    """The bootstrap 95% interval of each point of :func:`operating_points` (methods sharing a point: the span of
+    their intervals), keyed by (retrieval rate, accuracy in %)."""
+    out: dict[tuple[float, float], tuple[float, float]] = {}
+    for r in rows:
+        if r.get("n") and f"{metric}_ci" in r:
+            key = (round(r["retrieval_rate"], 6), round(100 * r[metric], 6))
+            lo, hi = r[f"{metric}_ci"]
+            old = out.get(key, (lo, hi))
+            out[key] = (min(lo, old[0]), max(hi, old[1]))
+    return out
 
 
 def operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> list[tuple[float, float, str]]:
@@ -201,20 +259,25 @@ def operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> l
 
 
 def plot_operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> bytes:
-    """Without a sweep: each evaluated method's (retrieval rate, accuracy) from the run's summary. Each label takes
-    the first of a few vertical offsets where it overlaps no label drawn before it."""
+    """Without a sweep: each evaluated method's (retrieval rate, accuracy) from the run's summary, with its bootstrap
+    95% interval as a bar. Each label takes the first of a few vertical offsets where it overlaps no label drawn
+    before it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     render = _canvas()
     fig, ax = _new_figure()
     points = operating_points(rows, metric)
+    intervals = operating_intervals(rows, metric)
     for i, (x, y, _) in enumerate(points):
+        interval = intervals.get((round(x, 6), round(y, 6)))
+        if interval is not None:
+            _error_bar(ax, x, y / 100, interval, f"C{i % 10}")
         ax.plot([x], [y], marker="o", color=f"C{i % 10}", ls="none")
     ax.set(
         xlabel="retrieval rate",
         ylabel=f"{_LABEL[metric]} (%)",
         xlim=(-0.05, 1.05),
-        title="methods' operating points",
+        title="methods' operating points (bars: bootstrap 95% intervals)",
     )
     ax.grid(alpha=0.3)
     renderer = FigureCanvasAgg(fig).get_renderer()
@@ -244,19 +307,23 @@ def plot_operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em")
 def plot_deciles(
     sweep_records: Sequence[dict[str, Any]], methods: Sequence[str], metric: Metric = "em"
 ) -> bytes:
-    """Closed-book EM per gate-score decile, one line per gate (TARG Fig. S1)."""
+    """Closed-book accuracy per gate-score decile, one line per gate (TARG Fig. S1), each point with its bootstrap
+    95% interval (set a little apart per gate, so that the bars do not overprint)."""
     render = _canvas()
     fig, ax = _new_figure()
     for i, m in enumerate(methods):
         rows = accuracy_by_decile(sweep_records, m, metric)
-        xs, ys = [r["decile"] for r in rows], [100 * r["closed_acc"] for r in rows]
-        ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=m)
+        shift = 0.08 * (i - (len(methods) - 1) / 2)
+        xs, ys = [r["decile"] + shift for r in rows], [100 * r["closed_acc"] for r in rows]
+        lows = [100 * (r["closed_acc"] - r["closed_ci"][0]) for r in rows]
+        highs = [100 * (r["closed_ci"][1] - r["closed_acc"]) for r in rows]
+        ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", color=f"C{i % 10}", capsize=2, lw=1.2, label=m)
     ax.set(
         xlabel="gate score decile (1 = most confident)",
         ylabel=f"closed-book {_LABEL[metric]} (%)",
         xticks=range(1, 11),
     )
-    ax.set_title("base-model accuracy by gate score")
+    ax.set_title("base-model accuracy by gate score (bars: bootstrap 95% intervals)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     return render(fig)
@@ -467,7 +534,7 @@ def write_report(
     run_dir: Path | str,
     out: Path | str | None = None,
     *,
-    metric: Metric = "em",
+    metric: Metric | None = None,
     budgets: Sequence[float] = (),
     with_runs: Sequence[Path | str] = (),
     select: str = "best",
@@ -481,7 +548,9 @@ def write_report(
     directory on the same questions), an eval run's report gains the methods that sweep already answered (its
     gates at their default thresholds, and never/always retrieving with a swept family's prompts) in the paired
     differences, instead of computing them again (:func:`ragate.eval.sweep.default_records`). ``compare`` adds
-    named (method, against) pairs to the paired differences (:func:`ragate.eval.summary.paired_differences`)."""
+    named (method, against) pairs to the paired differences (:func:`ragate.eval.summary.paired_differences`).
+    ``metric`` (em, f1, acc) is the one plots, deciles, quadrants and paired differences use; None: EM, or accuracy
+    where EM is near zero and accuracy is not (:func:`report_metric`, said at the top of the report)."""
     run_dir = Path(run_dir)
     questions_path, sweep_path = run_dir / "questions.jsonl", run_dir / "sweep.jsonl"
     if not questions_path.exists() and not sweep_path.exists():
@@ -507,6 +576,10 @@ def write_report(
     sweep_dir = Path(sweep) if sweep is not None else None
     derived = _from_sweep(run_dir, sweep_dir, eval_records) if sweep_dir is not None else []
     md = [f"# ragate report: {run_dir.name}", ""]
+    if metric is None:
+        metric, why = report_metric(eval_records, sweep_records)
+        if why:
+            md += [why, ""]
     if pending := unfolded_records(run_dir):
         md += [f"**Not in this report:** {pending}.", ""]
     label = _LABEL[metric]
@@ -564,7 +637,8 @@ def write_report(
             (
                 f"Each gate at every threshold, exactly, from one sweep pass ({_LABEL[metric]} in %; Never/Always = "
                 "no retrieval / retrieval for every question; the random gate's expected accuracy is the straight "
-                "line between them)."
+                "line between them). In the plot, each gate's default point, Never and Always carry the "
+                "percentile-bootstrap 95% interval of their accuracy over the questions."
             ),
             "",
             sweep_markdown(fronts, metric),
@@ -603,7 +677,7 @@ def write_report(
         md += [
             "## Operating points",
             "",
-            f"Each method's retrieval rate and {label}.",
+            f"Each method's retrieval rate and {label}, with its percentile-bootstrap 95% interval over the questions.",
             "",
             "![frontier](frontier.png)",
             "",
