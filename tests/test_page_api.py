@@ -75,8 +75,10 @@ def test_draft_tokens_are_opt_in_and_carry_what_targ_margin_reads_per_token(http
     gaps = [0.3, 0.1, 4.0, 1.2]
     assert [t["u"] for t in draft["tokens"]] == pytest.approx([math.exp(-g / 3) for g in gaps])
     assert draft["tokens"][0]["runner_up"] == {"text": "Emily", "logprob": pytest.approx(-0.8)}
-    # the gate's score is the mean of what it reads in the first `scored` tokens (TARG Eq. 2)
-    assert body["gate"]["score"] == pytest.approx(sum(t["u"] for t in draft["tokens"]) / 4)
+    # the gate's score is the sum of what it reads in the first `scored` tokens over k = 20 (TARG Eq. 2), even
+    # when the draft stopped sooner
+    assert draft["divisor"] == 20
+    assert body["gate"]["score"] == pytest.approx(sum(t["u"] for t in draft["tokens"]) / draft["divisor"])
     assert "draft" not in body["trace"]  # the trace (what `ragate eval` stores) is unchanged
 
 

@@ -44,12 +44,14 @@ class TokenUncertainty:
     """What a gate reads in each token of its draft, for showing it (``ragate serve``'s page colours the tokens):
     what the values are (``measure``), one per draft token (higher: less sure), how many of the first tokens the
     gate's score reads (``scored``; the rest are shown, not scored), and the value drawn as fully uncertain
-    (``scale``; None: the largest in the draft)."""
+    (``scale``; None: the largest in the draft). The score is the sum of the scored values over ``divisor`` (None:
+    over ``scored``, their mean; TARG's Eqs. 1-2 divide by k even when the draft stopped before k tokens)."""
 
     measure: str
     values: tuple[float, ...]
     scored: int
     scale: float | None = None
+    divisor: int | None = None
 
 
 @dataclass(frozen=True)

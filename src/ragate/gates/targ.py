@@ -175,7 +175,10 @@ class TargEntropy(Gate):
     def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
         entropies, exact = draft.step_entropies()
         measure = "entropy H" + ("" if exact else " (top-k approximation)")
-        return TokenUncertainty(measure, tuple(entropies), min(params.prefix, len(entropies)))
+        scored = min(params.prefix, len(entropies))
+        return TokenUncertainty(
+            measure, tuple(entropies), scored, None, params.prefix if self.divide_by == "k" else scored
+        )
 
 
 class TargMargin(Gate):
@@ -199,9 +202,9 @@ class TargMargin(Gate):
 
     def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
         values = tuple(margin_uncertainty(g, params.beta) for g in draft.top1_top2_gaps)
-        return TokenUncertainty(
-            f"margin exp(-g/{params.beta:g})", values, min(params.prefix, len(values)), 1.0
-        )
+        scored = min(params.prefix, len(values))
+        divisor = params.prefix if self.divide_by == "k" else scored
+        return TokenUncertainty(f"margin exp(-g/{params.beta:g})", values, scored, 1.0, divisor)
 
 
 class TargEntropyPresent(TargEntropy):

@@ -396,7 +396,8 @@ def _draft(trace: Trace, spec: MethodSpec) -> dict[str, Any] | None:
             best = max(others, key=lambda t: t.logprob)
             token["runner_up"] = {"text": best.token, "logprob": best.logprob}
         tokens.append(token)
-    return {"measure": view.measure, "scored": view.scored, "scale": view.scale, "tokens": tokens}
+    divisor = view.scored if view.divisor is None else view.divisor
+    return {"measure": view.measure, "scored": view.scored, "divisor": divisor, "scale": view.scale, "tokens": tokens}
 
 
 def _finite(value: Any) -> Any:

@@ -196,9 +196,12 @@
       cell.title = lines.join("\n");
       row.append(cell);
     });
-    const scored = draft.scored
+    let scored = draft.scored
       ? `the score reads the first ${draft.scored} of the ${draft.tokens.length} tokens`
       : "the score reads no single token";
+    if (draft.scored && draft.divisor && draft.divisor !== draft.scored) {
+      scored += ` and divides their sum by k = ${draft.divisor}`;
+    }
     const legend = el(
       "p",
       "legend muted",
