@@ -10,7 +10,10 @@ Each round runs in fresh processes (imports are what is measured, so nothing may
 - ``ask``: the wall time of the whole `ragate ask QUESTION --method M --quiet` command.
 
 Three cases: DTR on "Who wrote Hamlet?" (the issue's command), and TARG's margin gate at the demo's calibrated
-threshold on `make demo`'s two questions, one it answers without retrieval and one it retrieves for.
+threshold on `make demo`'s two questions, one it answers without retrieval and one it retrieves for. Two arms, run
+back to back in every round so that both meet the same load: ``after`` is ragate as it is (an index's encoder
+loads when a text is first embedded, issue 51) and ``before`` loads it when the index opens, as ragate did before
+(the child replaces ``ragate.retrieval.index._load_index_encoder`` with a version that loads at once).
 
 Prints the median of the rounds. The demo index must exist already (`make demo` or any `ragate ask --method`
 builds it on first use): building it is not start-up.
@@ -32,9 +35,23 @@ CASES = (
     ("targ-margin", "where do the greasers live in the outsiders", CALIBRATION),  # make demo: retrieved
 )
 
+EAGER = r"""
+import ragate.retrieval.index as _index
+_deferred = _index._load_index_encoder
+def _eager(index_dir, manifest):
+    encoder = _deferred(index_dir, manifest)
+    once = getattr(encoder, "_once", None)
+    if once is not None:
+        once.get()  # the model loads as the index opens, as before issue 51
+    return encoder
+_index._load_index_encoder = _eager
+"""
+
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
+if sys.argv[4] == "before":
+    exec(sys.argv[5])
 from ragate.cli.main import build_parser
 build_parser()
 t1 = time.perf_counter()
@@ -56,19 +73,28 @@ print(json.dumps({
 """
 
 
-def phases(method: str, question: str, calibration: str | None) -> dict[str, object]:
+ASK = r"""
+import sys
+if sys.argv[1] == "before":
+    exec(sys.argv[2])
+from ragate.cli.main import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def phases(method: str, question: str, calibration: str | None, arm: str) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, method, question, calibration or ""],
+        [sys.executable, "-c", CHILD, method, question, calibration or "", arm, EAGER],
         capture_output=True, text=True, check=True, timeout=1800,
     )  # fmt: skip
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def ask(method: str, question: str, calibration: str | None) -> float:
+def ask(method: str, question: str, calibration: str | None, arm: str) -> float:
     extra = ["--calibration", calibration] if calibration else []
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "ragate.cli.main", "ask", question, "--method", method, "--quiet", *extra],
+        [sys.executable, "-c", ASK, arm, EAGER, "ask", question, "--method", method, "--quiet", *extra],
         capture_output=True, text=True, check=True, timeout=1800,
     )  # fmt: skip
     return time.perf_counter() - start
@@ -78,26 +104,31 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    rows: list[list[dict[str, object]]] = [[] for _ in CASES]
-    walls: list[list[float]] = [[] for _ in CASES]
-    for _ in range(args.rounds):
+    arms = ("before", "after")
+    rows: dict[tuple[int, str], list[dict[str, object]]] = {}
+    walls: dict[tuple[int, str], list[float]] = {}
+    for r in range(args.rounds):
         for i, case in enumerate(CASES):
-            rows[i].append(phases(*case))
-            walls[i].append(ask(*case))
+            for arm in arms if r % 2 == 0 else arms[::-1]:
+                rows.setdefault((i, arm), []).append(phases(*case, arm))
+                walls.setdefault((i, arm), []).append(ask(*case, arm))
     print(f"`ragate ask QUESTION --method M`, median of {args.rounds} rounds, seconds")
-    print("| method | question | imports + parser | Pipeline() (model) | answer: to first LM call | answer | "
+    print("| method | question | arm | imports + parser | Pipeline() (model) | answer: to first LM call | answer | "
           "whole `ragate ask` | retrieved | heavy modules imported |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for i, (method, question, _) in enumerate(CASES):
-        def med(key: str, i: int = i) -> float:
-            return statistics.median(float(r[key] or 0.0) for r in rows[i])  # type: ignore[arg-type]
+        for arm in arms:
+            got = rows[(i, arm)]
 
-        last = rows[i][-1]
-        heavy = ", ".join(last["heavy"]) or "none"  # type: ignore[arg-type]
-        print(
-            f"| {method} | {question} | {med('imports'):.2f} | {med('pipeline'):.2f} | {med('to_first_call'):.2f} | "
-            f"{med('answer'):.2f} | {statistics.median(walls[i]):.2f} | {last['retrieved']} | {heavy} |"
-        )
+            def med(key: str, got: list[dict[str, object]] = got) -> float:
+                return statistics.median(float(r[key] or 0.0) for r in got)  # type: ignore[arg-type]
+
+            heavy = ", ".join(got[-1]["heavy"]) or "none"  # type: ignore[arg-type]
+            print(
+                f"| {method} | {question} | {arm} | {med('imports'):.2f} | {med('pipeline'):.2f} | "
+                f"{med('to_first_call'):.2f} | {med('answer'):.2f} | {statistics.median(walls[(i, arm)]):.2f} | "
+                f"{got[-1]['retrieved']} | {heavy} |"
+            )
     return 0
 
 
