@@ -274,3 +274,20 @@ def test_pipeline_stops_drafts_early_unless_told_not_to_or_a_budget_ranks_its_sc
     assert draft_tokens() == (11, True)  # 11/20 > 0.5
     assert draft_tokens(early_exit=False) == (20, True)
     assert draft_tokens(budget=0.5, budget_state=str(tmp_path / "b.json")) == (20, True)  # the controller ranks
+
+
+@pytest.mark.parametrize("engine", ["llama_backend", "hf_backend"])
+def test_local_engines_stop_decoding_where_the_draft_settles(engine: str, request: pytest.FixtureRequest) -> None:
+    """llama.cpp and transformers decode token by token and stop there: the tokens are the whole generation's
+    first ones, and the engine decoded no more (llama.cpp's own count of evaluated tokens)."""
+    lm = request.getfixturevalue(engine)
+    req = GenerationRequest((Message("user", "Who wrote the novel Pride and Prejudice?"),), max_tokens=12)
+    lm.clear_cache()
+    whole = lm.generate([req])[0]
+    assert len(whole) > 4
+    lm.clear_cache()
+    before = getattr(lm, "evaluated_tokens", None)
+    cut = lm.generate_settled(req, lambda g: len(g) >= 4)
+    assert cut.token_ids == whole.token_ids[:4] and cut.logprobs == whole.logprobs[:4]
+    if before is not None:  # llama.cpp: the prompt and the 3 tokens fed back, not 11
+        assert lm.evaluated_tokens - before == whole.prompt_tokens + 3
