@@ -50,6 +50,9 @@ def reading_side_only(was: str, now: str) -> str | None:
 
 
 def _identity(saved: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """What both sides must record and share. Stricter than :func:`ragate.eval.report.check_same_setup`, which
+    skips a fact one side does not record and compares the index by encoder and size: answers are substituted here,
+    so a fact one side records and the other does not refuses, and the index is compared by its passages' sha256."""
     prov = results.get("provenance") or saved.get("provenance") or {}
     index = results.get("index_identity") or saved.get("index_identity") or {}
     return {
@@ -95,7 +98,8 @@ def reread_sweep(sweep_dir: Path, run_dir: Path, out_dir: Path, metric: str = "a
     saved, run_saved = read_run_config(sweep_dir), read_run_config(run_dir)
     if saved.get("kind") != "sweep" or run_saved.get("kind") == "sweep":
         raise RagateError(f"give a sweep ({sweep_dir}) and then an eval run ({run_dir}), in that order")
-    mine, theirs = _identity(saved, read_results(sweep_dir)), _identity(run_saved, read_results(run_dir))
+    run_results = read_results(run_dir)
+    mine, theirs = _identity(saved, read_results(sweep_dir)), _identity(run_saved, run_results)
     if differ := [k for k in mine if mine[k] != theirs[k]]:
         raise RagateError(
             f"{run_dir} did not answer the sweep's questions with the same {', '.join(differ)} as {sweep_dir}: "
@@ -137,7 +141,7 @@ def reread_sweep(sweep_dir: Path, run_dir: Path, out_dir: Path, metric: str = "a
             answer = _answer(answers[reader, r["id"]])
             moved += answer["doc_ids"] != r["open"]["doc_ids"]
             out.append(r | {"family": now, "open": answer})
-        commit = (read_results(run_dir).get("provenance") or {}).get("git", {}).get("commit")
+        commit = (run_results.get("provenance") or {}).get("git", {}).get("commit")
         reread.append(
             {
                 "family_was": family, "family": now, "run": str(run_dir), "method": reader, "run_commit": commit,
@@ -150,5 +154,5 @@ def reread_sweep(sweep_dir: Path, run_dir: Path, out_dir: Path, metric: str = "a
     write_records(out_dir / "sweep.jsonl", out)
     with atomic_writer(out_dir / "config.json") as f:
         f.write(json.dumps(saved | {"reread_from": str(sweep_dir), "reread": reread}, indent=2).encode())
-    write_sweep(out_dir, compact(out_dir / "sweep.jsonl"), metric)
+    write_sweep(out_dir, out, metric)  # the records just written: one per (question, family), canonical keys
     return reread
