@@ -56,7 +56,8 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
         "targ-variance": "approximate", "llm-judge": "text", "verbal-confidence": "exact",
         "self-eval": "text", "self-rag-lite": "text", "skr": "exact", "retrieval-top1": "exact", "retrieval-gap": "exact",
         "retrieval-dispersion": "exact", "question-length": "exact", "question-numeric": "exact",
-        "question-rarity": "exact", "no-model-lr": "exact",
+        "question-rarity": "exact", "no-model-lr": "exact", "corpus-coverage": "exact",
+        "corpus-or-margin": "unavailable",
     }  # fmt: skip
     assert set(text) == set(gate_names())
     top20 = capability_report(SCRIPTED_CAPABILITIES)["gates"]

@@ -14,7 +14,7 @@ from ragate.methods import DYNAMIC_METHODS, METHODS, get_method, run_method
 
 NAMED = [
     "retrieval-top1", "retrieval-gap", "retrieval-dispersion", "question-length", "question-numeric", "question-rarity", "no-model-lr",
-    "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
+    "corpus-coverage", "corpus-or-margin", "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
     "dpr-ais-dynamic", "dpr-ais-sum", "dpr-ais-rerank", "rerank", "pairs", "pairs-exclude-num", "pairs-lenient", "targ-entropy", "targ-margin",
     "targ-entropy-present", "targ-margin-present", "targ-variance", "targ-always", "targ-always-context-first", "random", "verbal-confidence", "self-eval", "self-rag-lite", "skr", "crag-lite",
     "crag-lite-rewrite", "no-retrieval-pairs-prompts", "hyde-pairs-prompts", "q2d-pairs-prompts", "cot-pairs-prompts",

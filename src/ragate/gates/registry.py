@@ -42,6 +42,8 @@ _BUILTIN = {
     "question-numeric": "ragate.gates.nomodel:QuestionNumeric",
     "question-rarity": "ragate.gates.nomodel:QuestionRarity",
     "no-model-lr": "ragate.gates.nomodel:NoModelLR",
+    "corpus-coverage": "ragate.gates.corpus:CorpusCoverage",
+    "corpus-or-margin": "ragate.gates.corpus:CorpusOrMargin",
 }
 GATE_REGISTRY: Registry[Gate] = Registry("gate", ENTRY_POINT_GROUP, _BUILTIN, Gate)
 

@@ -17,6 +17,7 @@ from ragate.dynamic.steps import Trigger
 from ragate.errors import RagateError
 from ragate.gates.base import Gate
 from ragate.gates.registry import GATE_REGISTRY, get_gate
+from ragate.methods.corpus import CORPUS_METHODS
 from ragate.methods.no_model import NO_MODEL_METHODS
 from ragate.methods.prompts import PAIRS, TARG, TARG_CONTEXT_FIRST
 from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, SelectorSpec
@@ -219,6 +220,7 @@ _METHODS = (
     ),
     MethodSpec("random", "retrieve for a random half of the questions (the control)", GateSpec("random"), _Q),
     *NO_MODEL_METHODS,  # gates that read no model (ragate.gates.nomodel), with TARG's reader
+    *CORPUS_METHODS,  # corpus-aware gates (ragate.gates.corpus), with TARG's reader
     # dynamic RAG (ragate.dynamic): few-shot chain of thought, retrieval decided while the model writes
     *(
         MethodSpec(name, description, GateSpec("never"), _Q, dynamic=dynamic)
