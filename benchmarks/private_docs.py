@@ -12,13 +12,15 @@ ids name the files as the questions do), runs ``ragate sweep`` over the question
 closed-book answer, retrieval answer and each gate's score, every LM call stored once) and prints:
 
 - every gate at matched retrieval rates (0.5, and 29/43 = the share of document questions, the rate a perfect
-  router needs), its tau cross-fitted (each half of the questions gets the tau of the other half's scores, which
-  needs no answers): accuracy with a bootstrap interval, on document and general questions, the retrieval rate
+  router needs): each retrieves for exactly that many questions, those it scores highest (no answers are read),
+  so the gates differ only in which questions they pick; then each at that budget with its tau cross-fitted (each
+  half of the questions gets the tau of the other half's scores: calibration on questions it is not judged on;
+  ties in the scores move the rate it reaches): accuracy with a bootstrap interval, on document and general questions, the retrieval rate
   on each kind, and seconds per question. Accuracy: a gold answer occurs in the answer as a whole word, case
   aside (the questions' gold answers are such regular expressions, ``kind: regex``: ``ffi_prep_cif_var`` is not
   found in ``ffi_prep_cif_variadic``, which SQuAD's normalisation and a substring test would accept);
 - each gate at its default tau (what a user gets without calibrating);
-- the paired differences against targ-margin at the same rate (accuracy, bootstrap over the same questions):
+- the paired differences against targ-margin at the same matched rate (accuracy, bootstrap over the same questions):
   an interval that crosses 0 is "not established".
 
 Seconds per question are the sweep's charged seconds of the chosen answer plus the gate's: an upper bound where a
@@ -29,6 +31,7 @@ the search alone settles "retrieve" (the early exit; so its live cost on retriev
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -100,6 +103,21 @@ def _choose(
     return out
 
 
+def top_share(rows: Sequence[dict[str, Any]], gate: str, rate: float) -> list[bool]:
+    """Retrieve for exactly round(rate * n) questions, those with the highest scores (ties: by the sha256 of the
+    id, a fixed order unrelated to the answers): every gate then retrieves for the same number of questions."""
+    m = round(rate * len(rows))
+    order = sorted(
+        range(len(rows)),
+        key=lambda i: (
+            -float(rows[i]["gates"][gate]["score"]),
+            hashlib.sha256(str(rows[i]["id"]).encode()).hexdigest(),
+        ),
+    )
+    picked = set(order[:m])
+    return [i in picked for i in range(len(rows))]
+
+
 def _line(name: str, how: str, chosen: Sequence[dict[str, Any]], category: dict[str, str]) -> str:
     acc = [c["scores"]["acc"] for c in chosen]
     lo, hi = bootstrap_ci(acc)
@@ -168,20 +186,25 @@ def main(argv: list[str] | None = None) -> int:
                 category,
             )
         )
-    for rate in (0.5, n_docs / len(examples)):
+    rates = (0.5, n_docs / len(examples))
+    for rate in rates:
+        for gate in GATES:
+            rows = _rows(records, gate)
+            chosen[(gate, rate)] = _choose(rows, top_share(rows, gate, rate), gate)
+            print(_line(gate, f"top {rate:.2f} by score (matched)", chosen[(gate, rate)], category))
+    for rate in rates:
         for gate in GATES:
             rows = _rows(records, gate)
             scores = [float(r["gates"][gate]["score"]) for r in rows]
             taus = cross_fitted_taus(scores, rate, halves([str(r["id"]) for r in rows]))
             picked = _choose(rows, [s > t for s, t in zip(scores, taus, strict=True)], gate)
-            chosen[(gate, rate)] = picked
-            print(_line(gate, f"rate {rate:.2f}, cross-fitted", picked, category))
+            print(_line(gate, f"budget {rate:.2f}, tau cross-fitted", picked, category))
     print(
         f"\nrecall@3 of the gold file by the question's top-5 search, document questions: "
         f"{100 * statistics.fmean(docs_recall):.1f}% ({len(docs_recall)} questions)\n"
     )
     print("Paired differences in accuracy against targ-margin at the same rate (points, 95% bootstrap):\n")
-    for rate in (0.5, n_docs / len(examples)):
+    for rate in rates:
         base_acc = {c["id"]: c["scores"]["acc"] for c in chosen[(BASELINE, rate)]}
         for gate in GATES:
             if gate == BASELINE:
