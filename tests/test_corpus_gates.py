@@ -125,3 +125,20 @@ def test_registered_with_targs_reader() -> None:
         assert spec.gate.kind == name and spec.selector.kind == "question" and spec.selector.k == 5
         assert get_gate(name).reads_index
     assert get_gate("corpus-coverage").need.top_k == 0 and get_gate("corpus-or-margin").need.top_k == 2
+
+
+def test_a_pipeline_calibrates_corpus_coverage_on_unlabelled_questions_and_routes_by_the_corpus(
+    private_bm25: Any,
+) -> None:
+    """Calibrated for a budget of the document questions' share (29 of 43) on the benchmark's questions, with no
+    answer read and no LM call, the gate then sends a document question to retrieval and a general one away."""
+    from ragate.pipeline import Pipeline
+
+    rows = [json.loads(line) for line in (BENCH / "questions.jsonl").read_text().splitlines()]
+    echo = make_generation(["ok"], [-0.1])
+    with Pipeline("corpus-coverage", lm=ScriptedBackend([echo] * 4), retriever=private_bm25) as rag:
+        cal = rag.calibrate([r["question"] for r in rows], 29 / 43)
+        assert cal.gate == "corpus-coverage" and cal.n == 43 and not rag.lm.calls  # type: ignore[attr-defined]
+        assert rag.decide("Which environment variable sets the AWS CLI's retry_mode?").retrieve
+        assert not rag.decide("Who painted the Mona Lisa?").retrieve
+        assert not rag.lm.calls  # type: ignore[attr-defined]
