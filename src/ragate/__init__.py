@@ -21,8 +21,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ragate.types import Generation, GenerationRequest, Message, TopLogprob
-
-__version__ = "0.1.0"
+from ragate.version import __version__
 
 _LAZY = {
     "Pipeline": "ragate.pipeline",
@@ -34,8 +33,8 @@ _LAZY = {
     "GateDecision": "ragate.gates.base",
     "GateContext": "ragate.gates.base",
     "Need": "ragate.gates.base",
-    "Trigger": "ragate.dynamic.steps",
-    "Fire": "ragate.dynamic.steps",
+    "Trigger": "ragate.methods.triggers",
+    "Fire": "ragate.methods.triggers",
     "register_gate": "ragate.methods.registry",
     "register_trigger": "ragate.methods.registry",
     "register_method": "ragate.methods.registry",
@@ -54,7 +53,6 @@ __all__ = [
 ]  # fmt: skip
 
 if TYPE_CHECKING:
-    from ragate.dynamic.steps import Fire, Trigger
     from ragate.errors import RagateError
     from ragate.gates.base import Gate, GateContext, GateDecision, Need
     from ragate.methods.registry import (
@@ -64,6 +62,7 @@ if TYPE_CHECKING:
         register_method,
         register_trigger,
     )
+    from ragate.methods.triggers import Fire, Trigger
     from ragate.pipeline import Answer, Calibration, Document, Pipeline, Retrieval
     from ragate.retrieval.documents import add_documents, index_documents
 

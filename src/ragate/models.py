@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ragate.errors import ChecksumError, ModelNotFoundError, RagateError
 from ragate.fileio import sha256_file
@@ -398,3 +398,21 @@ def _download_and_join(
         if not any(downloads.iterdir()):
             downloads.rmdir()
     return dest
+
+
+def model_identity(
+    model: str | None, engine: str, base_url: str | Sequence[str] | None = None
+) -> dict[str, Any]:
+    """For a local engine: the resolved file or directory, its size and (files) sha256; for a server: its URL
+    (a fleet: the list of them)."""
+    if engine == "openai":
+        urls = base_url if base_url is None or isinstance(base_url, str) else list(base_url)
+        return {"engine": engine, "model": model, "base_url": urls}
+    try:
+        path = resolve_model(model)
+    except RagateError as err:
+        return {"engine": engine, "model": model, "error": str(err)}
+    info: dict[str, Any] = {"engine": engine, "model": model, "path": str(path)}
+    if path.is_file():
+        info |= {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return info

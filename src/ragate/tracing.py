@@ -53,7 +53,7 @@ class Tracing:
             from opentelemetry import trace
         except ImportError:  # tracing is an optional extra
             return None
-        from ragate import __version__
+        from ragate.version import __version__
 
         if self.provider is not None:
             return self.provider.get_tracer(SCOPE, __version__)

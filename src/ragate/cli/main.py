@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ragate import __version__
 from ragate.errors import RagateError
+from ragate.version import __version__
 
 SUBCOMMAND_MODULES = (
     "ragate.cli.ask", "ragate.cli.models", "ragate.cli.corpus", "ragate.cli.index", "ragate.cli.eval",

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ragate.dynamic.etc import content_mask, words_from_tokens
-from ragate.dynamic.steps import Fire, Trigger, new_sentence, received_attention, step_entropies
+from ragate.dynamic.steps import new_sentence, received_attention, step_entropies
 from ragate.gates.base import Need
+from ragate.methods.triggers import Fire, Trigger
 from ragate.types import Generation
 
 if TYPE_CHECKING:

@@ -73,8 +73,6 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import numpy as np
 
 from ragate.dynamic.steps import (
-    Fire,
-    Trigger,
     new_sentence,
     received_attention,
     sentence_around,
@@ -82,6 +80,7 @@ from ragate.dynamic.steps import (
     step_entropies,
 )
 from ragate.gates.base import Need
+from ragate.methods.triggers import Fire, Trigger
 from ragate.types import Generation
 
 if TYPE_CHECKING:

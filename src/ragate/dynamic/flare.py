@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ragate.dynamic.steps import Fire, Trigger, new_sentence
+from ragate.dynamic.steps import new_sentence
+from ragate.methods.triggers import Fire, Trigger
 from ragate.types import Generation
 
 if TYPE_CHECKING:

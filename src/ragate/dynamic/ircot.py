@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ragate.dynamic.steps import Fire, Trigger, new_sentence
+from ragate.dynamic.steps import new_sentence
+from ragate.methods.triggers import Fire, Trigger
 from ragate.types import Generation
 
 if TYPE_CHECKING:

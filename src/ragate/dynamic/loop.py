@@ -36,13 +36,14 @@ from ragate.backends.decoding import prefix
 from ragate.dynamic.etc import load_stop_words
 from ragate.dynamic.prompts import messages
 from ragate.dynamic.query import attention_query, masked_query, question_masked_query, span_text
-from ragate.dynamic.steps import Fire, new_sentence
-from ragate.dynamic.triggers import default_threshold, make_trigger
-from ragate.eval.metrics import extract_answer
+from ragate.dynamic.steps import new_sentence
+from ragate.dynamic.triggers import make_trigger
 from ragate.gates.base import GateDecision
 from ragate.methods.spec import DynamicSpec, MethodSpec
 from ragate.methods.trace import DynamicInfo, RetrievalEvent, Stage, Trace
+from ragate.methods.triggers import Fire, default_threshold
 from ragate.retrieval.types import Hit, Retriever
+from ragate.text import extract_answer
 from ragate.types import Generation, GenerationRequest
 
 ANSWER_DONE = re.compile(r"answer is\b[^\n]*?(?:[.!?]\s|\n)", re.IGNORECASE)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ragate.dynamic.etc import content_mask
-from ragate.dynamic.steps import Fire
+from ragate.methods.triggers import Fire
 from ragate.types import Generation
 
 _WORD = re.compile(r"\S+")

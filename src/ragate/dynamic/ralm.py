@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ragate.dynamic.steps import Fire, Trigger
+from ragate.methods.triggers import Fire, Trigger
 from ragate.types import Generation
 
 if TYPE_CHECKING:

@@ -3,66 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ragate.gates.base import Need
+from ragate.methods.triggers import Fire, Trigger  # noqa: F401 (the trigger interface, beside its registry)
 from ragate.types import Generation
 from ragate.uncertainty import topk_entropy
 
-if TYPE_CHECKING:
-    from ragate.backends.base import Backend
-    from ragate.methods.spec import DynamicSpec
-
 SENTENCE_END = (".", "!", "?")
-
-
-@dataclass(frozen=True)
-class Fire:
-    """A trigger's hit in the current block: keep ``block.tokens[:keep]``, then retrieve.
-
-    ``hit`` and ``sentence`` are token spans ``[start, end)`` of what fired and of the sentence around it; the
-    query is formed from them. ``score`` and ``threshold`` are the trigger's numbers, ``reason`` says it in words.
-    """
-
-    keep: int
-    score: float
-    threshold: float
-    reason: str
-    hit: tuple[int, int]
-    sentence: tuple[int, int]
-
-
-class Trigger:
-    """What watches a dynamic method's generation and says where to cut and retrieve (one per question).
-
-    ``check(block, done)`` sees the tokens generated since the last retrieval (a :class:`Generation`) after every
-    new token and once more when generation ends (``done``), and returns a :class:`Fire` or None; it must be a
-    pure function of the block, so a trigger gives the same positions while decoding and over a finished reply.
-    ``need`` is what it reads from the backend, ``default_threshold`` its default (None: the trigger keeps its
-    own), ``like`` the method whose query, cut and retrieval limits a registered trigger's own method copies.
-    Register one with :func:`ragate.register_trigger`.
-    """
-
-    name: ClassVar[str] = ""
-    need: ClassVar[Need] = Need(token_logprobs=True)  # every dynamic loop watches tokens as they come
-    default_threshold: ClassVar[float | None] = None
-    like: ClassVar[str | None] = "flare"
-
-    @classmethod
-    def build(cls, spec: DynamicSpec, lm: Backend, stop_words: frozenset[str]) -> Trigger:
-        """The trigger for one question of the method ``spec`` (its threshold, cut, stride) on ``lm``."""
-        raise NotImplementedError(f"trigger {cls.name!r} must define build(spec, lm, stop_words)")
-
-    @classmethod
-    def threshold_for(cls, spec: DynamicSpec) -> float | None:
-        """The method's threshold, else this trigger's default."""
-        return spec.threshold if spec.threshold is not None else cls.default_threshold
-
-    def check(self, block: Generation, done: bool) -> Fire | None:
-        raise NotImplementedError(f"trigger {self.name!r} must define check(block, done)")
 
 
 def step_entropies(gen: Generation) -> list[float]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from ragate.dynamic.steps import Fire, Trigger, step_entropies
+from ragate.dynamic.steps import step_entropies
 from ragate.gates.base import Need
 from ragate.gates.targ import DEFAULT_PREFIX
+from ragate.methods.triggers import Fire, Trigger
 from ragate.types import Generation
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Answer metrics, answer extraction, retrieval recall and bootstrap intervals: pure functions.
+"""Answer metrics, retrieval recall and bootstrap intervals: pure functions (answer extraction: :mod:`ragate.text`).
 
 Where each rule comes from:
 
@@ -20,9 +20,11 @@ from typing import Literal
 
 import numpy as np
 
-from ragate.text import extract_tagged_answer, normalize_answer
+from ragate.text import (
+    extract_answer,  # noqa: F401 (re-exported: answer extraction lives in ragate.text)
+    normalize_answer,
+)
 
-ExtractStyle = Literal["auto", "tagged", "answer-is", "first-line", "none"]
 ContainsMode = Literal["substring", "tokens"]
 AnswerKind = Literal["span", "yesno", "regex"]
 SCORE_KEYS = ("em", "f1", "acc")
@@ -231,52 +233,6 @@ def regex_match(prediction: str, patterns: Sequence[str]) -> float:
     them) and cut to :data:`MAX_REGEX_TEXT` characters, which bounds the cost of any pattern."""
     text = unicodedata.normalize("NFC", prediction)[:MAX_REGEX_TEXT]
     return float(any(compile_pattern(p).search(text) is not None for p in patterns))
-
-
-# --- answer extraction ----------------------------------------------------------------------------------------
-
-_ANSWER_IS = re.compile(r"\banswer\s+is\b\s*:?\s*(?P<x>[^\n]*)", re.IGNORECASE)
-# A sentence ends at . ! ? before white space or the end, unless the period follows a lone capital ("U.S. Army").
-_SENTENCE_END = re.compile(r"(?<!\b[A-Z])[.!?](?=\s|$)")
-
-
-def _answer_is(text: str) -> str | None:
-    """X from the last "the answer is X" / "So the answer is: X", up to the end of its sentence; None if absent.
-
-    The last occurrence wins: chain-of-thought prompts (IRCoT, Self-Ask) end with "So the answer is X."."""
-    matches = list(_ANSWER_IS.finditer(text))
-    if not matches:
-        return None
-    x = matches[-1].group("x")
-    if end := _SENTENCE_END.search(x):
-        x = x[: end.start()]
-    x = x.strip()
-    return x[:-1].rstrip() if x.endswith(".") else x
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
-
-
-def extract_answer(text: str, style: ExtractStyle = "auto") -> str:
-    """The short answer in a generation.
-
-    ``"tagged"``: the ``<answer>`` content (:func:`ragate.text.extract_tagged_answer`; the whole text without tags).
-    ``"answer-is"``: X of "the answer is X" (the text, stripped, when absent). ``"first-line"``: the first
-    non-empty line. ``"none"``: the text unchanged. ``"auto"``: tags if there are any, else "the answer is X",
-    else the first non-empty line."""
-    if style == "none":
-        return text
-    if style == "tagged" or (style == "auto" and "<answer>" in text.lower()):
-        return extract_tagged_answer(text)
-    if style == "first-line":
-        return _first_line(text)
-    found = _answer_is(text)
-    if style == "answer-is":
-        return text.strip() if found is None else found
-    if style != "auto":
-        raise ValueError(f"unknown extraction style {style!r}")
-    return _first_line(text) if found is None else found
 
 
 # --- one question's scores ------------------------------------------------------------------------------------

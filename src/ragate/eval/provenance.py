@@ -6,13 +6,11 @@ import hashlib
 import json
 import platform
 import subprocess
-from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ragate.errors import RagateError
-from ragate.fileio import sha256_file
+from ragate.models import model_identity
 
 PACKAGES = (
     "ragate", "numpy", "llama_cpp_python", "transformers", "torch", "sentence-transformers", "bm25s",
@@ -50,26 +48,6 @@ def git_commit(where: Path | None = None) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     return {"commit": head, "dirty": bool(dirty)}
-
-
-def model_identity(
-    model: str | None, engine: str, base_url: str | Sequence[str] | None = None
-) -> dict[str, Any]:
-    """For a local engine: the resolved file or directory, its size and (files) sha256; for a server: its URL
-    (a fleet: the list of them)."""
-    if engine == "openai":
-        urls = base_url if base_url is None or isinstance(base_url, str) else list(base_url)
-        return {"engine": engine, "model": model, "base_url": urls}
-    from ragate.models import resolve_model
-
-    try:
-        path = resolve_model(model)
-    except RagateError as err:
-        return {"engine": engine, "model": model, "error": str(err)}
-    info: dict[str, Any] = {"engine": engine, "model": model, "path": str(path)}
-    if path.is_file():
-        info |= {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-    return info
 
 
 def index_identity(index: str | None) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from ragate.backends.base import Backend
 from ragate.errors import CallCacheError, RagateError, RunFormatError
 from ragate.eval.calls import CallCache, CallStore, Cost, Tally, check_call_cache
 from ragate.eval.datasets import Example, dataset_files, load_dataset
-from ragate.eval.metrics import extract_answer, recall_at_k, score
-from ragate.eval.provenance import model_identity, provenance
+from ragate.eval.metrics import recall_at_k, score
+from ragate.eval.provenance import provenance
 from ragate.eval.records import RecordWriter, is_count, is_number, is_real, latest, read_records, short
 from ragate.eval.summary import summarize, summary_markdown
 from ragate.eval.workers import fold_parts, part_path, run_workers
@@ -45,7 +45,9 @@ from ragate.gates.registry import get_gate
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.needs import require, require_index
 from ragate.methods.spec import RERANK_SELECTORS
+from ragate.models import model_identity
 from ragate.retrieval.types import Retriever
+from ragate.text import extract_answer
 
 RECALL_K = 3
 LOCK_FILE = ".ragate.lock"  # held by the one process writing a run directory (ragate.fileio.exclusive_lock)

@@ -16,13 +16,12 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.eval.datasets import dataset_files
-from ragate.eval.provenance import model_identity
 from ragate.eval.records import read_records
 from ragate.eval.run import EvalConfig, read_run_config
 from ragate.eval.sweep import canonical_family, family_key, sweep_fault
 from ragate.gates.skr import LabelSet, needs_retrieval
 from ragate.methods import get_method
-from ragate.models import DEFAULT_MODEL
+from ragate.models import DEFAULT_MODEL, model_identity
 
 
 def _records(sweep_dir: Path) -> list[dict[str, Any]]:

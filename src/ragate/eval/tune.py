@@ -99,7 +99,7 @@ class GridRow:
 def tunable(spec: MethodSpec) -> tuple[str, tuple[float, ...] | None, tuple[float, float]]:
     """The parameter a dynamic method's trigger is tuned by, its default grid (None: give one) and the range a
     value must lie in; a :class:`RagateError` for a method with no trigger threshold."""
-    from ragate.dynamic.triggers import NO_TRIGGER, default_threshold
+    from ragate.methods.triggers import NO_TRIGGER, default_threshold
 
     if spec.dynamic is None:
         raise RagateError(
@@ -400,7 +400,7 @@ def check_model(
 ) -> None:
     """A tuned threshold belongs to one model: the same engine, and the same model file (by sha256, where both
     sides have one: a model named two ways is one model) or else the same model name."""
-    from ragate.eval.provenance import model_identity
+    from ragate.models import model_identity
 
     fix = "rerun ragate tune with this run's --model and --backend"
     if tuned["engine"] != engine:
@@ -543,10 +543,11 @@ def tune(
     :data:`DEFAULT_TEST_LIMIT`). Returns the tune file's content (:func:`save_tune` writes it). ``lm`` /
     ``retriever``: ready-made ones (tests), which stay the caller's."""
     from ragate.eval.datasets import dataset_files, load_dataset
-    from ragate.eval.provenance import index_identity, model_identity
+    from ragate.eval.provenance import index_identity
     from ragate.eval.records import latest, read_records
     from ragate.eval.run import EvalConfig, run_eval, timeout_note
     from ragate.methods import get_method
+    from ragate.models import model_identity
 
     spec = get_method(method)
     parameter, default_grid, bounds = tunable(spec)
@@ -695,7 +696,7 @@ def _open(
 
 def _default_value(spec: MethodSpec) -> float | None:
     """The method's trigger threshold when none is set (ETC: the authors' alpha)."""
-    from ragate.dynamic.triggers import default_threshold
+    from ragate.methods.triggers import default_threshold
 
     assert spec.dynamic is not None
     if spec.dynamic.threshold is not None:

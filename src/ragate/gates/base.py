@@ -21,7 +21,7 @@ import numpy as np
 from ragate.types import Generation, GenerationRequest, Message
 
 if TYPE_CHECKING:
-    from ragate.methods.spec import GateSpec
+    from ragate.gates.spec import GateSpec
     from ragate.retrieval.types import ScoredHits
 
 

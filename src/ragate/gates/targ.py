@@ -44,7 +44,7 @@ from ragate.uncertainty import (
 )
 
 if TYPE_CHECKING:
-    from ragate.methods.spec import GateSpec
+    from ragate.gates.spec import GateSpec
 
 DEFAULT_PREFIX = 20
 DEFAULT_SAMPLES = 5

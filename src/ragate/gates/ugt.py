@@ -17,7 +17,7 @@ from ragate.types import Generation
 from ragate.uncertainty import normalised_nll
 
 if TYPE_CHECKING:
-    from ragate.methods.spec import GateSpec
+    from ragate.gates.spec import GateSpec
 
 DEFAULT_TAU = 0.001
 UGT_TAUS = (0.001, 0.005, 0.01)

@@ -25,6 +25,7 @@ from ragate.errors import CapabilityError, IndexNeedError, RagateError
 from ragate.gates.base import Need
 from ragate.gates.registry import gate_names, get_gate
 from ragate.methods.spec import RERANK_SELECTORS, GateSpec, MethodSpec
+from ragate.methods.triggers import trigger_need
 from ragate.retrieval.types import Retriever
 
 Support = Literal["exact", "approximate", "text", "unavailable"]
@@ -46,8 +47,6 @@ _CRAG = Need(
 
 def method_need(spec: MethodSpec) -> Need:
     if spec.dynamic is not None:
-        from ragate.dynamic.triggers import trigger_need
-
         return trigger_need(spec.dynamic.trigger)
     return _CRAG if spec.crag is not None else gate_need(spec.gate.kind)
 

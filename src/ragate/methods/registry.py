@@ -13,7 +13,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from ragate.dynamic.steps import Trigger
 from ragate.errors import RagateError
 from ragate.gates.base import Gate
 from ragate.gates.registry import GATE_REGISTRY, get_gate
@@ -21,6 +20,8 @@ from ragate.methods.corpus import CORPUS_METHODS
 from ragate.methods.no_model import NO_MODEL_METHODS
 from ragate.methods.prompts import PAIRS, TARG, TARG_CONTEXT_FIRST
 from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, SelectorSpec
+from ragate.methods.triggers import TRIGGER_REGISTRY, Trigger, trigger_class
+from ragate.methods.triggers import register_trigger as add_trigger
 
 _Q = SelectorSpec("question")
 _DPR = SelectorSpec("dpr-ais")
@@ -347,8 +348,6 @@ def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
 def register_trigger(name: str) -> Callable[[type[Trigger]], type[Trigger]]:
     """Class decorator: register a :class:`~ragate.dynamic.steps.Trigger` under ``name``; it also names a method
     (the trigger's ``like`` method, its query, cut and limits, with this trigger)."""
-    from ragate.dynamic.triggers import register_trigger as add_trigger
-
     if name in METHODS:
         raise RagateError(f"{name!r} is the name of one of ragate's methods: choose another trigger name")
     return add_trigger(name)
@@ -370,8 +369,6 @@ def _gate_method(name: str) -> MethodSpec | None:
 
 
 def _trigger_method(name: str) -> MethodSpec | None:
-    from ragate.dynamic.triggers import trigger_class
-
     trigger = trigger_class(name)
     base = METHODS.get(trigger.like) if trigger.like else None
     if trigger.like is None:
@@ -387,8 +384,6 @@ def _trigger_method(name: str) -> MethodSpec | None:
 
 def _plugin_names() -> tuple[list[str], list[str]]:
     """Names of the gates and triggers that are not ragate's own (registered or installed)."""
-    from ragate.dynamic.triggers import TRIGGER_REGISTRY
-
     gates = [g for g in GATE_REGISTRY.names() if not GATE_REGISTRY.is_builtin(g)]
     triggers = [t for t in TRIGGER_REGISTRY.names() if not TRIGGER_REGISTRY.is_builtin(t)]
     return gates, triggers

@@ -28,6 +28,7 @@ from ragate.methods import prompts as P
 from ragate.methods.needs import require, require_index
 from ragate.methods.spec import MethodSpec, SelectorSpec
 from ragate.methods.trace import Stage, Trace
+from ragate.models import model_identity
 from ragate.retrieval.types import Hit, Retriever, ScoredHits
 from ragate.selection.dpr import dpr_ais, fixed_split, merge_by_id, rerank_scores
 from ragate.types import Generation, GenerationRequest, Message
@@ -399,8 +400,6 @@ def encoder_identity(retriever: Retriever) -> dict[str, Any] | None:
 
 @functools.lru_cache(maxsize=4)
 def _model_identity(model: str, engine: str) -> dict[str, Any]:
-    from ragate.eval.provenance import model_identity
-
     return model_identity(model, engine)
 
 

@@ -22,7 +22,6 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from ragate import __version__
 from ragate.errors import EncoderMismatchError, IndexFormatError, ModelNotFoundError
 from ragate.retrieval.bm25 import BM25_DIR, BM25Params, BM25Retriever, build_bm25
 from ragate.retrieval.dense import (
@@ -56,6 +55,7 @@ from ragate.retrieval.store import (
     write_passage_store,
 )
 from ragate.retrieval.types import Passage, Retriever
+from ragate.version import __version__
 
 IndexKind = Literal["bm25", "dense", "hybrid"]
 COPY_ROWS = 65_536

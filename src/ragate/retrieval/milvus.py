@@ -39,11 +39,11 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from ragate import __version__
 from ragate.errors import EncoderMismatchError, IndexFormatError
 from ragate.retrieval.encoders import Encoder, encoder_differences, load_encoder
 from ragate.retrieval.ranking import check_queries
 from ragate.retrieval.types import Hit, Passage, Retriever
+from ragate.version import __version__
 
 DEFAULT_COLLECTION = "ragate_passages"
 MANIFEST_PROPERTY = "ragate.manifest"

@@ -37,11 +37,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ragate import __version__
 from ragate.errors import CorpusFormatError, DataNotFoundError
 from ragate.fileio import atomic_writer, json_lines
 from ragate.retrieval.corpus import chunk_passages, document_id, read_passages, write_passages
 from ragate.retrieval.types import Passage
+from ragate.version import __version__
 
 FORMAT_VERSION = 1
 

@@ -37,7 +37,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ragate import __version__
 from ragate.backends import Backend
 from ragate.errors import (
     BackendError,
@@ -62,6 +61,7 @@ from ragate.service.guard import ApiError, Guard, error_response
 from ragate.service.metrics import ServiceMetrics
 from ragate.service.page import install_page
 from ragate.service.settings import ServiceSettings
+from ragate.version import __version__
 
 log = logging.getLogger("ragate.service")
 T = TypeVar("T")
