@@ -276,14 +276,14 @@ class Pipeline:
         self._max_tokens, self._k = max_tokens, k
         self.calibration: dict[str, Any] | None = None
         if calibration is not None:
-            from ragate.eval.calibrate import check_calibration, read_calibration
+            from ragate.eval.thresholds import check_calibration, read_calibration
 
             self.calibration = read_calibration(calibration)
             check_calibration(self.calibration, calibration, method, model, engine)
             threshold = float(self.calibration["tau"])
         spec = spec.with_threshold(threshold)
         if budget is not None and budget_state is not None:  # before the model loads: a state it could not keep
-            from ragate.service.budget import check_state_path
+            from ragate.budget import check_state_path
 
             check_state_path(Path(budget_state))
         self._owned: list[Any] = []
@@ -305,7 +305,7 @@ class Pipeline:
             self.spec: MethodSpec = require(spec, lm.capabilities, engine=lm.engine, fallback=fallback)
             self.budget = None
             if budget is not None:
-                from ragate.service.budget import BudgetController
+                from ragate.budget import BudgetController
 
                 self.budget = BudgetController(
                     budget,
@@ -521,7 +521,7 @@ class Pipeline:
         (``batch``: over every ``batch`` new questions). It holds only while new questions are like these: for
         live traffic, ``budget=`` (the controller) holds the rate as the mix drifts. ``concurrency``: questions
         scored at once over a server backend."""
-        from ragate.eval.calibrate import check_budget_value, check_calibratable, threshold_from_scores
+        from ragate.eval.thresholds import check_budget_value, check_calibratable, threshold_from_scores
 
         self._check_open()
         check_budget_value(budget, "budget")

@@ -350,8 +350,9 @@ def _fold(args: argparse.Namespace, kind: str) -> int:
 
 
 def _config(args: argparse.Namespace, methods: str) -> Any:
-    from ragate.eval.calibrate import check_calibration, read_calibration
-    from ragate.eval.run import EvalConfig, timeout_note
+    from ragate.eval.config import EvalConfig
+    from ragate.eval.run import timeout_note
+    from ragate.eval.thresholds import check_calibration, read_calibration
     from ragate.methods import get_method
 
     names = tuple(m.strip() for m in methods.split(",") if m.strip())
@@ -369,7 +370,7 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
                 "pass the calibration of a method in --methods"
             )
         if get_method(cal["method"]).dynamic is not None:  # a `ragate tune` file, checked by the run
-            from ragate.eval.tune import read_tune
+            from ragate.eval.tunefile import read_tune
 
             read_tune(path)
             tuned.append(str(path))
@@ -429,7 +430,7 @@ def _thread_note(args: argparse.Namespace) -> dict[str, Any]:
 
 def _gate_weights(args: argparse.Namespace, names: tuple[str, ...]) -> str | None:
     """``--gate-weights``, which goes with a method whose gate reads them (no-model-lr)."""
-    from ragate.eval.run import reads_weights
+    from ragate.eval.config import reads_weights
 
     path = getattr(args, "gate_weights", None)
     if path is None:
@@ -564,7 +565,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         raise RagateError("--base-url needs --backend openai")
     _check_concurrency(args)
     if args.budget is not None:
-        from ragate.eval.calibrate import check_budget_value
+        from ragate.eval.thresholds import check_budget_value
 
         check_budget_value(args.budget)  # before any model loads
     if args.dev is not None:
@@ -648,7 +649,7 @@ def _pipeline(args: argparse.Namespace) -> Any:
 
 def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
     """``--questions FILE``: the gate's scores of your own questions (no answers) through a Pipeline."""
-    from ragate.eval.calibrate import check_calibratable
+    from ragate.eval.thresholds import check_calibratable
     from ragate.methods import get_method
 
     check_calibratable(get_method(args.gate))  # before the model loads
@@ -671,8 +672,8 @@ def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_rate(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Score the ``--check`` questions and print the rate this tau gives there."""
-    from ragate.eval.calibrate import retrieval_rate
     from ragate.eval.datasets import read_questions
+    from ragate.eval.thresholds import retrieval_rate
 
     questions = read_questions(args.check)
     with _pipeline(args) as rag:

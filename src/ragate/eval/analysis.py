@@ -22,9 +22,9 @@ from typing import Any, Literal, TypedDict
 import numpy as np
 
 from ragate.errors import RagateError
-from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.metrics import bootstrap_ci
 from ragate.eval.sweep import decisions, frontier, method_records, point, swept_methods
+from ragate.eval.thresholds import threshold_for_budget
 
 Metric = Literal["em", "f1", "acc"]
 BinaryMetric = Literal["em", "acc"]

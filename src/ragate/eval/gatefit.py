@@ -113,7 +113,7 @@ def fit_gate(
     from sklearn.preprocessing import StandardScaler
 
     from ragate.eval.analysis import auroc
-    from ragate.methods.runner import encoder_identity
+    from ragate.methods.question import encoder_identity
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
 

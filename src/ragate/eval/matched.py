@@ -30,10 +30,10 @@ from typing import Any, Literal
 import numpy as np
 
 from ragate.errors import RagateError
-from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.metrics import paired_bootstrap_diff
 from ragate.eval.summary import interval_points, points, verdict
 from ragate.eval.sweep import method_records, swept_methods
+from ragate.eval.thresholds import threshold_for_budget
 
 DEFAULT_BUDGETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6)  # TARG's regime is 5-30% (Table 4: ~15%)
 Select = Literal["best", "quantile"]

@@ -33,7 +33,8 @@ from ragate.eval.analysis import (
     recall_comparison,
 )
 from ragate.eval.records import latest, read_records
-from ragate.eval.run import RECALL_K, read_results, read_run_config
+from ragate.eval.run import RECALL_K
+from ragate.eval.rundir import read_results, read_run_config
 from ragate.eval.summary import (
     derived_table,
     differences_table,

@@ -111,8 +111,9 @@ def reproduce(
     (also written to ``out/reproduce.json`` and ``out/reproduce.md``). ``calibration``: ``ragate tune`` files;
     each runs its dynamic method at the tuned trigger threshold on the dataset of the file's test split, in a run
     directory of its own (``DATASET-tuned-METHOD``) that refuses to score a validation question."""
+    from ragate.eval.config import EvalConfig
     from ragate.eval.records import latest, read_records
-    from ragate.eval.run import EvalConfig, run_eval, timeout_note
+    from ragate.eval.run import run_eval, timeout_note
     from ragate.eval.sweep import sweep_pass
     from ragate.methods import get_method
 
@@ -216,7 +217,7 @@ def _tuned_files(
 ) -> dict[tuple[str, str], tuple[str | Path, dict[str, Any]]]:
     """The ``ragate tune`` files by (dataset, method): each for a method of the pack's rows on a dataset the pack
     runs (the file's test split names it), one per pair; anything else is refused before any work."""
-    from ragate.eval.tune import read_tune
+    from ragate.eval.tunefile import read_tune
 
     datasets = [d["ragate"] for d in pack["datasets"] if d.get("ragate")]
     out: dict[tuple[str, str], tuple[str | Path, dict[str, Any]]] = {}
@@ -257,8 +258,8 @@ def _ours(
     """ragate's numbers for one paper row: its method's answers (eval), the swept family's never/always answers,
     or the swept gate at the paper's retrieval rate (tau = F^-1(1 - rate), cross-fitted: each half of the questions
     at the tau of the other half's scores, so no question sets its own threshold)."""
-    from ragate.eval.calibrate import cross_fitted_taus, halves
     from ragate.eval.sweep import finite_scores
+    from ragate.eval.thresholds import cross_fitted_taus, halves
 
     method, side = row["method"], _side(row)
     note = ""

@@ -21,7 +21,7 @@ from typing import Any
 
 from ragate.errors import RagateError
 from ragate.eval.records import latest, read_records, write_records
-from ragate.eval.run import read_results, read_run_config
+from ragate.eval.rundir import read_results, read_run_config
 from ragate.eval.sweep import compact, family_key, unswept, write_sweep
 from ragate.fileio import atomic_writer
 from ragate.methods import METHODS, get_method

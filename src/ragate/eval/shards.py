@@ -11,12 +11,12 @@ model file's sha256, or a server's model name), a missing or doubled shard, or o
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ragate.errors import RagateError
+from ragate.eval.config import parse_shard
 from ragate.fileio import atomic_writer
 
 # settings that may differ between shards: where each machine keeps its files, which servers it asked, and what
@@ -28,17 +28,6 @@ _LOCAL = frozenset(
         "gate_weights_file",
     }
 )  # fmt: skip
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"i/n"`` as (i, n), 0 <= i < n; anything else is an error naming the form."""
-    found = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
-    if not found or not 0 <= int(found[1]) < int(found[2]):
-        raise RagateError(
-            f"--shard {text!r}: write I/N with 0 <= I < N, e.g. --shard 0/2 on one machine and --shard 1/2 on "
-            "another (every N-th question from the I-th)"
-        )
-    return int(found[1]), int(found[2])
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -57,7 +46,7 @@ def _identity(config: dict[str, Any]) -> dict[str, Any]:
 def fold_runs(dirs: Sequence[Path], out: Path) -> str:
     """Fold the shard directories ``dirs`` (every shard of one run, each finished) into the run directory ``out``;
     returns the run's kind ("eval" or "sweep"). ``out`` then reads, reports and resumes as an unsharded run."""
-    from ragate.eval.run import LOCK_FILE, read_run_config
+    from ragate.eval.rundir import LOCK_FILE, read_run_config
     from ragate.fileio import exclusive_lock
 
     if len(dirs) < 2:
@@ -169,7 +158,7 @@ def _merged(
 def _check_complete(d: Path, config: dict[str, Any], records: Sequence[dict[str, Any]]) -> None:
     """An eval shard holds one record for each of its questions and methods (``results.json`` counts its
     questions): a record lost from ``questions.jsonl`` (a deleted or cut line) refuses the fold."""
-    from ragate.eval.run import read_results
+    from ragate.eval.rundir import read_results
 
     methods = list(config.get("methods") or [])
     questions = int(read_results(d).get("questions") or 0)
@@ -191,7 +180,7 @@ def _write_results(
 ) -> None:
     """An eval run's ``config.json``, ``results.json`` and ``results.md`` from the shards' own results: the first
     shard's provenance (the others' in ``folded_from``), the earliest start and the latest finish."""
-    from ragate.eval.run import cost_totals, read_results
+    from ragate.eval.rundir import cost_totals, read_results
     from ragate.eval.summary import summarize, summary_markdown
 
     results = [read_results(Path(d)) for d in dirs]

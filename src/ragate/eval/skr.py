@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from ragate.errors import RagateError
+from ragate.eval.config import EvalConfig
 from ragate.eval.datasets import dataset_files
 from ragate.eval.records import read_records
-from ragate.eval.run import EvalConfig, read_run_config
+from ragate.eval.rundir import read_run_config
 from ragate.eval.sweep import canonical_family, family_key, sweep_fault
 from ragate.gates.skr import LabelSet, needs_retrieval
 from ragate.methods import get_method
@@ -118,7 +119,7 @@ def fit_labels(
     method: str = "skr",
 ) -> LabelSet:
     """The label set of ``sweep_dir``'s questions for ``family`` (default: ``method``'s family)."""
-    from ragate.methods.runner import encoder_identity
+    from ragate.methods.question import encoder_identity
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
 

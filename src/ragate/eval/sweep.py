@@ -29,8 +29,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ragate.errors import RagateError
-from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.calls import check_call_cache
+from ragate.eval.config import EvalConfig, open_run
 from ragate.eval.datasets import Example
 from ragate.eval.provenance import provenance
 from ragate.eval.records import (
@@ -44,21 +44,16 @@ from ragate.eval.records import (
     write_records,
 )
 from ragate.eval.run import (
-    LOCK_FILE,
-    EvalConfig,
-    _kept_provenance,
     _open_lm,
     _open_retriever,
-    _save_config,
     answer_fields,
-    check_asked,
     check_index,
     default_call_cache,
     open_call_cache,
-    open_run,
-    read_run_config,
     run_concurrently,
 )
+from ragate.eval.rundir import LOCK_FILE, _kept_provenance, _save_config, check_asked, read_run_config
+from ragate.eval.thresholds import threshold_for_budget
 from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
 from ragate.gates.registry import get_gate
@@ -122,7 +117,7 @@ def sweep_pass(
     order, so its record is the one a single job at a time writes).
     ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
     store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls;
-    ``accept_rebuilt_index`` as in :func:`ragate.eval.run.check_config`."""
+    ``accept_rebuilt_index`` as in :func:`ragate.eval.config.check_config`."""
     if config.fallback is not None:
         raise RagateError(
             f"--fallback {config.fallback} stands in for a gate in `ragate eval` and `serve`; a sweep scores each gate "

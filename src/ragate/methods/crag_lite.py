@@ -27,7 +27,7 @@ from typing import Literal
 
 from ragate.gates.base import GateDecision
 from ragate.gates.judge import first_word, p_yes, word_score
-from ragate.methods.runner import QuestionRun
+from ragate.methods.question import QuestionRun
 from ragate.methods.spec import CragSpec
 from ragate.methods.trace import Trace
 from ragate.retrieval.types import Hit

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragate.backends import Backend
+from ragate.budget import BudgetController
 from ragate.errors import (
     BackendError,
     BackendTimeoutError,
@@ -56,7 +57,6 @@ from ragate.retrieval.types import Hit, Retriever
 from ragate.savings import AlwaysRetrieveCost, AnswerLog, Savings, log_entry
 from ragate.service import openai_api
 from ragate.service.admission import Slots, Ticket
-from ragate.service.budget import BudgetController
 from ragate.service.guard import ApiError, Guard, error_response
 from ragate.service.metrics import ServiceMetrics
 from ragate.service.page import install_page

@@ -56,7 +56,7 @@ class ServiceSettings:
     backend_retries: int = 2
     max_reply_bytes: int = 32 * 2**20  # the longest reply read from an LM server; a longer one fails it over
     health_timeout: float = 2.0
-    budget: float | None = None  # a live retrieval budget for the served method (ragate.service.budget)
+    budget: float | None = None  # a live retrieval budget for the served method (ragate.budget)
     budget_window: int = 200
     budget_gain: float = 16.0  # feedback of the windowed rate error on the quantile level (0: plain quantile)
     budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)

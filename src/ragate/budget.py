@@ -1,0 +1,241 @@
+"""A live retrieval budget: keeps the share of questions that retrieve at RHO as traffic drifts (``ragate serve
+--budget RHO --window W``, ``Pipeline(budget=RHO)``).
+
+The controller keeps the gate scores and decisions of the last W answered requests and sets, before each request,
+tau = F^-1(1 - level) over the scores (the same inverted-CDF quantile as ``ragate calibrate``), at the level
+
+    level = clip(RHO + gain * (RHO - r_W), 0.001, 0.999),   r_W = the share of the last W requests that retrieved.
+
+With ``gain = 0`` this is the plain windowed quantile: a share RHO of the recent scores lies above tau. A gate's
+score does not depend on tau, so the window is an unbiased sample of current traffic; but after the mix shifts,
+the decisions of the last W requests were made with a tau that lagged behind, and the windowed rate strays far
+from RHO (on NQ scores shifted twice by half to 0.7 standard deviations, W = 100: largest deviation 0.17, 45% of
+windows outside RHO +- 0.05). The feedback term corrects the *quantile level* by the rate error, in rate units,
+so one gain suits every gate whatever its score scale (which is why the feedback acts on the level rather than on
+tau itself: a gain on tau would need tuning per gate and oscillates on heavy-tailed scores such as DTR's NLL).
+The default gain 16 kept every window within RHO +- 0.05 there (largest deviation 0.04) at a cost of 0.7 points
+of accuracy against gain 0, the decisions still ranking questions by score (``benchmarks/budget.py drift``).
+Before the window holds W scores, tau is the quantile of those it has (and, with none, the method's own
+threshold). The state (scores, recent decisions, tau) is written atomically after every answer and read back on
+start, so a restart keeps tau.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ragate.errors import RagateError
+from ragate.eval.records import is_number
+from ragate.eval.thresholds import threshold_for_budget
+from ragate.fileio import atomic_writer
+from ragate.gates.registry import gate_names, get_gate
+from ragate.methods import MethodSpec
+
+log = logging.getLogger(__name__)
+
+MIN_WINDOW = 10
+DEFAULT_GAIN = 16.0
+HISTORY = 500  # the points of tau and the windowed rate kept for GET /v1/budget (in memory, since start)
+LEVEL_BOUNDS = (0.001, 0.999)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A saved budget state, its fields checked: scores finite numbers, decisions true/false, tau a finite
+    number (JSON allows NaN here and Python reads "123" as a list of characters; neither is a state)."""
+    fix = "delete it to start afresh (or pass another --budget-state file)"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:  # bad JSON or UTF-8, 4,300+ digits, deep nesting
+        raise RagateError(
+            f"{path} is not a readable budget state ({type(err).__name__}: {err}); {fix}"
+        ) from None
+    if not isinstance(data, dict):
+        raise RagateError(f"{path} is not a budget state (a JSON object); {fix}")
+    scores, decisions, tau = data.get("scores"), data.get("decisions"), data.get("tau")
+    if not (isinstance(scores, list) and all(is_number(s) for s in scores)):
+        raise RagateError(f"{path}: 'scores' must be a list of finite numbers; {fix}")
+    if not (isinstance(decisions, list) and all(isinstance(d, bool) for d in decisions)):
+        raise RagateError(f"{path}: 'decisions' must be a list of true/false; {fix}")
+    if not is_number(tau):
+        raise RagateError(f"{path}: 'tau' must be a finite number, got {tau!r}; {fix}")
+    return data
+
+
+def check_state_path(path: Path) -> None:
+    """Refuse at start a state file that could not be read back or written after the first answer."""
+    fix = "pass a --budget-state path in a folder this server can write"
+    if path.is_dir():
+        raise RagateError(f"--budget-state {path} is a directory; {fix}")
+    if path.exists():
+        read_state(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RagateError(
+            f"--budget-state {path}: cannot create its folder ({type(err).__name__}: {err}); {fix}"
+        ) from None
+    try:  # the state is replaced by a file made beside it: make one the same way
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+    except OSError as err:
+        raise RagateError(
+            f"--budget-state {path}: its folder is not writable ({type(err).__name__}: {err}); {fix}"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def controlled_gates() -> list[str]:
+    """The gates whose threshold the controller can move: a score that ranks questions (``Gate.budget_control``)."""
+    return [g for g in gate_names() if get_gate(g).budget_control]
+
+
+def control_level(budget: float, rate: float, gain: float) -> float:
+    """The quantile level for the next request: the budget corrected by ``gain`` times the windowed rate error."""
+    low, high = LEVEL_BOUNDS
+    return min(high, max(low, budget + gain * (budget - rate)))
+
+
+def check_budget(budget: float, window: int, spec: MethodSpec, gain: float = DEFAULT_GAIN) -> None:
+    """Refuse settings the controller cannot honour, naming the fix."""
+    if not (math.isfinite(gain) and gain >= 0):
+        raise RagateError(
+            f"--budget-gain must be a number >= 0 (0: the plain windowed quantile), got {gain:g}"
+        )
+    if not 0.0 < budget < 1.0:
+        raise RagateError(f"--budget is a share of requests strictly between 0 and 1, got {budget:g}")
+    if window < MIN_WINDOW:
+        raise RagateError(
+            f"--window {window} is too short to estimate a rate: use at least {MIN_WINDOW} (default 200)"
+        )
+    if not get_gate(spec.gate.kind).budget_control:
+        stand_in = (
+            " (a fallback gate stands in for the method's own, which this backend cannot serve)"
+            if ":fallback=" in spec.name
+            else ""
+        )
+        raise RagateError(
+            f"method {spec.name!r} decides with its {spec.gate.kind!r} gate{stand_in}, which has no threshold "
+            f"to control; serve a thresholded gate with --budget ({', '.join(controlled_gates())})"
+        )
+
+
+class BudgetController:
+    """Thread-safe windowed-quantile controller with an atomically persisted state."""
+
+    def __init__(
+        self,
+        budget: float,
+        window: int,
+        spec: MethodSpec,
+        state: Path | None,
+        *,
+        model: str = "",
+        gain: float = DEFAULT_GAIN,
+    ) -> None:
+        check_budget(budget, window, spec, gain)
+        self.budget, self.window, self.method, self.path, self.model = budget, window, spec.name, state, model
+        self.gain = gain
+        self._scores: deque[float] = deque(maxlen=window)
+        self._decisions: deque[bool] = deque(maxlen=window)
+        self._tau = spec.gate.tau
+        self._lock = threading.Lock()
+        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._observed = 0
+        self.write_error: str | None = None
+        if state is not None:
+            check_state_path(state)
+            if state.exists():
+                self._load(state)
+
+    def _load(self, path: Path) -> None:
+        data = read_state(path)
+        for key, mine in (("method", self.method), ("model", self.model)):
+            if data.get(key) != mine:
+                raise RagateError(
+                    f"{path} holds the budget state of {key} {data.get(key)!r}, not {mine!r}: its scores do not "
+                    "describe this server's gate; pass another --budget-state file (or delete this one)"
+                )
+        self._scores.extend(float(s) for s in data["scores"][-self.window :])
+        self._decisions.extend(data["decisions"][-self.window :])
+        self._tau = float(data["tau"])
+
+    def _save(self) -> None:
+        """Write the state atomically; a failure is logged once per kind and the answer is kept (the state is
+        checked for writability at start, so this is a disk that filled or a folder that changed since)."""
+        assert self.path is not None
+        try:
+            with atomic_writer(self.path) as f:
+                f.write(json.dumps(self._state(), allow_nan=False).encode())
+        except OSError as err:
+            if self.write_error is None:
+                log.warning(
+                    "cannot write the budget state %s (%s); tau is kept in memory only", self.path, err
+                )
+            self.write_error = err.strerror or type(err).__name__  # answers carry it: no server paths
+        else:
+            self.write_error = None
+
+    @property
+    def tau(self) -> float:
+        with self._lock:
+            return self._tau
+
+    def rate(self) -> float | None:
+        """The share of the last W answered requests that retrieved (None before the first)."""
+        with self._lock:
+            return sum(self._decisions) / len(self._decisions) if self._decisions else None
+
+    def observe(self, score: float | None, retrieved: bool) -> float:
+        """Record one answered request's gate score and decision; returns the new tau."""
+        with self._lock:
+            self._decisions.append(retrieved)
+            if score is not None and math.isfinite(score):  # NaN or inf says nothing about the distribution
+                self._scores.append(float(score))
+                rate = sum(self._decisions) / len(self._decisions)
+                self._tau = threshold_for_budget(
+                    list(self._scores), control_level(self.budget, rate, self.gain)
+                )
+            self._observed += 1
+            kept = float(score) if score is not None and math.isfinite(score) else None
+            self._history.append({
+                "n": self._observed, "time": time.time(), "score": kept,
+                "retrieved": retrieved, "tau": self._tau,
+                "rate": sum(self._decisions) / len(self._decisions),
+            })  # fmt: skip
+            if self.path is not None:  # under the lock: states are written in the order they were reached
+                self._save()
+            return self._tau
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the controller holds now, for a page to draw: the target, the window, the rate over it and tau,
+        and after each request observed since start (the last ``HISTORY``) its score, its decision, the tau it
+        left and the windowed rate then."""
+        with self._lock:
+            decisions = list(self._decisions)
+            return {
+                "budget": self.budget, "window": self.window, "gain": self.gain, "tau": self._tau,
+                "window_rate": sum(decisions) / len(decisions) if decisions else None,
+                "window_requests": len(decisions), "window_retrieved": sum(decisions),
+                "observed": self._observed, "history": list(self._history),
+                **({"state_write_error": self.write_error} if self.write_error else {}),
+            }  # fmt: skip
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "model": self.model,
+            "budget": self.budget,
+            "window": self.window,
+            "tau": self._tau,
+            "scores": list(self._scores),
+            "decisions": list(self._decisions),
+        }

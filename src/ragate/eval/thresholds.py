@@ -1,0 +1,299 @@
+"""Thresholds from a retrieval budget (TARG section 3.3), and the ``ragate calibrate`` files that record them.
+
+Every gate's score is oriented so that a higher score means "retrieve" and the gate retrieves iff score > tau
+(``GateDecision``). A budget rho (the share of questions allowed to retrieve) gives tau = F^-1(1 - rho), the
+empirical (1 - rho)-quantile of the dev scores, so that at most a share rho of the dev questions score above it.
+
+On *new* questions that quantile overshoots the budget about half the time. :func:`conservative_threshold` picks
+an order statistic of the dev scores instead, so that the rate on new questions from the same distribution stays
+at most rho with a chosen confidence (the bound is below). A ``ragate calibrate`` file is read and checked here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.errors import RagateError
+from ragate.eval.records import is_count, is_number, short
+from ragate.fileio import lone_surrogate, parse_json, utf8_text
+
+
+def threshold_for_budget(scores: Sequence[float], budget: float) -> float:
+    """tau = F^-1(1 - budget) over ``scores`` (TARG section 3.3), the inverted-CDF quantile: the smallest score
+    s with F(s) >= 1 - budget, so the share of scores strictly above tau is at most ``budget``.
+
+    A budget of 1 returns a value below every score (always retrieve), 0 the largest score (never retrieve).
+    """
+    if not 0.0 <= budget <= 1.0:
+        raise ValueError(f"budget must be a share of questions in [0, 1], got {budget}")
+    values = np.asarray(scores, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("no dev scores to calibrate on: score at least one question first")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("dev scores contain NaN or infinity: check the gate's drafts")
+    if budget >= 1.0:
+        return float(np.nextafter(values.min(), -np.inf))
+    return float(np.quantile(values, 1.0 - budget, method="inverted_cdf"))
+
+
+def halves(ids: Sequence[str]) -> list[int]:
+    """Each question's half (0 or 1) for cross-fitting: the questions ordered by the sha256 of their id, then
+    alternated, so the halves differ by at most one question and do not depend on the order a run wrote them in."""
+    order = sorted(range(len(ids)), key=lambda i: hashlib.sha256(str(ids[i]).encode()).hexdigest())
+    half = [0] * len(ids)
+    for rank, i in enumerate(order):
+        half[i] = rank % 2
+    return half
+
+
+def cross_fitted_taus(scores: Sequence[float], budget: float, half: Sequence[int]) -> list[float]:
+    """A threshold for each question set without its own score: question i, in half ``half[i]`` (0 or 1, e.g.
+    :func:`halves`), gets tau = F^-1(1 - budget) (:func:`threshold_for_budget`) over the scores of the other half,
+    so no scored question sets the threshold it is decided with (a tau set on the questions it is then judged on
+    flatters every gated row). Each half needs at least one question."""
+    if len(half) != len(scores):
+        raise ValueError(f"{len(scores)} scores but {len(half)} halves")
+    if set(half) != {0, 1}:
+        raise ValueError(f"cross-fitting needs questions in both halves, got halves {sorted(set(half))}")
+    by_half = [threshold_for_budget([s for s, h in zip(scores, half) if h != k], budget) for k in (0, 1)]
+    return [by_half[h] for h in half]
+
+
+@dataclass(frozen=True)
+class BudgetBound:
+    """A threshold that keeps the retrieval rate on new questions at most ``budget`` with ``confidence``.
+
+    ``k`` is the order statistic used (tau is the k-th smallest of ``n`` dev scores); ``expected_rate`` the
+    expected rate on new questions, (n - k + 1) / (n + 1), and ``rate_interval`` its central interval at
+    ``confidence``."""
+
+    tau: float
+    k: int
+    n: int
+    budget: float
+    confidence: float
+    expected_rate: float
+    rate_interval: tuple[float, float]
+    bound: str = "order statistic (exact binomial)"
+
+
+def conservative_threshold(
+    scores: Sequence[float], budget: float, confidence: float, *, batch: int | None = None
+) -> BudgetBound:
+    """tau = s_(k), the k-th smallest dev score, with the smallest k such that the rate on new questions,
+    p(tau) = P(S > tau), is at most ``budget`` with probability ``confidence`` over the draw of the dev set.
+
+    Why this bound: for n exchangeable scores, F(s_(k)) is distributed as the k-th order statistic of n uniforms
+    (stochastically larger when scores tie), so P(p(s_(k)) <= rho) = P(U_(k) >= 1 - rho)
+    = P(Binomial(n, 1 - rho) <= k - 1). It is exact and distribution-free, and tighter than DKW's uniform band
+    (which pays for all thresholds at once, sqrt(log(1/delta) / 2n): about 0.09 of rate at n = 200, delta =
+    0.05), since only one threshold is used. Raises ValueError when n is too small for the confidence: even the
+    largest score may then be exceeded too often (n must be at least log(1 - confidence) / log(1 - rho)).
+
+    With ``batch`` = m the guarantee is on the realised rate of a batch of m new questions instead (what a
+    service sees over m requests, or a test set of m): the number of them above s_(k) is Beta-Binomial(m,
+    n - k + 1, k) for exchangeable scores (fewer when scores tie), and k is the smallest with P(X <= rho m) >=
+    confidence. This also covers the batch's own sampling noise, so it picks a higher k."""
+    from scipy.stats import beta, betabinom, binom
+
+    if not 0.0 < budget < 1.0:
+        raise ValueError(f"budget must be a share of questions strictly between 0 and 1, got {budget}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence}")
+    values = np.sort(np.asarray(scores, dtype=np.float64))
+    n = values.size
+    if n == 0 or not np.all(np.isfinite(values)):
+        raise ValueError("need finite dev scores to calibrate on: score at least one question first")
+    if batch is not None and batch < 1:
+        raise ValueError(f"batch must be a number of new questions >= 1, got {batch}")
+    ks = np.arange(1, n + 1)
+    if batch is None:
+        ok = binom.cdf(ks - 1, n, 1.0 - budget) >= confidence
+    else:
+        ok = betabinom.cdf(np.floor(budget * batch + 1e-9), batch, n - ks + 1, ks) >= confidence
+    if not ok.any():
+        if batch is None:
+            need = f"score at least {int(np.ceil(np.log(1.0 - confidence) / np.log(1.0 - budget)))}"
+        else:
+            need = "score more dev questions"
+        raise ValueError(
+            f"{n} dev questions cannot bound a retrieval rate of {budget:g} at confidence {confidence:g}"
+            + (f" over batches of {batch}" if batch else "")
+            + f": {need}, or lower the confidence"
+        )
+    k = int(ks[ok][0])
+    # the rate on new questions, 1 - F(s_(k)), is Beta(n - k + 1, k) for continuous scores
+    low, high = beta.ppf([(1 - confidence) / 2, (1 + confidence) / 2], n - k + 1, k)
+    return BudgetBound(
+        tau=float(values[k - 1]),
+        k=k,
+        n=n,
+        budget=budget,
+        confidence=confidence,
+        expected_rate=(n - k + 1) / (n + 1),
+        rate_interval=(float(low), float(high)),
+        bound="order statistic (exact binomial)"
+        if batch is None
+        else f"order statistic (exact beta-binomial, batches of {batch})",
+    )
+
+
+def threshold_from_scores(
+    scores: Sequence[float], budget: float, *, confidence: float | None = None, batch: int | None = None
+) -> dict[str, Any]:
+    """tau for a retrieval ``budget`` from gate scores (no answers needed): the plain quantile, or with
+    ``confidence`` the :func:`conservative_threshold`. Returns tau, how it was chosen and the rate it gives on
+    these scores (the fields of :class:`ragate.pipeline.Calibration`). A bound the scores cannot give is a
+    :class:`RagateError` naming the fix."""
+    if batch is not None and confidence is None:
+        raise RagateError(
+            "batch needs confidence (e.g. 0.95): it bounds the rate of every batch of new questions"
+        )
+    try:
+        if confidence is None:
+            tau = threshold_for_budget(scores, budget)
+            found: dict[str, Any] = {"bound": "plain quantile F^-1(1 - budget) (TARG 3.3)"}
+        else:
+            bound = conservative_threshold(scores, budget, confidence, batch=batch)
+            tau = bound.tau
+            found = {
+                "bound": bound.bound, "confidence": confidence, "batch": batch, "k": bound.k,
+                "expected_rate": bound.expected_rate, "rate_interval": bound.rate_interval,
+            }  # fmt: skip
+    except ValueError as err:
+        raise RagateError(str(err)) from None
+    rate = retrieval_rate(scores, tau)
+    warning = rate_warning(scores, budget, rate) if confidence is None else None
+    return found | {
+        "tau": tau,
+        "budget": budget,
+        "n": len(scores),
+        "retrieval_rate": rate,
+        **({"warning": warning} if warning else {}),
+    }
+
+
+RATE_TOLERANCE = 0.05  # a plain quantile's rate farther than this from the budget is worth a warning
+
+
+def rate_warning(scores: Sequence[float], budget: float, rate: float) -> str | None:
+    """Why tau gives a rate far from ``budget`` on the very questions it was set on (tied scores, too few
+    questions), or None when it is within :data:`RATE_TOLERANCE`."""
+    if abs(rate - budget) <= RATE_TOLERANCE:
+        return None
+    distinct = len(set(scores))
+    why = (
+        f"only {distinct} distinct score{'s' if distinct != 1 else ''} among {len(scores)} questions (ties move "
+        "together)"
+        if distinct < len(scores)
+        else f"{len(scores)} question{'s' if len(scores) != 1 else ''} cannot give a share of {budget:g}"
+    )
+    return (
+        f"on its own {len(scores)} questions this tau retrieves for {100 * rate:.1f}%, not the budget's "
+        f"{100 * budget:g}%: {why}; calibrate on more, and more varied, questions"
+    )
+
+
+def check_budget_value(budget: Any, what: str = "--budget") -> None:
+    """A budget is a finite number in [0, 1]; refused before any model loads."""
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 <= budget <= 1:
+        raise RagateError(f"{what} is a retrieval rate in [0, 1] (e.g. 0.3), not {budget!r}")
+
+
+def read_calibration(path: str | Path) -> dict[str, Any]:
+    """A ``ragate calibrate`` file (method, tau, model, engine, how tau was chosen), checked: ``tau`` a finite
+    number (not NaN, infinity, a string or ``true``), the shares and counts it records of their types, no lone
+    surrogate in its text. Anything else is a :class:`RagateError` naming the file and the fix."""
+    path = Path(path)
+    fix = "rerun ragate calibrate"
+    try:
+        text = utf8_text(path, RagateError, fix)
+    except OSError as err:
+        raise RagateError(f"{path} cannot be read ({err.strerror}); {fix}") from None
+    data = parse_json(text, f"{path} is not a `ragate calibrate` file", RagateError, fix)
+    fault = _calibration_fault(data)
+    if fault is not None:
+        raise RagateError(f"{path} is not a usable `ragate calibrate` file: {fault}; {fix}")
+    return data  # type: ignore[no-any-return]
+
+
+def _share(value: Any) -> bool:
+    return value is None or (is_number(value) and 0 <= value <= 1)
+
+
+def _interval(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and len(value) == 2 and all(_share(v) for v in value))
+
+
+def _calibration_fault(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return f"a JSON object, not {type(data).__name__}"
+    if (fault := lone_surrogate(data)) is not None:
+        return f"{fault}, which is not text"
+    if not isinstance(data.get("method"), str) or not data["method"]:
+        return f"'method' must be a method name, not {short(data.get('method'))}"
+    if not is_number(data.get("tau")):
+        return f"'tau' must be a finite number, not {short(data.get('tau'))}"
+    fields = {
+        **dict.fromkeys(("budget", "confidence", "dev_retrieval_rate", "dev_em", "expected_rate"), _share),
+        **dict.fromkeys(("n", "k", "batch"), lambda v: v is None or is_count(v)),
+        **dict.fromkeys(("model", "engine", "gate", "objective", "dev", "bound", "source"), _text_or_none),
+        "rate_interval": _interval,
+    }
+    for key, ok in fields.items():
+        if key in data and not ok(data[key]):
+            return f"{key!r} cannot be {short(data[key])}"
+    return None
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def check_calibration(
+    cal: dict[str, Any], path: str | Path, method: str | None, model: str | None, engine: str
+) -> None:
+    """A calibration belongs to one method and one model: refuse another's (``method`` None: any method)."""
+    if method is not None and cal["method"] != method:
+        raise RagateError(
+            f"{path} calibrates {cal['method']!r}, not {method!r}: pass the calibration of this method "
+            f"(ragate calibrate --gate {method} ...)"
+        )
+    for key, now in (("model", model), ("engine", engine)):
+        if key in cal and cal[key] != now:
+            said = repr(now) if now else f"the default {key}"
+            flag = "--model" if key == "model" else "--backend"
+            raise RagateError(
+                f"{path} was calibrated with {key} {cal[key]!r}, this run uses {said}: a gate's scores, and "
+                f"so its threshold, belong to one model; rerun ragate calibrate with this run's {flag}"
+            )
+
+
+def retrieval_rate(scores: Sequence[float], tau: float) -> float:
+    """The share of ``scores`` above ``tau``: the rate a gate with that threshold retrieves at."""
+    values = np.asarray(scores, dtype=np.float64)
+    return float(np.mean(values > tau)) if values.size else 0.0
+
+
+def check_calibratable(spec: Any) -> None:
+    """A :class:`RagateError` for a method whose gate has no threshold to set from its scores."""
+    from ragate.gates.registry import get_gate
+
+    if spec.dynamic is not None or spec.crag is not None:
+        raise RagateError(
+            f"method {spec.name!r} has no single-shot gate to calibrate: "
+            + ("it decides while generating" if spec.dynamic is not None else "it grades what it retrieved")
+        )
+    gate = get_gate(spec.gate.kind)
+    if not gate.thresholded:
+        raise RagateError(
+            f"method {spec.name!r} has no gate threshold to calibrate (its gate is {spec.gate.kind!r})"
+        )
+    if gate.calibration_note:
+        raise RagateError(gate.calibration_note)
