@@ -25,10 +25,10 @@ from ragate.version import __version__
 
 _LAZY = {
     "Pipeline": "ragate.pipeline",
-    "Answer": "ragate.pipeline",
-    "Document": "ragate.pipeline",
-    "Calibration": "ragate.pipeline",
-    "Retrieval": "ragate.pipeline",
+    "Answer": "ragate.answers",
+    "Document": "ragate.answers",
+    "Calibration": "ragate.answers",
+    "Retrieval": "ragate.answers",
     "Gate": "ragate.gates.base",
     "GateDecision": "ragate.gates.base",
     "GateContext": "ragate.gates.base",
@@ -53,6 +53,7 @@ __all__ = [
 ]  # fmt: skip
 
 if TYPE_CHECKING:
+    from ragate.answers import Answer, Calibration, Document, Retrieval
     from ragate.errors import RagateError
     from ragate.gates.base import Gate, GateContext, GateDecision, Need
     from ragate.methods.registry import (
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
         register_trigger,
     )
     from ragate.methods.triggers import Fire, Trigger
-    from ragate.pipeline import Answer, Calibration, Document, Pipeline, Retrieval
+    from ragate.pipeline import Pipeline
     from ragate.retrieval.documents import add_documents, index_documents
 
 

@@ -25,171 +25,32 @@ import numbers
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
 from tqdm.auto import tqdm
 
+from ragate.answers import (  # noqa: F401 (ragate.Answer, ragate.Document, ... are ragate.pipeline's)
+    MAX_QUESTION_CHARS,
+    Answer,
+    Calibration,
+    Document,
+    Retrieval,
+    check_question,
+)
 from ragate.backends import Backend, load_backend
 from ragate.backends.threads import thread_options
 from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
 from ragate.methods import MethodSpec, get_method, run_method
+from ragate.methods.configure import configure_method
 from ragate.methods.needs import require, require_index
 from ragate.methods.runner import decide
-from ragate.methods.trace import Stage, Trace
 from ragate.paper_tau import TauHints
-from ragate.retrieval.types import Hit, Retriever
+from ragate.retrieval.types import Retriever
 from ragate.tracing import Tracing
 
-MAX_QUESTION_CHARS = 4000
 DEMO_INDEX = "the demo index (built on first use)"
-
-
-@dataclass(frozen=True)
-class Document:
-    """A document the answer read: its id, title, text, score and rank, and where it came from (``source``: the
-    file a passage of your documents was cut from, ``span``: its character range there)."""
-
-    id: str
-    title: str
-    text: str
-    score: float
-    rank: int
-    source: str | None = None
-    span: tuple[int, int] | None = None
-
-    @classmethod
-    def of(cls, hit: Hit) -> Document:
-        p = hit.passage
-        return cls(p.id, p.title, p.text, hit.score, hit.rank, p.source, getattr(p, "span", None))
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One answered question: the answer, the gate's decision (score, threshold, reason), the documents read and
-    the cost of every stage. ``trace`` is the full record (what ``ragate eval`` stores)."""
-
-    question: str
-    text: str
-    method: str
-    retrieved: bool
-    decision: GateDecision
-    documents: tuple[Document, ...]
-    stages: tuple[Stage, ...]
-    trace: Trace
-
-    @classmethod
-    def of(cls, trace: Trace) -> Answer:
-        docs = tuple(Document.of(h) for h in trace.documents)
-        return cls(trace.question, trace.answer, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace)
-
-    @property
-    def seconds(self) -> float:
-        return self.trace.seconds
-
-    @property
-    def tokens(self) -> int:
-        return self.trace.tokens
-
-    def __str__(self) -> str:
-        return self.text
-
-    def to_json(self) -> dict[str, Any]:
-        out = self.trace.to_json()
-        for doc, record in zip(self.documents, out["documents"], strict=True):
-            record |= {"text": doc.text, "source": doc.source, "span": list(doc.span) if doc.span else None}
-        return out
-
-
-@dataclass(frozen=True)
-class Retrieval:
-    """The gate's decision for one question and, when it retrieves, the documents the method chose, with no
-    answer written (:meth:`Pipeline.retrieve`: for a framework that reads them with its own model)."""
-
-    question: str
-    method: str
-    retrieved: bool
-    decision: GateDecision
-    documents: tuple[Document, ...]
-    stages: tuple[Stage, ...]
-    trace: Trace
-
-    @classmethod
-    def of(cls, trace: Trace) -> Retrieval:
-        docs = tuple(Document.of(h) for h in trace.documents)
-        return cls(trace.question, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """A threshold set from the gate scores of questions without answers (``Pipeline.calibrate``, ``ragate
-    calibrate --questions``): ``tau`` keeps the share that retrieves at ``budget`` (at most, with ``confidence``).
-    ``to_json()`` is the file ``ragate ask/eval/serve --calibration`` and ``Pipeline(calibration=)`` read."""
-
-    method: str
-    gate: str
-    tau: float
-    budget: float
-    n: int
-    retrieval_rate: float  # on the questions it was set on
-    model: str | None
-    engine: str
-    confidence: float | None = None
-    batch: int | None = None
-    bound: str = "plain quantile F^-1(1 - budget) (TARG 3.3)"
-    k: int | None = None  # with confidence: tau is the k-th smallest score
-    expected_rate: float | None = None
-    rate_interval: tuple[float, float] | None = None
-    source: str = "questions"
-    warning: str | None = None  # why the rate on these questions is far from the budget (ties, too few)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "method": self.method, "gate": self.gate, "objective": "budget", "budget": self.budget,
-            "dev": self.source, "n": self.n, "model": self.model, "engine": self.engine, "tau": self.tau,
-            "dev_retrieval_rate": self.retrieval_rate, "dev_em": None, "bound": self.bound,
-        }  # fmt: skip
-        if self.confidence is not None:
-            out |= {
-                "confidence": self.confidence, "batch": self.batch, "k": self.k, "expected_rate": self.expected_rate,
-                "rate_interval": list(self.rate_interval) if self.rate_interval else None,
-            }  # fmt: skip
-        if self.warning:
-            out["warning"] = self.warning
-        return out
-
-    def save(self, path: str | Path) -> Path:
-        import json
-
-        from ragate.fileio import atomic_writer
-
-        with atomic_writer(path) as f:
-            f.write(json.dumps(self.to_json(), indent=2).encode())
-        return Path(path)
-
-
-def check_question(question: str, max_chars: int = MAX_QUESTION_CHARS) -> str:
-    """The question stripped; empty, over-long or not valid Unicode is a :class:`RagateError`."""
-    if not isinstance(question, str):
-        raise RagateError(f"a question is a string, not {type(question).__name__}")
-    question = question.strip()
-    if not question:
-        raise RagateError('the question is empty: pass it in quotes, e.g. ragate ask "Who wrote Hamlet?"')
-    if len(question) > max_chars:
-        raise RagateError(
-            f"the question is {len(question)} characters; ragate takes at most {max_chars} "
-            "(put documents in an index, not in the question)"
-        )
-    try:
-        question.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise RagateError(
-            f"the question holds a lone surrogate ({question[err.start]!r} at character {err.start}) or bytes "
-            "that are not UTF-8: pass valid text"
-        ) from None
-    return question
 
 
 class Pipeline:
@@ -612,80 +473,6 @@ def _check_arguments(**given: Any) -> None:
                     f"{name} must be a finite number, got {value}" + (" (a NaN threshold never retrieves)"
                     if name == "threshold" and math.isnan(value) else "")
                 )  # fmt: skip
-
-
-def configure_method(
-    spec: MethodSpec,
-    gate: str | None,
-    selector: str | None,
-    skr_labels: str | Path | None,
-    max_tokens: int | None,
-    k: int | None,
-    *,
-    cross_encoder: str | Path | None = None,
-    prompts: str | None = None,
-    gate_weights: str | Path | None = None,
-) -> MethodSpec:
-    """``spec`` with another gate or selector, SKR's label set, a trained gate's weights (``ragate gate fit``), an
-    answer length, a number of documents, the cross-encoder a rerank selector reads or another prompt set (a name of
-    ``ragate.methods.prompts.PROMPT_SETS``, e.g. ``targ`` for TARG's reader with the documents first); a rerank
-    selector without a cross-encoder is an error here, before any cost."""
-    from ragate.gates.registry import get_gate
-    from ragate.methods.needs import require_reranker
-    from ragate.methods.spec import RERANK_SELECTORS, SELECTORS, GateSpec
-
-    if gate is not None:
-        get_gate(gate)  # an unknown name fails here, with "did you mean"
-        spec = spec.with_(gate=GateSpec(gate))
-    if selector is not None:
-        if selector not in SELECTORS:
-            import difflib
-
-            close = difflib.get_close_matches(selector, SELECTORS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise RagateError(f"unknown selector {selector!r}.{hint} Choose one of: {', '.join(SELECTORS)}")
-        spec = spec.with_(selector=replace(spec.selector, kind=selector))
-    if skr_labels is not None:
-        if spec.gate.kind != "skr":
-            raise RagateError(f"--skr-labels goes with the skr gate (--method skr), not {spec.name!r}")
-        spec = spec.with_(gate=replace(spec.gate, labels=str(skr_labels)))
-    if gate_weights is not None:
-        if not get_gate(spec.gate.kind).reads_weights:
-            raise RagateError(
-                f"--gate-weights goes with a trained gate (--method no-model-lr), not {spec.gate.kind!r}"
-            )
-        spec = spec.with_(gate=replace(spec.gate, weights=str(gate_weights)))
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise RagateError(f"max_tokens must be at least 1, got {max_tokens}")
-        spec = spec.with_(max_tokens=max_tokens)
-        if spec.dynamic is not None:
-            spec = spec.with_(dynamic=replace(spec.dynamic, max_tokens=max_tokens))
-    if k is not None:
-        if k < 1:
-            raise RagateError(f"k must be at least 1, got {k}")
-        spec = spec.with_(selector=replace(spec.selector, k=k, n=max(spec.selector.n, k)))
-        if spec.dynamic is not None:
-            spec = spec.with_(dynamic=replace(spec.dynamic, k=k))
-    if cross_encoder is not None:
-        if spec.selector.kind not in RERANK_SELECTORS or spec.dynamic is not None:
-            raise RagateError(
-                f"a cross-encoder goes with the selectors {', '.join(RERANK_SELECTORS)} (e.g. --method dpr-ais-rerank), "
-                f"not {spec.name!r}"
-            )
-        spec = spec.with_(selector=replace(spec.selector, cross_encoder=str(cross_encoder)))
-    if prompts is not None:
-        from ragate.methods.prompts import PROMPT_SETS
-
-        if prompts not in PROMPT_SETS:
-            raise RagateError(f"unknown prompt set {prompts!r}; choose one of {', '.join(PROMPT_SETS)}")
-        if spec.dynamic is not None:
-            raise RagateError(
-                f"{spec.name!r} is a dynamic method: it writes with its few-shot exemplars, not a prompt set"
-            )
-        spec = spec.with_(prompts=PROMPT_SETS[prompts])
-    require_reranker(spec)
-    return spec
 
 
 def _exact_calls(lm: Backend) -> Backend:

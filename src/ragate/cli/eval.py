@@ -10,10 +10,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ragate.cli.ask import early_exit_argument, thread_arguments
+from ragate.cli.ask import early_exit_argument
+from ragate.cli.options import (
+    BACKEND_CHOICES,
+    base_urls,
+    check_concurrency,
+    common_options,
+    concurrency_option,
+    server_request_options,
+)
 from ragate.errors import RagateError
-
-BACKEND_CHOICES = ("llama.cpp", "transformers", "openai")
 
 
 def register(subparsers: Any) -> None:
@@ -23,9 +29,9 @@ def register(subparsers: Any) -> None:
         description="Run methods over a dataset. Writes OUT/questions.jsonl as it goes (rerun with --resume after "
         "a kill), then OUT/results.json and OUT/results.md.",
     )
-    _common(ev, dataset_required=False)
+    common_options(ev, dataset_required=False)
     ev.add_argument("--methods", help="comma-separated method names (see `ragate ask --help`)")
-    _concurrency(ev)
+    concurrency_option(ev)
     early_exit_argument(ev)
     ev.set_defaults(run=_run_eval)
 
@@ -37,9 +43,9 @@ def register(subparsers: Any) -> None:
         "OUT/sweep.md). With only RUN_DIR, pass 2 is redone from the stored records.",
     )
     sw.add_argument("run_dir", nargs="?", type=Path, help="an existing sweep directory (pass 2 only)")
-    _common(sw, dataset_required=False)
+    common_options(sw, dataset_required=False)
     sw.add_argument("--methods", help="comma-separated gate methods, e.g. dtr,targ-margin,random")
-    _concurrency(sw)
+    concurrency_option(sw)
     sw.add_argument("--at", action="append", default=[], help="METHOD=TAU: print that operating point")
     sw.add_argument(
         "--metric",
@@ -109,7 +115,7 @@ def register(subparsers: Any) -> None:
         help="an OpenAI-compatible server's /v1 URL (with --backend openai); repeat it for a fleet of servers "
         "of one model",
     )
-    _concurrency(cal)
+    concurrency_option(cal)
     server_request_options(cal)
     cal.add_argument(
         "--index", default=None, help="index directory (gates that embed or search, and --objective em)"
@@ -174,167 +180,6 @@ def register(subparsers: Any) -> None:
         help="add one pair to an eval run's paired differences, e.g. dpr-ais:dtr-no-ugt (repeatable)",
     )
     rep.set_defaults(run=_run_report)
-
-
-def _common(p: argparse.ArgumentParser, *, dataset_required: bool = True) -> None:
-    p.add_argument(
-        "--dataset", required=dataset_required, help="dataset name (see docs/evaluation.md) or JSONL"
-    )
-    p.add_argument("--index", default=None, help="index directory (default: the demo index)")
-    p.add_argument("--model", default=None, help="model name or GGUF path (default: smollm2-135m)")
-    p.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
-    p.add_argument(
-        "--base-url",
-        action="append",
-        default=[],
-        help="an OpenAI-compatible server's /v1 URL (with --backend openai); repeat it to spread the calls over a "
-        "fleet of servers of one model",
-    )
-    p.add_argument("--limit", type=int, default=None, help="first N questions (after --offset)")
-    p.add_argument(
-        "--offset",
-        type=int,
-        default=0,
-        help="skip the first N questions, e.g. to sweep a training split for `ragate skr fit` (default 0)",
-    )
-    p.add_argument(
-        "--skr-labels",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="the label set the skr method votes with (from `ragate skr fit`); its questions must not be this "
-        "run's",
-    )
-    p.add_argument(
-        "--gate-weights",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="the weights the trained gate no-model-lr reads (from `ragate gate fit`); its training questions "
-        "must not be this run's",
-    )
-    p.add_argument(
-        "--cross-encoder",
-        default=None,
-        metavar="DIR",
-        help="a sentence-transformers CrossEncoder folder: the K of rerank and dpr-ais-rerank (PAIRS Eq. 7)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    thread_arguments(p)
-    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/DATASET-MODEL)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    p.add_argument(
-        "--accept-rebuilt-index",
-        action="store_true",
-        help="resume although the index was rebuilt, when its passages, encoder and settings are the same (recorded)",
-    )
-    p.add_argument("--threshold", action="append", default=[], help="METHOD=TAU, repeatable")
-    p.add_argument(
-        "--calibration",
-        action="append",
-        default=[],
-        type=Path,
-        help="a `ragate calibrate` file, or a `ragate tune` file (a dynamic method's trigger threshold), repeatable",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--fallback",
-        default=None,
-        metavar="GATE",
-        help="where the backend cannot serve a method's gate (no logprobs, too few top-k), run this gate instead "
-        "(e.g. verbal-confidence, pairs); recorded in config.json. Default: such a method is an error",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="shard the questions over N processes, each pinned to its own core with a one-thread engine "
-        "(use the number of cores for a local model)",
-    )
-    server_request_options(p)
-    p.add_argument(
-        "--shard",
-        default=None,
-        metavar="I/N",
-        help="answer every N-th question from the I-th (0-based), e.g. 0/2 on one machine and 1/2 on another; "
-        "fold the shards' directories with --fold",
-    )
-    p.add_argument(
-        "--fold",
-        nargs="+",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="merge the directories of every shard of one run into --out (checks they are one run: same settings, "
-        "dataset file, index and model); nothing is computed",
-    )
-    p.add_argument(
-        "--call-cache",
-        type=Path,
-        default=None,
-        help="where each distinct LM call is stored and reused (default: RAGATE_HOME/calls.sqlite, shared by runs)",
-    )
-    p.add_argument(
-        "--no-call-cache",
-        dest="cache",
-        action="store_false",
-        help="compute every LM call in full: no stored call, no prompt started from an earlier one's state "
-        "(same predictions; every call paid)",
-    )
-
-
-def server_request_options(p: argparse.ArgumentParser) -> None:
-    """``--openai-timeout`` and ``--extra-body``: how a run talks to an OpenAI-compatible server."""
-    p.add_argument(
-        "--openai-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="with --backend openai: the most one HTTP exchange may take (default 60; raise it for a CPU server "
-        "or long answers)",
-    )
-    p.add_argument(
-        "--extra-body",
-        type=_json_object,
-        default=None,
-        metavar="JSON",
-        help="server-specific fields added to every request with --backend openai, e.g. '{\"repeat_penalty\": 1.0}' "
-        "for llama-cpp-python's server (which penalises repeats unless told otherwise); recorded and compared on "
-        "--resume",
-    )
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r} (e.g. '{{\"repeat_penalty\": 1.0}}')")
-    return value
-
-
-def _concurrency(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        help="questions in flight at once; above 1 only with --backend openai (a local model runs one at a time). "
-        "Each question's calls stay in order, so the answers are those of --concurrency 1",
-    )
-
-
-def base_urls(values: list[str] | None) -> str | tuple[str, ...] | None:
-    """Repeated ``--base-url`` values: None, one URL, or a fleet (several)."""
-    urls = list(dict.fromkeys(values or []))
-    return None if not urls else urls[0] if len(urls) == 1 else tuple(urls)
-
-
-def _check_concurrency(args: argparse.Namespace) -> None:
-    if args.concurrency < 1:
-        raise RagateError(f"--concurrency must be >= 1, not {args.concurrency}")
-    if args.concurrency > 1 and args.engine != "openai":
-        raise RagateError("--concurrency above 1 needs --backend openai: a local model answers one at a time")
 
 
 def _fold(args: argparse.Namespace, kind: str) -> int:
@@ -458,7 +303,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         return _fold(args, "eval")
     if not args.dataset or not args.methods:
         raise RagateError("ragate eval needs --dataset and --methods (or --fold DIR... to merge shards)")
-    _check_concurrency(args)
+    check_concurrency(args)
     config = _config(args, args.methods)
     out = _default_out(args, "eval")
     print(f"run directory: {out}")
@@ -523,7 +368,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     else:
         if not args.dataset or not args.methods:
             raise RagateError("give RUN_DIR, or --dataset and --methods to run pass 1")
-        _check_concurrency(args)
+        check_concurrency(args)
         config = _config(args, args.methods)
         out = _default_out(args, "sweep")
         print(f"sweep directory: {out}")
@@ -563,7 +408,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         raise RagateError("--objective em needs answers: pass --dev DATASET (questions with answers)")
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
-    _check_concurrency(args)
+    check_concurrency(args)
     if args.budget is not None:
         from ragate.eval.thresholds import check_budget_value
 

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _fit(args: argparse.Namespace) -> int:
     from ragate.errors import RagateError
     from ragate.eval.gatefit import fit_gate
-    from ragate.gates.nomodel import save_weights
+    from ragate.gates.weights import save_weights
 
     if args.out.suffix != ".json":
         raise RagateError(f"--out {args.out}: name the weights file FILE.json")

@@ -10,7 +10,7 @@ from ragate.errors import RagateError
 
 
 def register(subparsers: Any) -> None:
-    from ragate.cli.eval import BACKEND_CHOICES, server_request_options
+    from ragate.cli.options import BACKEND_CHOICES, server_request_options
 
     p = subparsers.add_parser(
         "reproduce",
@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ragate.cli.eval import _check_concurrency, base_urls
+    from ragate.cli.options import base_urls, check_concurrency
     from ragate.eval.reproduce import markdown, pack_names, reproduce
 
     if args.list:
@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         raise RagateError(f"name a pack: {', '.join(pack_names())}")
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
-    _check_concurrency(args)
+    check_concurrency(args)
     out = args.out or Path("runs") / f"reproduce-{args.name}"
     table = reproduce(
         args.name,

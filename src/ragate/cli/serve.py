@@ -16,7 +16,7 @@ from typing import Any
 
 from ragate.backends import ENGINES
 from ragate.cli.ask import early_exit_argument, thread_arguments, trace_options
-from ragate.cli.eval import base_urls
+from ragate.cli.options import base_urls
 from ragate.errors import RagateError
 from ragate.methods.needs import DEFAULT_TEXT_GATE
 

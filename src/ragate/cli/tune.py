@@ -11,7 +11,7 @@ from ragate.errors import RagateError
 
 
 def register(subparsers: Any) -> None:
-    from ragate.cli.eval import BACKEND_CHOICES, server_request_options
+    from ragate.cli.options import BACKEND_CHOICES, server_request_options
     from ragate.eval.tune import DEFAULT_TEST_LIMIT
 
     p = subparsers.add_parser(
@@ -96,12 +96,12 @@ def _slug(text: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ragate.cli.eval import _check_concurrency, base_urls
+    from ragate.cli.options import base_urls, check_concurrency
     from ragate.eval.tune import parse_grid, parse_target, save_tune, table, tune
 
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
-    _check_concurrency(args)
+    check_concurrency(args)
     grid = parse_grid(args.grid) if args.grid is not None else None
     target = parse_target(args.target)  # before any model loads
     stem = Path(str(args.dataset)).stem

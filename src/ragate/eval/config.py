@@ -338,15 +338,15 @@ def check_weights_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[
     file's training questions is refused, naming them and the fix. Returns what the run records of the file."""
     if not reads_weights(config.methods):
         return None
-    from ragate.gates import nomodel
+    from ragate.gates.weights import load_weights, overlap
 
     if config.gate_weights is None:
         raise RagateError(
             "no-model-lr needs --gate-weights FILE: run `ragate sweep` on a training split (e.g. --offset 300), "
             "then `ragate gate fit --sweep DIR --out FILE.json`"
         )
-    weights = nomodel.load_weights(config.gate_weights)
-    shared = nomodel.overlap(weights, [ex.question for ex in examples])
+    weights = load_weights(config.gate_weights)
+    shared = overlap(weights, [ex.question for ex in examples])
     if shared:
         raise RagateError(
             f"{len(shared)} of this run's {len(examples)} questions trained the gate weights {config.gate_weights} "

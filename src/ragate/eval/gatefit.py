@@ -26,18 +26,16 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.eval.skr import sweep_model, sweep_questions
-from ragate.gates.nomodel import (
+from ragate.gates.registry import get_gate
+from ragate.gates.signals import (
     FEATURE_SETS,
-    LABELS,
     RETRIEVAL_FEATURES,
     SIGNAL_K,
-    GateWeights,
     doc_frequencies,
     index_corpus,
-    question_digest,
     signals,
 )
-from ragate.gates.registry import get_gate
+from ragate.gates.weights import LABELS, GateWeights, question_digest
 
 
 def record_label(record: dict[str, Any], label: str, metric: str) -> bool:

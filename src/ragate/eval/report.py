@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ragate.errors import RagateError, RunFormatError
 from ragate.eval.analysis import (
-    FrontierPlot,
     Metric,
     accuracy_by_decile,
     frontier_points,
@@ -31,6 +29,15 @@ from ragate.eval.analysis import (
     pairs_breakdown,
     quadrant_table,
     recall_comparison,
+)
+from ragate.eval.plots import (  # noqa: F401 (operating_intervals and operating_points stay importable here)
+    METRIC_LABEL,
+    canvas,
+    operating_intervals,
+    operating_points,
+    plot_deciles,
+    plot_frontiers,
+    plot_operating_points,
 )
 from ragate.eval.records import latest, read_records
 from ragate.eval.run import RECALL_K
@@ -49,7 +56,6 @@ from ragate.fileio import atomic_writer
 PAIRS_METHODS = ("pairs", "pairs-exclude-num", "pairs-embedding")
 
 
-_LABEL = {"em": "EM", "f1": "F1", "acc": "acc (contains)"}
 NEAR_ZERO_EM = 0.05  # EM at most this for every method ...
 SENTENCE_GAP = 0.10  # ... while accuracy is at least this much higher somewhere: answers in sentences
 
@@ -74,7 +80,7 @@ def report_metric(
     if not em or max(em) > NEAR_ZERO_EM or max(acc) < max(em) + SENTENCE_GAP:
         return "em", None
     return "acc", (
-        f"**Metric: {_LABEL['acc']}.** EM is at most {100 * max(em):.1f}% here while accuracy reaches "
+        f"**Metric: {METRIC_LABEL['acc']}.** EM is at most {100 * max(em):.1f}% here while accuracy reaches "
         f"{100 * max(acc):.1f}%: the answers are sentences that hold the gold answer, which EM (the answer equal to "
         "a gold one) scores 0. Plots and tables below use accuracy; `ragate report --metric em` shows EM."
     )
@@ -149,7 +155,7 @@ def recall_markdown(eval_records: Sequence[dict[str, Any]]) -> str:
 def pairs_markdown(
     eval_records: Sequence[dict[str, Any]], methods: Sequence[str], metric: Metric = "em"
 ) -> str:
-    name = _LABEL[metric]
+    name = METRIC_LABEL[metric]
     lines = [
         (
             f"| method | n | DQ (answered directly): n / {name} | Non-DQ-retrieval: n / {name} "
@@ -165,169 +171,6 @@ def pairs_markdown(
             f"| {b['reference_n']} / {_pct(b['reference_acc'])} ({b['reference']}) |"
         )
     return "\n".join(lines) + "\n"
-
-
-def _canvas() -> Callable[[Any], bytes]:
-    """A function from a matplotlib Figure to PNG bytes; the error names the extra when matplotlib is missing."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-    except ImportError as err:
-        raise RagateError("report plots need matplotlib: pip install 'ragate[eval]'") from err
-
-    def render(fig: Any) -> bytes:
-        FigureCanvasAgg(fig)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120)
-        return buf.getvalue()
-
-    return render
-
-
-def _new_figure() -> tuple[Any, Any]:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.0, 4.6), layout="constrained")
-    return fig, fig.add_subplot()
-
-
-def plot_frontiers(plots: Sequence[FrontierPlot], metric: Metric = "em") -> bytes:
-    """EM vs retrieval rate: one step line per gate over its thresholds, its default point as a star, and per
-    family Never-RAG, Always-RAG and the random gate's expected line between them."""
-    render = _canvas()
-    fig, ax = _new_figure()
-    for i, p in enumerate(plots):
-        color = f"C{i % 10}"
-        xs, ys = zip(*p["curve"], strict=True)
-        ax.plot(xs, [100 * y for y in ys], drawstyle="steps-post", marker=".", ms=4, lw=1.2, color=color)
-        ax.plot([], [], color=color, marker=".", label=p["method"])
-        dx, dy = p["default"]
-        _error_bar(ax, dx, dy, p["intervals"]["default"], color)
-        ax.plot([dx], [100 * dy], marker="*", ms=13, color=color, markeredgecolor="black", ls="none")
-    families = {(p["never"][1], p["always"][1]): p for p in plots}  # one baseline per family
-    for j, ((never, always), p) in enumerate(families.items()):
-        rx, ry = zip(*p["random"], strict=True)
-        labels = ("random gate", "Never-RAG", "Always-RAG") if j == 0 else (None, None, None)
-        ax.plot(rx, [100 * y for y in ry], ls="--", lw=1, color="grey", label=labels[0])
-        _error_bar(ax, 0.0, never, p["intervals"]["never"], "black")
-        _error_bar(ax, 1.0, always, p["intervals"]["always"], "black")
-        ax.plot([0], [100 * never], marker="s", color="black", ls="none", label=labels[1])
-        ax.plot([1], [100 * always], marker="^", color="black", ls="none", label=labels[2])
-    ax.plot([], [], marker="*", ms=10, color="white", markeredgecolor="black", ls="none", label="default")
-    ax.errorbar([], [], yerr=[], color="grey", capsize=3, ls="none", label="bootstrap 95% interval")
-    ax.set(
-        xlabel="retrieval rate",
-        ylabel=f"{_LABEL[metric]} (%)",
-        xlim=(-0.03, 1.03),
-        title="accuracy / retrieval frontier",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
-    return render(fig)
-
-
-def _error_bar(ax: Any, x: float, y: float, interval: tuple[float, float], color: str) -> None:
-    """A vertical bar over the interval (accuracy in [0, 1], drawn in %) at the point (x, y)."""
-    lo, hi = interval
-    ax.errorbar(
-        [x], [100 * y], yerr=[[100 * (y - lo)], [100 * (hi - y)]], color=color, capsize=3, lw=1, ls="none"
-    )
-
-
-def operating_intervals(
-    rows: Sequence[dict[str, Any]], metric: Metric = "em"
-) -> dict[tuple[float, float], tuple[float, float]]:
-    """The bootstrap 95% interval of each point of :func:`operating_points` (methods sharing a point: the span of
-    their intervals), keyed by (retrieval rate, accuracy in %)."""
-    out: dict[tuple[float, float], tuple[float, float]] = {}
-    for r in rows:
-        if r.get("n") and f"{metric}_ci" in r:
-            key = (round(r["retrieval_rate"], 6), round(100 * r[metric], 6))
-            lo, hi = r[f"{metric}_ci"]
-            old = out.get(key, (lo, hi))
-            out[key] = (min(lo, old[0]), max(hi, old[1]))
-    return out
-
-
-def operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> list[tuple[float, float, str]]:
-    """Each distinct (retrieval rate, accuracy in %) of the summary rows, with the methods there joined by ", "
-    (variants that read the same documents often share a point, and separate labels would overprint)."""
-    points: dict[tuple[float, float], list[str]] = {}
-    for r in rows:
-        if r.get("n"):
-            key = (round(r["retrieval_rate"], 6), round(100 * r[metric], 6))
-            points.setdefault(key, []).append(r["method"])
-    return [(x, y, ", ".join(names)) for (x, y), names in points.items()]
-
-
-def plot_operating_points(rows: Sequence[dict[str, Any]], metric: Metric = "em") -> bytes:
-    """Without a sweep: each evaluated method's (retrieval rate, accuracy) from the run's summary, with its bootstrap
-    95% interval as a bar. Each label takes the first of a few vertical offsets where it overlaps no label drawn
-    before it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    render = _canvas()
-    fig, ax = _new_figure()
-    points = operating_points(rows, metric)
-    intervals = operating_intervals(rows, metric)
-    for i, (x, y, _) in enumerate(points):
-        interval = intervals.get((round(x, 6), round(y, 6)))
-        if interval is not None:
-            _error_bar(ax, x, y / 100, interval, f"C{i % 10}")
-        ax.plot([x], [y], marker="o", color=f"C{i % 10}", ls="none")
-    ax.set(
-        xlabel="retrieval rate",
-        ylabel=f"{_LABEL[metric]} (%)",
-        xlim=(-0.05, 1.05),
-        title="methods' operating points (bars: bootstrap 95% intervals)",
-    )
-    ax.grid(alpha=0.3)
-    renderer = FigureCanvasAgg(fig).get_renderer()
-    fig.draw_without_rendering()  # lays the axes out, so that label extents are real
-    placed: list[Any] = []  # label boxes already drawn, in display coordinates
-    offsets = (4, -11, 14, -21, 24, -31)
-    for i, (x, y, label) in enumerate(points):
-        right = x > 0.6  # labels of points near rate 1 go to their left, inside the axes
-        for dy in offsets:
-            text = ax.annotate(
-                label,
-                (x, y),
-                fontsize="small",
-                color=f"C{i % 10}",  # the point's colour, so that a label set off from its point still reads
-                xytext=(-6 if right else 6, dy),
-                textcoords="offset points",
-                ha="right" if right else "left",
-            )
-            box = text.get_window_extent(renderer)
-            if dy == offsets[-1] or not any(box.overlaps(other) for other in placed):
-                placed.append(box)
-                break
-            text.remove()
-    return render(fig)
-
-
-def plot_deciles(
-    sweep_records: Sequence[dict[str, Any]], methods: Sequence[str], metric: Metric = "em"
-) -> bytes:
-    """Closed-book accuracy per gate-score decile, one line per gate (TARG Fig. S1), each point with its bootstrap
-    95% interval (set a little apart per gate, so that the bars do not overprint)."""
-    render = _canvas()
-    fig, ax = _new_figure()
-    for i, m in enumerate(methods):
-        rows = accuracy_by_decile(sweep_records, m, metric)
-        shift = 0.08 * (i - (len(methods) - 1) / 2)
-        xs, ys = [r["decile"] + shift for r in rows], [100 * r["closed_acc"] for r in rows]
-        lows = [100 * (r["closed_acc"] - r["closed_ci"][0]) for r in rows]
-        highs = [100 * (r["closed_ci"][1] - r["closed_acc"]) for r in rows]
-        ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", color=f"C{i % 10}", capsize=2, lw=1.2, label=m)
-    ax.set(
-        xlabel="gate score decile (1 = most confident)",
-        ylabel=f"closed-book {_LABEL[metric]} (%)",
-        xticks=range(1, 11),
-    )
-    ax.set_title("base-model accuracy by gate score (bars: bootstrap 95% intervals)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
-    return render(fig)
 
 
 def markdown_to_html(markdown: str, images: dict[str, bytes], title: str) -> str:
@@ -494,7 +337,7 @@ def _matched_section(
         "## Budget-matched comparison (TARG Tables 3-4)",
         "",
         (
-            f"Each swept gate at {how}, exact from the sweep ({_LABEL[metric]} in %); a method with one operating "
+            f"Each swept gate at {how}, exact from the sweep ({METRIC_LABEL[metric]} in %); a method with one operating "
             "point enters at its own rate and is marked over budget above it. Δ vs Always-RAG and Δ vs a random "
             "gate at the same rate are paired over the same questions, with the same reader, with bootstrap 95% "
             "intervals; one that crosses 0 is *not established*. Δlatency is seconds per question over Never (for "
@@ -559,7 +402,7 @@ def write_report(
             f"{run_dir} holds no run to report: neither questions.jsonl (from `ragate eval`) nor sweep.jsonl "
             "(from `ragate sweep`) is there"
         )
-    _canvas()  # a missing matplotlib fails before any work
+    canvas()  # a missing matplotlib fails before any work
     out_dir = Path(out) if out is not None else run_dir / "report"
     eval_records = latest(read_records(questions_path))
     sweep_records = compact(sweep_path)
@@ -583,7 +426,7 @@ def write_report(
             md += [why, ""]
     if pending := unfolded_records(run_dir):
         md += [f"**Not in this report:** {pending}.", ""]
-    label = _LABEL[metric]
+    label = METRIC_LABEL[metric]
     images: dict[str, bytes] = {}
 
     if eval_records:
@@ -636,7 +479,7 @@ def write_report(
             "## Accuracy / retrieval frontier",
             "",
             (
-                f"Each gate at every threshold, exactly, from one sweep pass ({_LABEL[metric]} in %; Never/Always = "
+                f"Each gate at every threshold, exactly, from one sweep pass ({METRIC_LABEL[metric]} in %; Never/Always = "
                 "no retrieval / retrieval for every question; the random gate's expected accuracy is the straight "
                 "line between them). In the plot, each gate's default point, Never and Always carry the "
                 "percentile-bootstrap 95% interval of their accuracy over the questions."

@@ -27,7 +27,7 @@ except ImportError as err:
     raise missing("Haystack (haystack-ai)", "haystack", err) from err
 
 if TYPE_CHECKING:
-    from ragate.pipeline import Document as Chosen
+    from ragate.answers import Document as Chosen
     from ragate.pipeline import Pipeline
 
 

@@ -31,7 +31,7 @@ except ImportError as err:
     raise missing("LangChain (langchain-core)", "langchain", err) from err
 
 if TYPE_CHECKING:
-    from ragate.pipeline import Document as Chosen
+    from ragate.answers import Document as Chosen
     from ragate.pipeline import Pipeline
 
 

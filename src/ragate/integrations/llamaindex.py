@@ -26,7 +26,8 @@ except ImportError as err:
     raise missing("LlamaIndex (llama-index-core)", "llamaindex", err) from err
 
 if TYPE_CHECKING:
-    from ragate.pipeline import Document, Pipeline
+    from ragate.answers import Document
+    from ragate.pipeline import Pipeline
 
 
 def as_search(retriever: BaseRetriever) -> FrameworkSearch[NodeWithScore]:

@@ -1,0 +1,232 @@
+"""The trained no-model gate's weights (``ragate gate fit``, read by ``no-model-lr``): the plain-JSON file, its
+checks against the model and index it is used with, and the questions it was fitted on."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.errors import RagateError
+from ragate.fileio import atomic_writer, lone_surrogate, parse_json, utf8_text
+from ragate.gates.signals import FEATURES, RETRIEVAL_FEATURES
+
+LABELS = ("closed-wrong", "retrieval-fixed")
+WEIGHTS_FORMAT = "ragate-gate-weights"
+WEIGHTS_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class GateWeights:
+    """A standardised logistic regression: score = sigmoid(intercept + coef . (x - mean) / scale) over the named
+    ``features``; ``meta`` records the label, the model, the index's corpus, the encoder and the signals' score
+    kind it was fitted with, and where the records came from."""
+
+    features: tuple[str, ...]
+    mean: np.ndarray
+    scale: np.ndarray
+    coef: np.ndarray
+    intercept: float
+    meta: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        fault = _weights_fault(list(self.features), self.mean, self.scale, self.coef, self.intercept)
+        if fault is not None:
+            raise RagateError(f"gate weights: {fault}")
+
+    def score(self, x: np.ndarray) -> float:
+        """P(label | x) under the fitted model."""
+        z = self.intercept + float(
+            np.dot(self.coef, (np.asarray(x, dtype=np.float64) - self.mean) / self.scale)
+        )
+        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+    @property
+    def reads_search(self) -> bool:
+        return any(f in RETRIEVAL_FEATURES for f in self.features)
+
+    @property
+    def reads_corpus(self) -> bool:
+        return self.reads_search or "rarity" in self.features
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": WEIGHTS_FORMAT,
+            "format_version": WEIGHTS_VERSION,
+            "features": list(self.features),
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "coef": self.coef.tolist(),
+            "intercept": self.intercept,
+            **self.meta,
+        }
+
+
+def _weights_fault(features: Any, mean: Any, scale: Any, coef: Any, intercept: Any) -> str | None:
+    if not isinstance(features, list) or not features or not all(isinstance(f, str) for f in features):
+        return f"features must be a non-empty list of names, not {str(features)[:60]}"
+    unknown = [f for f in features if f not in FEATURES]
+    if unknown:
+        return f"unknown features {unknown[:3]} (known: {', '.join(FEATURES)})"
+    if len(set(features)) != len(features):
+        return "a feature is named twice"
+    arrays = {}
+    for name, value in (("mean", mean), ("scale", scale), ("coef", coef)):
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        if not isinstance(value, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value
+        ):
+            return f"{name} must be a list of numbers"
+        arrays[name] = np.asarray(value, dtype=np.float64)
+        if arrays[name].shape != (len(features),):
+            return f"{name} has {arrays[name].size} values for {len(features)} features"
+        if not np.all(np.isfinite(arrays[name])):
+            return f"{name} holds NaN or infinity"
+    if not np.all(arrays["scale"] > 0):
+        return "every scale must be positive"
+    if isinstance(intercept, bool) or not isinstance(intercept, int | float) or not math.isfinite(intercept):
+        return f"the intercept must be a finite number, not {intercept!r:.40}"
+    return None
+
+
+def _record_fault(data: Mapping[str, Any]) -> str | None:
+    """What is wrong with what a weights file records besides its numbers: its label, its model (an object),
+    its index and encoder (objects or null), its score kind (text or null)."""
+    for key in ("model", "index", "encoder"):
+        if data.get(key) is not None and not isinstance(data.get(key), dict):
+            return f"its {key} must be an object, not {str(data.get(key))[:40]}"
+    if data.get("label") not in LABELS:
+        return f"its label must be one of {', '.join(LABELS)}, not {str(data.get('label'))[:40]}"
+    if not isinstance(data.get("model"), dict):
+        return "it records no model"
+    if data.get("score_kind") is not None and not isinstance(data.get("score_kind"), str):
+        return "its score_kind must be a string"
+    return None
+
+
+def save_weights(weights: GateWeights, path: str | Path) -> Path:
+    """Write ``weights`` as one JSON object, atomically."""
+    path = Path(path)
+    with atomic_writer(path) as f:
+        f.write((json.dumps(weights.to_json(), ensure_ascii=False, indent=1) + "\n").encode())
+    return path
+
+
+def load_weights(path: str | Path) -> GateWeights:
+    """Read a weights file written by :func:`save_weights`; a damaged or foreign file is a named error."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise RagateError(
+            f"gate weights {str(path)!r} not found: fit them with `ragate gate fit --sweep SWEEP_DIR --out FILE`"
+        )
+    stat = path.stat()
+    return _load_weights(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)  # keyed by mtime and size: a refit is re-read
+def _load_weights(path: str, mtime_ns: int, size: int) -> GateWeights:
+    fix = "fit them again with `ragate gate fit`"
+    try:
+        data = parse_json(utf8_text(path, RagateError, fix), path, RagateError, fix)
+    except OSError as err:
+        raise RagateError(f"{path} cannot be read ({err.strerror}); {fix}") from None
+    if not isinstance(data, dict) or data.get("format") != WEIGHTS_FORMAT:
+        raise RagateError(f"{path} is not a gate weights file (format {WEIGHTS_FORMAT}); {fix}")
+    if data.get("format_version") != WEIGHTS_VERSION:
+        raise RagateError(
+            f"{path} is gate weights format version {data.get('format_version')!r}; this ragate reads version "
+            f"{WEIGHTS_VERSION}: {fix}"
+        )
+    if (found := lone_surrogate(data)) is not None:
+        raise RagateError(f"{path}: damaged gate weights: {found}, which is not text; {fix}")
+    numbers = (data.get(k) for k in ("features", "mean", "scale", "coef", "intercept"))
+    fault = _weights_fault(*numbers) or _record_fault(data)
+    if fault is not None:
+        raise RagateError(f"{path}: damaged gate weights: {fault}; {fix}")
+    keep = {"features", "mean", "scale", "coef", "intercept", "format", "format_version"}
+    return GateWeights(
+        tuple(data["features"]),
+        np.asarray(data["mean"], dtype=np.float64),
+        np.asarray(data["scale"], dtype=np.float64),
+        np.asarray(data["coef"], dtype=np.float64),
+        float(data["intercept"]),
+        {k: v for k, v in data.items() if k not in keep},
+    )
+
+
+def check_weights(
+    weights: GateWeights,
+    *,
+    model: Mapping[str, Any],
+    encoder: Mapping[str, Any] | None,
+    corpus: Mapping[str, Any] | None,
+    score_kind: str | None,
+    where: str = "this run",
+) -> None:
+    """Refuse weights fitted for another model (its answers gave the labels), another index's corpus (the
+    document frequencies and the scores), another encoder or another kind of score (the retrieval signals)."""
+    meta = weights.meta
+    fitted = meta.get("model") or {}
+    if fitted.get("sha256") and model.get("sha256"):
+        same = fitted["sha256"] == model["sha256"]
+    else:
+        same = (fitted.get("engine"), fitted.get("model")) == (model.get("engine"), model.get("model"))
+    if not same:
+        raise RagateError(
+            f"the gate weights were fitted on what model {fitted.get('model')!r} ({fitted.get('engine')}) got "
+            f"wrong, but {where} uses {model.get('model')!r} ({model.get('engine')}): a sweep of this model gives "
+            "its labels (`ragate sweep ... --model M` then `ragate gate fit`)"
+        )
+    if not weights.reads_corpus:
+        return
+    built = meta.get("index") or {}
+    if corpus is None:
+        raise RagateError(
+            f"the gate weights read the index's corpus ({', '.join(f for f in weights.features if f in (*RETRIEVAL_FEATURES, 'rarity'))}), "
+            f"and {where} searches no index directory to check it against: use an index built by `ragate index build`"
+        )
+    if built.get("passages_sha256") != corpus.get("passages_sha256") or built.get("passages") != corpus.get(
+        "passages"
+    ):
+        raise RagateError(
+            f"the gate weights were fitted over an index of {built.get('passages')} passages (sha256 "
+            f"{str(built.get('passages_sha256'))[:12]}), but {where} searches {corpus.get('passages')} passages "
+            f"(sha256 {str(corpus.get('passages_sha256'))[:12]}): the signals differ; fit them with this index "
+            "(`ragate gate fit --index ...`)"
+        )
+    if not weights.reads_search:
+        return
+    if meta.get("score_kind") != score_kind:
+        raise RagateError(
+            f"the gate weights read {meta.get('score_kind')!r} search scores, but {where} gives {score_kind!r} "
+            f"scores (a {corpus.get('kind')} index): fit them with this index (`ragate gate fit --index ...`)"
+        )
+    fitted_encoder = meta.get("encoder") or {}
+    now = encoder or {}
+    keys = ("name", "dim", "query_prefix")
+    if any(fitted_encoder.get(k) != now.get(k) for k in keys):
+        raise RagateError(
+            f"the gate weights read search scores of encoder {fitted_encoder.get('name')!r}, but {where} embeds with "
+            f"{now.get('name')!r}: fit them with this index (`ragate gate fit --index ...`)"
+        )
+
+
+def question_digest(question: str) -> str:
+    """A training question's identity in a weights file (16 hex digits of the sha256 of its SKR key)."""
+    from ragate.gates.skr import question_key
+
+    return hashlib.sha256(question_key(question).encode()).hexdigest()[:16]
+
+
+def overlap(weights: GateWeights, questions: Sequence[str]) -> list[str]:
+    """The given questions that trained ``weights`` (by :func:`question_digest`)."""
+    trained = set(weights.meta.get("questions") or ())
+    return [q for q in questions if question_digest(q) in trained]

@@ -1,0 +1,85 @@
+"""A method's recipe changed by the arguments of ``ragate ask``/``serve`` and :class:`ragate.Pipeline`: another
+gate or selector, a label set or weights file, an answer length, a number of documents, a cross-encoder or another
+prompt set, each checked before any cost."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ragate.errors import RagateError
+from ragate.methods.spec import MethodSpec
+
+
+def configure_method(
+    spec: MethodSpec,
+    gate: str | None,
+    selector: str | None,
+    skr_labels: str | Path | None,
+    max_tokens: int | None,
+    k: int | None,
+    *,
+    cross_encoder: str | Path | None = None,
+    prompts: str | None = None,
+    gate_weights: str | Path | None = None,
+) -> MethodSpec:
+    """``spec`` with another gate or selector, SKR's label set, a trained gate's weights (``ragate gate fit``), an
+    answer length, a number of documents, the cross-encoder a rerank selector reads or another prompt set (a name of
+    ``ragate.methods.prompts.PROMPT_SETS``, e.g. ``targ`` for TARG's reader with the documents first); a rerank
+    selector without a cross-encoder is an error here, before any cost."""
+    from ragate.gates.registry import get_gate
+    from ragate.methods.needs import require_reranker
+    from ragate.methods.spec import RERANK_SELECTORS, SELECTORS, GateSpec
+
+    if gate is not None:
+        get_gate(gate)  # an unknown name fails here, with "did you mean"
+        spec = spec.with_(gate=GateSpec(gate))
+    if selector is not None:
+        if selector not in SELECTORS:
+            import difflib
+
+            close = difflib.get_close_matches(selector, SELECTORS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise RagateError(f"unknown selector {selector!r}.{hint} Choose one of: {', '.join(SELECTORS)}")
+        spec = spec.with_(selector=replace(spec.selector, kind=selector))
+    if skr_labels is not None:
+        if spec.gate.kind != "skr":
+            raise RagateError(f"--skr-labels goes with the skr gate (--method skr), not {spec.name!r}")
+        spec = spec.with_(gate=replace(spec.gate, labels=str(skr_labels)))
+    if gate_weights is not None:
+        if not get_gate(spec.gate.kind).reads_weights:
+            raise RagateError(
+                f"--gate-weights goes with a trained gate (--method no-model-lr), not {spec.gate.kind!r}"
+            )
+        spec = spec.with_(gate=replace(spec.gate, weights=str(gate_weights)))
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise RagateError(f"max_tokens must be at least 1, got {max_tokens}")
+        spec = spec.with_(max_tokens=max_tokens)
+        if spec.dynamic is not None:
+            spec = spec.with_(dynamic=replace(spec.dynamic, max_tokens=max_tokens))
+    if k is not None:
+        if k < 1:
+            raise RagateError(f"k must be at least 1, got {k}")
+        spec = spec.with_(selector=replace(spec.selector, k=k, n=max(spec.selector.n, k)))
+        if spec.dynamic is not None:
+            spec = spec.with_(dynamic=replace(spec.dynamic, k=k))
+    if cross_encoder is not None:
+        if spec.selector.kind not in RERANK_SELECTORS or spec.dynamic is not None:
+            raise RagateError(
+                f"a cross-encoder goes with the selectors {', '.join(RERANK_SELECTORS)} (e.g. --method dpr-ais-rerank), "
+                f"not {spec.name!r}"
+            )
+        spec = spec.with_(selector=replace(spec.selector, cross_encoder=str(cross_encoder)))
+    if prompts is not None:
+        from ragate.methods.prompts import PROMPT_SETS
+
+        if prompts not in PROMPT_SETS:
+            raise RagateError(f"unknown prompt set {prompts!r}; choose one of {', '.join(PROMPT_SETS)}")
+        if spec.dynamic is not None:
+            raise RagateError(
+                f"{spec.name!r} is a dynamic method: it writes with its few-shot exemplars, not a prompt set"
+            )
+        spec = spec.with_(prompts=PROMPT_SETS[prompts])
+    require_reranker(spec)
+    return spec
