@@ -23,7 +23,7 @@ realised rate by about sqrt(rho (1 - rho) / m)); the batch bound covers both.
 
 ``drift``: the questions of several sweeps (one gate, one model, e.g. NQ then HotpotQA then StrategyQA), each
 shuffled, are played one phase after another as a request stream. A fixed tau, calibrated on the first W requests
-(the traffic it was deployed on), and the service's controller (:class:`ragate.service.budget.BudgetController`,
+(the traffic it was deployed on), and the service's controller (:class:`ragate.budget.BudgetController`,
 tau = the quantile of the last W scores) decide each request in turn. It prints each one's largest deviation of
 the windowed retrieval rate from rho after the first W requests, the share of requests outside rho +- 0.05, and
 accuracy per phase from the recorded closed-book and retrieval answers; ``--plot`` draws the windowed rates.

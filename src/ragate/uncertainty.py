@@ -49,7 +49,7 @@ TailModel = Literal["lumped", "capped", "uniform"]
 def topk_entropy(
     top_logprobs: Sequence[float], tail: TailModel = "lumped", vocab_size: int | None = None
 ) -> float:
-    """APPROXIMATE entropy from only the top-k log-probabilities of a step (issue I: APIs give k <= 20).
+    """APPROXIMATE entropy from only the top-k log-probabilities of a step (APIs give k <= 20).
 
     The top k tokens' share -sum_k p_k log p_k is exact; the tail mass r = 1 - sum(p_k) is unseen except that no
     tail token is more likely than the k-th, p_min. Three ways to count the tail:

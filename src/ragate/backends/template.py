@@ -1,4 +1,4 @@
-"""Chat templates that keep message text out of the control tokens (issue K.1).
+"""Chat templates that keep message text out of the control tokens.
 
 A chat template wraps each message in markers (``<|im_start|>user\\n ... <|im_end|>``) that must be *special*
 tokens. Rendering the template and tokenising the whole string with special tokens parsed would also parse any

@@ -1,6 +1,6 @@
 """The dynamic-RAG generation loop shared by ETC, DRAGIN, FLARE, IRCoT, In-Context RALM and TARG's re-check.
 
-Generate; a trigger (:mod:`ragate.dynamic.triggers`) sees the block written since the last retrieval after every
+Generate; a trigger (:mod:`ragate.methods.triggers`) sees the block written since the last retrieval after every
 token; when it fires, decoding stops there (nothing after the hit is computed), the block is cut back to the
 trigger's ``keep`` point, a query is formed (:mod:`ragate.dynamic.query`), passages are retrieved, and generation
 goes on from the prompt "exemplars + passages + question" with the text so far as the start of the answer. Up to

@@ -308,7 +308,7 @@ def threshold_transfer(
     budget: float | None,
 ) -> Transfer:
     """TARG Table S8: tau calibrated on the source questions (tau = F^-1(1 - budget) over their scores,
-    :func:`ragate.eval.calibrate.threshold_for_budget`; ``budget=None``: the source's best-EM tau), applied
+    :func:`ragate.eval.thresholds.threshold_for_budget`; ``budget=None``: the source's best-EM tau), applied
     zero-shot to the target, against the target's own tau chosen the same way: retrieval rate and EM of both."""
     source = method_records(source_sweep_records, method)
     target = method_records(target_sweep_records, method)

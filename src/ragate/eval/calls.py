@@ -1,4 +1,4 @@
-"""One computation per distinct LM call in an evaluation (issue G): a content-addressed record of each call.
+"""One computation per distinct LM call in an evaluation: a content-addressed record of each call.
 
 Many methods make identical calls for the same question: no-retrieval's answer is DTR's draft, standard-rag's
 reading prompt is llm-judge's and random's when they retrieve, the three TARG gates share a draft. A

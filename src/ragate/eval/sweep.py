@@ -84,7 +84,7 @@ def family_key(spec: MethodSpec) -> str:
 
 
 def canonical_family(family: str) -> str:
-    """A stored family key in today's form: sweeps written before issue M put the pseudo-context cap in every
+    """A stored family key in today's form: sweeps written before 2026-11-26 put the pseudo-context cap in every
     key, also where the selector retrieves by the question alone and writes none."""
     parts = family.split("|")
     if len(parts) > 1 and parts[1] == "question" and parts[-1].startswith("pseudo="):

@@ -115,7 +115,7 @@ def shared_example(shared: Sequence[tuple[Example, str]]) -> str:
 
 
 def read_tune(path: str | Path) -> dict[str, Any]:
-    """A ``ragate tune`` file, checked: a calibration file (:func:`ragate.eval.calibrate.read_calibration`) whose
+    """A ``ragate tune`` file, checked: a calibration file (:func:`ragate.eval.thresholds.read_calibration`) whose
     method is a dynamic one, with the format, parameter, target, dataset files, model identity and validation
     questions it records, each of its type. Anything else is a :class:`RagateError` naming the file and the fix."""
     from ragate.eval.thresholds import read_calibration

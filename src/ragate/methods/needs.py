@@ -1,4 +1,4 @@
-"""What each gate and dynamic trigger needs from a backend, and the check every entry point runs first (issue I).
+"""What each gate and dynamic trigger needs from a backend, and the check every entry point runs first.
 
 A backend states what it returns (:class:`~ragate.backends.base.Capabilities`): the full next-token
 distribution (llama.cpp, transformers), the top-k log-probabilities of each step (OpenAI-style APIs, k <= 20),

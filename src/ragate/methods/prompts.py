@@ -75,7 +75,7 @@ TARG = TargPromptSet(  # TARG A.12 "Default" template as the system message; x =
     pseudo_context=DTR.pseudo_context,
     system="You are a helpful assistant. Answer concisely and factually.",
 )
-# Before issue M the TARG reader put the context first, under the name "targ"; the runs of docs/results.md up to
+# Before 2026-11-26 the TARG reader put the context first, under the name "targ"; the runs of docs/results.md up to
 # then used this form, and their sweeps' families still say "targ", which is this set.
 TARG_CONTEXT_FIRST = TargPromptSet(
     name="targ",

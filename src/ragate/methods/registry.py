@@ -170,7 +170,7 @@ _METHODS = (
     ),
     MethodSpec(
         "targ-always-context-first",
-        "TARG's reader for every question with the passages before the question (ragate before issue M)",
+        "TARG's reader for every question with the passages before the question (ragate before 2026-11-26)",
         GateSpec("always"),
         _TARG_SELECT,
         TARG_CONTEXT_FIRST,
@@ -346,7 +346,7 @@ def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
 
 
 def register_trigger(name: str) -> Callable[[type[Trigger]], type[Trigger]]:
-    """Class decorator: register a :class:`~ragate.dynamic.steps.Trigger` under ``name``; it also names a method
+    """Class decorator: register a :class:`~ragate.methods.triggers.Trigger` under ``name``; it also names a method
     (the trigger's ``like`` method, its query, cut and limits, with this trigger)."""
     if name in METHODS:
         raise RagateError(f"{name!r} is the name of one of ragate's methods: choose another trigger name")

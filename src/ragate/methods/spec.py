@@ -45,7 +45,7 @@ SAFETY_RETRIEVALS = 10  # the bound on a method with no retrieval cap (its recor
 class DynamicSpec:
     """A dynamic-RAG method (ragate.dynamic): what watches the generation, how it asks, where it cuts.
 
-    ``trigger`` names a registered trigger (:mod:`ragate.dynamic.triggers`; "none": no trigger) and
+    ``trigger`` names a registered trigger (:mod:`ragate.methods.triggers`; "none": no trigger) and
     ``threshold`` None is its default. ``query`` "auto" is DRAGIN's attention query (over the question and the
     text so far, ETC section 3.3) when the backend returns attentions, else "question-masked": the question, then
     FLARE's masked sentence, so that ETC and DRAGIN ask by one rule that always includes the question
@@ -61,7 +61,7 @@ class DynamicSpec:
     sentence over the new passages is written before the trigger watches again, as the authors' code of DRAGIN
     and ETC writes it (unchecked); it guarantees a sentence of progress per retrieval. Without it and without a
     cap, DRAGIN fired again at the first word after its cut: on 35 of the first 68 HotpotQA questions it reached
-    the safety bound of 10 retrievals (issue M's first re-measure, discarded). ``exemplars`` picks the few-shot
+    the safety bound of 10 retrievals (a re-measure of 2026-11-26, discarded). ``exemplars`` picks the few-shot
     chain-of-thought exemplars: "authors" the authors' set and number per dataset family (DRAGIN's and ETC's code,
     ETC section 4.2; ``ragate/data/exemplars/``), "ragate-3" ragate's own three per family (before issue 50).
     """
@@ -123,7 +123,7 @@ class MethodSpec:
     # questions with Qwen2.5-Coder-1.5B (benchmarks/pseudo_length.py, results/pseudo_length.txt): PAIRS's prompt
     # gives a median of 258 tokens, 37 of 50 end by themselves (all but one within 512) and 13 repeat themselves
     # until cut, so no cap up to 1024 lets 90% end; DTR's, a median of 99, 49 of 50 end (384 would cover 94%).
-    # 128 (ragate before issue M) cut 92% and 30%. The record counts the calls that hit the cap.
+    # 128 (ragate before 2026-11-26) cut 92% and 30%. The record counts the calls that hit the cap.
     pseudo_max_tokens: int = 1024
     expansion_max_tokens: int = 128  # HyDE's, Query2doc's and CoT's generated text (Query2doc: 128)
     dynamic: DynamicSpec | None = None  # set: a dynamic-RAG method (gate and selector unused)

@@ -88,7 +88,7 @@ TRIGGER_REGISTRY: Registry[Trigger] = Registry("trigger", ENTRY_POINT_GROUP, _BU
 
 
 def register_trigger(name: str) -> Callable[[type[Trigger]], type[Trigger]]:
-    """Class decorator: register a :class:`~ragate.dynamic.steps.Trigger` subclass under ``name``."""
+    """Class decorator: register a :class:`Trigger` subclass under ``name``."""
     return TRIGGER_REGISTRY.decorator(name)
 
 

@@ -1,4 +1,4 @@
-"""A deadline for a request's headers (issue K.6): uvicorn times out idle keep-alive connections, but not a client
+"""A deadline for a request's headers: uvicorn times out idle keep-alive connections, but not a client
 that opens a connection and sends its request line and headers a byte at a time. :class:`HeaderDeadline` is
 uvicorn's HTTP protocol with one addition: while a connection waits for a request's headers, it must complete
 them within ``RAGATE_READ_TIMEOUT`` seconds (``ragate serve --read-timeout``), or it is closed. The body is bounded
