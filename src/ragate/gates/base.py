@@ -100,6 +100,7 @@ class GateContext(Protocol):
     params: GateSpec  # the gate's settings: threshold, TARG's prefix k, beta, samples, the random rate, ...
     lm: Any  # the backend (for its name and capabilities; generate through the methods below)
     retriever: Any  # the index or search (None when the caller gave none)
+    early_exit: bool  # a settled decision may skip the rest of its work (False for sweeps and calibration)
 
     @property
     def prompts(self) -> Any: ...  # the method's PromptSet: direct, with_context, pseudo_context, system

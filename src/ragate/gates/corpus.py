@@ -140,7 +140,7 @@ class CorpusOrMargin(TargMargin):
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         found = _evidence(ctx)
-        if found.coverage > tau and getattr(ctx, "early_exit", False):
+        if found.coverage > tau and ctx.early_exit:
             return GateDecision(
                 True,
                 found.coverage,
