@@ -53,6 +53,8 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
         "never": "exact", "always": "exact", "random": "exact", "ugt": "unavailable", "pairs": "exact",
         "pairs-exclude-num": "exact", "pairs-embedding": "exact", "pairs-lenient": "exact", "targ-entropy": "unavailable",
         "targ-margin": "unavailable", "targ-entropy-present": "unavailable", "targ-margin-present": "unavailable",
+        "targ-entropy@k=5": "unavailable", "targ-entropy@k=10": "unavailable", "targ-margin@k=5": "unavailable",
+        "targ-margin@k=10": "unavailable",
         "targ-variance": "approximate", "llm-judge": "text", "verbal-confidence": "exact",
         "self-eval": "text", "self-rag-lite": "text", "skr": "exact", "retrieval-top1": "exact", "retrieval-gap": "exact",
         "retrieval-dispersion": "exact", "question-length": "exact", "question-numeric": "exact",

@@ -82,7 +82,10 @@ def calibrate(
     if gate_weights is not None:
         from ragate.fileio import sha256_file
 
-        result["gate_weights"] = {"path": str(Path(gate_weights).resolve()), "sha256": sha256_file(gate_weights)}
+        result["gate_weights"] = {
+            "path": str(Path(gate_weights).resolve()),
+            "sha256": sha256_file(gate_weights),
+        }
     if objective == "budget":
         if budget is None:
             raise RagateError("a budget calibration needs --budget RHO in [0, 1]")
@@ -169,3 +172,78 @@ def calibrate_from_sweep(
         "method": method, "gate": spec.gate.kind, "objective": "budget", "budget": budget, "dev": str(run_dir),
         "n": n, "model": config.get("model"), "engine": config.get("engine", "llama.cpp"), "source": "sweep",
     } | found | {"dev_retrieval_rate": rate, "dev_em": None}  # fmt: skip
+
+
+def calibrate_prefixes(
+    gate: str,
+    prefixes: tuple[int, ...],
+    budget: float | None,
+    *,
+    from_sweep: str | Path | None = None,
+    dev: str | None = None,
+    limit: int | None = 200,
+    model: str | None = None,
+    engine: str = "llama.cpp",
+    base_url: str | tuple[str, ...] | None = None,
+    index: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    work_dir: Path | None = None,
+    concurrency: int = 1,
+    extra_body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """k and tau together for a retrieval ``budget`` (TARG A.8; :func:`ragate.eval.prefixes.choose_prefix`): from
+    a sweep that scored every ``gate@k=...`` of the grid (no model call), or by sweeping the ``dev`` questions into
+    ``work_dir`` (the two answers once per question, a draft per k). Returns the chosen method's calibration
+    file, with the grid's rows under ``prefixes``."""
+    from ragate.eval.prefixes import choose_prefix, prefix_method
+    from ragate.eval.rundir import read_run_config
+    from ragate.eval.sweep import compact, sweep_pass
+
+    if budget is None:
+        raise RagateError("--prefixes chooses k and tau for a budget: pass --budget RHO")
+    methods = tuple(prefix_method(gate, k) for k in prefixes)
+    if from_sweep is not None:
+        run_dir = Path(from_sweep)
+        if not (run_dir / "config.json").is_file():
+            raise RagateError(
+                f"{run_dir} is not a sweep directory (no config.json): run `ragate sweep` first"
+            )
+        config = read_run_config(run_dir)
+        records = compact(run_dir / "sweep.jsonl")
+        model, engine, source, n_dev = (
+            config.get("model"),
+            config.get("engine", "llama.cpp"),
+            str(run_dir),
+            None,
+        )
+    else:
+        from ragate.eval.config import EvalConfig
+        from ragate.eval.datasets import load_dataset
+
+        if dev is None:
+            raise RagateError("--prefixes needs --dev DATASET or --from-sweep RUN_DIR")
+        config = EvalConfig(
+            dev, methods, model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body
+        )
+        examples = load_dataset(dev, limit=limit)
+        if not examples:
+            raise RagateError(f"dev set {dev!r} has no questions")
+        work = (
+            work_dir
+            or Path("calibration") / ".work" / f"{gate}-prefixes-{Path(dev).stem}-{model or 'default'}"
+        )
+        records = sweep_pass(
+            config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency
+        )
+        source, n_dev = dev, len(examples)
+    found = choose_prefix(records, gate, prefixes, budget)
+    chosen = found["chosen"]
+    return {
+        "method": chosen["method"], "gate": chosen["method"], "objective": "budget", "budget": budget,
+        "dev": source, "n": found["n"] if n_dev is None else min(n_dev, found["n"]), "model": model,
+        "engine": engine, "seed": seed, "tau": chosen["tau"], "bound": "plain quantile F^-1(1 - budget) (TARG 3.3)",
+        "prefix": chosen["k"], "prefixes": found["prefixes"], "dev_retrieval_rate": chosen["retrieval_rate"],
+        "dev_em": chosen["em"],
+        "chosen_by": "the best dev EM at the budget over the prefix grid, ties to the shorter draft (TARG A.8)",
+    }  # fmt: skip

@@ -23,6 +23,14 @@ qualifies: DTR's UGT divides by the answer's own length T (Eq. 3), which grows w
 confident token lowers it; the variance gate's d_t (Eq. 3) needs all N samples at step t, which are generated one
 after another; the rest read whole replies (PAIRS, the judge, self-eval, verbal confidence, Self-RAG-lite) or no
 draft at all (SKR, random, never, always).
+
+Anytime gates (lossy, unlike the early exit): ``targ-entropy@k=5``, ``targ-entropy@k=10``, ``targ-margin@k=5`` and
+``targ-margin@k=10`` read Eqs. 1-2 over a draft of k = 5 or 10 tokens, from TARG's prefix-length grid (A.5, A.8:
+k in {5, 10, 20, 30, 40}). Their scores are on another scale than k = 20's, so each takes its own tau_k
+(``ragate calibrate --gate targ-margin@k=5``), and ``ragate calibrate --prefixes 5,10,20`` chooses k and tau
+together for a budget, the best dev EM at that budget (A.8's "EM versus k when tau is chosen to match a fixed
+retrieval budget"), reporting how often each k decides as k = 20 does. When the gate says "no", the short draft
+is continued into the answer, as a stopped draft is.
 """
 
 from __future__ import annotations
@@ -165,9 +173,10 @@ class TargEntropy(Gate):
     tau_source = _ENTROPY_TAU
     like = "targ-entropy"
     divide_by: ClassVar[DivideBy] = "k"
+    prefix: ClassVar[int | None] = None  # an anytime gate's own k (None: GateSpec.prefix, 20 by default)
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
-        k = ctx.params.prefix
+        k = self.prefix or ctx.params.prefix
         settled = Settled(_entropies, k, tau)
         draft = ctx.draft(k, settled=settled)
         return targ_entropy(draft, tau, k=k, divide_by=self.divide_by, early=settled.stopped(draft))
@@ -175,9 +184,10 @@ class TargEntropy(Gate):
     def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
         entropies, exact = draft.step_entropies()
         measure = "entropy H" + ("" if exact else " (top-k approximation)")
-        scored = min(params.prefix, len(entropies))
+        k = self.prefix or params.prefix
+        scored = min(k, len(entropies))
         return TokenUncertainty(
-            measure, tuple(entropies), scored, None, params.prefix if self.divide_by == "k" else scored
+            measure, tuple(entropies), scored, None, k if self.divide_by == "k" else scored
         )
 
 
@@ -188,22 +198,25 @@ class TargMargin(Gate):
     tau_source = _MARGIN_TAU
     like = "targ-margin"
     divide_by: ClassVar[DivideBy] = "k"
+    prefix: ClassVar[int | None] = None  # an anytime gate's own k (None: GateSpec.prefix, 20 by default)
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         p = ctx.params
+        k = self.prefix or p.prefix
 
         def terms(draft: Generation) -> list[float]:
             return [margin_uncertainty(g, p.beta) for g in draft.top1_top2_gaps]
 
-        settled = Settled(terms, p.prefix, tau)
-        draft = ctx.draft(p.prefix, settled=settled)
+        settled = Settled(terms, k, tau)
+        draft = ctx.draft(k, settled=settled)
         early = settled.stopped(draft)
-        return targ_margin(draft, tau, k=p.prefix, beta=p.beta, divide_by=self.divide_by, early=early)
+        return targ_margin(draft, tau, k=k, beta=p.beta, divide_by=self.divide_by, early=early)
 
     def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty:
         values = tuple(margin_uncertainty(g, params.beta) for g in draft.top1_top2_gaps)
-        scored = min(params.prefix, len(values))
-        divisor = params.prefix if self.divide_by == "k" else scored
+        k = self.prefix or params.prefix
+        scored = min(k, len(values))
+        divisor = k if self.divide_by == "k" else scored
         return TokenUncertainty(f"margin exp(-g/{params.beta:g})", values, scored, 1.0, divisor)
 
 
@@ -223,6 +236,44 @@ class TargMarginPresent(TargMargin):
     )
     like = "targ-margin"
     divide_by = "present"
+
+
+_ANYTIME_TAU = (
+    "TARG A.8 calibrates tau for each prefix length k (its tau for k = 20 does not carry over): set this gate's own "
+    "tau_k with `ragate calibrate` (or choose k and tau together with --prefixes)"
+)
+
+
+class TargEntropyK5(TargEntropy):
+    description = (
+        "TARG's entropy gate (Eq. 1) read after 5 draft tokens: an anytime gate, tau calibrated for k = 5"
+    )
+    prefix = 5
+    tau_source = _ANYTIME_TAU
+
+
+class TargEntropyK10(TargEntropy):
+    description = (
+        "TARG's entropy gate (Eq. 1) read after 10 draft tokens: an anytime gate, tau calibrated for k = 10"
+    )
+    prefix = 10
+    tau_source = _ANYTIME_TAU
+
+
+class TargMarginK5(TargMargin):
+    description = (
+        "TARG's margin gate (Eq. 2) read after 5 draft tokens: an anytime gate, tau calibrated for k = 5"
+    )
+    prefix = 5
+    tau_source = _ANYTIME_TAU
+
+
+class TargMarginK10(TargMargin):
+    description = (
+        "TARG's margin gate (Eq. 2) read after 10 draft tokens: an anytime gate, tau calibrated for k = 10"
+    )
+    prefix = 10
+    tau_source = _ANYTIME_TAU
 
 
 class TargVariance(Gate):

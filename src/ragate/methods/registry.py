@@ -161,6 +161,17 @@ _METHODS = (
         )
         for gate in ("entropy", "margin")
     ),
+    *(  # anytime gates: Eqs. 1-2 over a shorter draft, each with its own tau_k (TARG A.5, A.8)
+        MethodSpec(
+            f"targ-{gate}@k={k}",
+            f"TARG's {gate} gate read after {k} draft tokens (an anytime gate: calibrate its own tau)",
+            GateSpec(f"targ-{gate}@k={k}", prefix=k),
+            _TARG_SELECT,
+            TARG,
+        )
+        for gate in ("entropy", "margin")
+        for k in (5, 10)
+    ),
     MethodSpec(
         "targ-always",
         "TARG's reader for every question: the question, then the top-5 passages (Eq. 5)",
@@ -379,7 +390,9 @@ def _trigger_method(name: str) -> MethodSpec | None:
             f"cut and limits it takes ({', '.join(DYNAMIC_METHODS)})"
         )
     dynamic = replace(base.dynamic, trigger=name, threshold=None)
-    return replace(base, name=name, description=f"{base.name}'s loop with the {name} trigger", dynamic=dynamic)
+    return replace(
+        base, name=name, description=f"{base.name}'s loop with the {name} trigger", dynamic=dynamic
+    )
 
 
 def _plugin_names() -> tuple[list[str], list[str]]:

@@ -1,0 +1,279 @@
+"""``ragate calibrate``: a gate's threshold for a retrieval budget (from questions, a dev set or a sweep), by dev
+EM, or with TARG's prefix length chosen alongside it (``--prefixes``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ragate.cli.options import (
+    BACKEND_CHOICES,
+    base_urls,
+    check_concurrency,
+    concurrency_option,
+    server_request_options,
+)
+from ragate.errors import RagateError
+
+
+def register(subparsers: Any) -> None:
+    cal = subparsers.add_parser(
+        "calibrate",
+        help="a gate threshold for a retrieval budget, from questions alone (no answers needed), a sweep, or dev EM",
+        description="Set a gate's threshold tau. With --budget RHO, tau = F^-1(1 - RHO) over the gate's scores of "
+        "the given questions (TARG 3.3): --questions FILE (one question a line, or JSONL; answers not needed), "
+        "--dev DATASET, or --from-sweep RUN_DIR (scores a sweep already computed: no model call). --confidence "
+        "bounds the rate on new questions like these. --objective em picks the tau of the best dev EM instead. "
+        "The file it saves goes to ragate ask/eval/serve --calibration and Pipeline(calibration=).",
+    )
+    cal.add_argument("--gate", required=True, help="a gate method, e.g. targ-margin, dtr, targ-entropy")
+    cal.add_argument("--budget", type=float, help="target retrieval rate in [0, 1]")
+    cal.add_argument(
+        "--confidence",
+        type=float,
+        default=None,
+        help="keep the rate on new questions at most --budget with this probability, e.g. 0.95 (an exact "
+        "order-statistic bound; default: the plain quantile, which overshoots about half the time)",
+    )
+    cal.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="with --confidence: bound the realised rate of every M new questions (a test set, a day of "
+        "traffic), not only the rate of their distribution; picks a higher tau",
+    )
+    cal.add_argument("--objective", choices=("budget", "em"), default="budget")
+    source = cal.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dev", help="dev dataset name or JSONL path (questions with answers)")
+    source.add_argument(
+        "--questions",
+        type=Path,
+        help='your own questions, without answers: a text file (one a line) or JSONL with "question"',
+    )
+    source.add_argument(
+        "--from-sweep",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a `ragate sweep` directory that scored this gate: its scores, no model call",
+    )
+    cal.add_argument(
+        "--check",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="other questions (same forms as --questions): score them and print the rate tau gives there",
+    )
+    cal.add_argument(
+        "--limit", type=int, default=200, help="dev questions to score (default 200; --dev only)"
+    )
+    cal.add_argument("--model", default=None)
+    cal.add_argument("--backend", dest="engine", choices=BACKEND_CHOICES, default="llama.cpp")
+    cal.add_argument(
+        "--base-url",
+        "--openai-base-url",
+        dest="base_url",
+        action="append",
+        default=[],
+        help="an OpenAI-compatible server's /v1 URL (with --backend openai); repeat it for a fleet of servers "
+        "of one model",
+    )
+    concurrency_option(cal)
+    server_request_options(cal)
+    cal.add_argument(
+        "--index", default=None, help="index directory (gates that embed or search, and --objective em)"
+    )
+    cal.add_argument(
+        "--gate-weights",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --gate no-model-lr: its weights (`ragate gate fit`)",
+    )
+    cal.add_argument(
+        "--prefixes",
+        default=None,
+        metavar="K,K,...",
+        help="with --gate targ-margin or targ-entropy and --budget: choose TARG's prefix length k and tau together "
+        "(A.8): tau_k for the budget at each k (5, 10, 20), the k of the best dev EM (ties to the shorter draft); "
+        "saves the chosen gate's calibration (e.g. targ-margin@k=10) with every k's row and its agreement with "
+        "k = 20 (--dev or --from-sweep)",
+    )
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
+    cal.add_argument("--quiet", action="store_true")
+    cal.set_defaults(run=_run_calibrate)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    if args.objective == "budget" and args.budget is None:
+        raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
+    if args.batch is not None and args.confidence is None:
+        raise RagateError("--batch M needs --confidence (e.g. 0.95): it bounds the rate of M new questions")
+    if args.confidence is not None and args.objective != "budget":
+        raise RagateError("--confidence bounds a budget: use it with --objective budget --budget RHO")
+    if args.objective == "em" and args.dev is None:
+        raise RagateError("--objective em needs answers: pass --dev DATASET (questions with answers)")
+    if args.engine != "openai" and args.base_url:
+        raise RagateError("--base-url needs --backend openai")
+    check_concurrency(args)
+    if args.budget is not None:
+        from ragate.eval.thresholds import check_budget_value
+
+        check_budget_value(args.budget)  # before any model loads
+    if args.prefixes is not None:
+        return _calibrate_prefixes(args)
+    if args.dev is not None:
+        from ragate.eval.calibrate import calibrate
+
+        result = calibrate(
+            method=args.gate,
+            dev=args.dev,
+            objective=args.objective,
+            budget=args.budget,
+            confidence=args.confidence,
+            batch=args.batch,
+            limit=args.limit,
+            model=args.model,
+            engine=args.engine,
+            base_url=base_urls(args.base_url),
+            index=args.index,
+            seed=args.seed,
+            progress=not args.quiet,
+            concurrency=args.concurrency,
+            extra_body=args.extra_body,
+            openai_timeout=args.openai_timeout,
+            gate_weights=str(args.gate_weights) if args.gate_weights else None,
+        )
+        source = Path(args.dev).stem
+    elif args.from_sweep is not None:
+        from ragate.eval.calibrate import calibrate_from_sweep
+
+        result = calibrate_from_sweep(
+            args.from_sweep, args.gate, args.budget, confidence=args.confidence, batch=args.batch
+        )
+        source = args.from_sweep.name
+    else:
+        result = _calibrate_questions(args)
+        source = args.questions.stem
+    out = args.out or Path("calibration") / (
+        f"{args.gate}-{source}-{args.objective}"
+        + (f"-{args.budget:g}" if args.objective == "budget" else "")
+        + ".json"
+    )
+    from ragate.fileio import atomic_writer
+
+    with atomic_writer(out) as f:
+        f.write(json.dumps(result, indent=2).encode())
+    print(
+        f"{args.gate}: tau = {result['tau']:.6g} ({result['objective']}); on {result['n']} questions it "
+        f"retrieves for {100 * result['dev_retrieval_rate']:.1f}%"
+        + (f", dev EM {100 * result['dev_em']:.1f}" if result.get("dev_em") is not None else "")
+    )
+    if "rate_interval" in result:
+        low, high = result["rate_interval"]
+        print(
+            f"with confidence {result['confidence']:g}, new questions retrieve at most {100 * args.budget:g}% "
+            f"(expected {100 * result['expected_rate']:.1f}%, {100 * low:.1f}-{100 * high:.1f}%)"
+        )
+    if result.get("warning"):
+        print(f"ragate calibrate: warning: {result['warning']}", file=sys.stderr)
+    if args.check is not None:
+        _check_rate(args, result)
+    print(f"saved {out}; use it with: ragate ask|eval|serve ... --calibration {out}")
+    return 0
+
+
+def _calibrate_prefixes(args: argparse.Namespace) -> int:
+    """``--prefixes``: TARG's k and tau chosen together for a budget (A.8)."""
+    from ragate.eval.calibrate import calibrate_prefixes
+    from ragate.eval.prefixes import parse_prefixes
+    from ragate.fileio import atomic_writer
+
+    if args.questions is not None or args.objective != "budget" or args.confidence is not None:
+        raise RagateError(
+            "--prefixes picks k by dev EM at a plain budget: use it with --budget RHO and --dev or --from-sweep "
+            "(not --questions, --objective em or --confidence)"
+        )
+    result = calibrate_prefixes(
+        args.gate, parse_prefixes(args.prefixes), args.budget, from_sweep=args.from_sweep, dev=args.dev,
+        limit=args.limit, model=args.model, engine=args.engine, base_url=base_urls(args.base_url),
+        index=args.index, seed=args.seed, progress=not args.quiet, concurrency=args.concurrency,
+        extra_body=args.extra_body,
+    )  # fmt: skip
+    source = args.from_sweep.name if args.from_sweep is not None else Path(args.dev).stem
+    print(f"{args.gate} at budget {args.budget:g} on {result['n']} questions:")
+    print("| k | gate | tau_k | retrieval rate | dev EM | agrees with k = 20 |\n|---|---|---|---|---|---|")
+    for row in result["prefixes"]:
+        agree = row.get("agreement_with_k20")
+        print(
+            f"| {row['k']} | {row['method']} | {row['tau']:.4g} | {100 * row['retrieval_rate']:.1f}% | "
+            f"{100 * row['em']:.1f} | {'-' if agree is None else f'{100 * agree:.1f}%'} |"
+        )
+    out = args.out or Path("calibration") / f"{args.gate}-prefixes-{source}-{args.budget:g}.json"
+    with atomic_writer(out) as f:
+        f.write(json.dumps(result, indent=2).encode())
+    print(f"chose k = {result['prefix']} ({result['method']}), tau = {result['tau']:.6g}")
+    print(f"saved {out}; use it with: ragate ask|eval|serve --method {result['method']} --calibration {out}")
+    return 0
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    from ragate.eval.run import server_options
+    from ragate.pipeline import Pipeline
+
+    return Pipeline(
+        args.gate,
+        model=args.model,
+        backend=args.engine,
+        base_url=base_urls(args.base_url),
+        index=args.index,
+        seed=args.seed,
+        gate_weights=args.gate_weights,
+        backend_options=server_options(args.concurrency, args.extra_body, args.openai_timeout)
+        if args.engine == "openai"
+        else None,
+    )
+
+
+def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
+    """``--questions FILE``: the gate's scores of your own questions (no answers) through a Pipeline."""
+    from ragate.eval.thresholds import check_calibratable
+    from ragate.methods import get_method
+
+    check_calibratable(get_method(args.gate))  # before the model loads
+    if args.objective != "budget":
+        raise RagateError("--questions has no answers to score EM with: use --budget RHO")
+    import warnings
+
+    with _pipeline(args) as rag, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # its warning is printed with the result
+        found = rag.calibrate(
+            args.questions,
+            args.budget,
+            confidence=args.confidence,
+            batch=args.batch,
+            progress=not args.quiet,
+            concurrency=args.concurrency,
+        )
+    return found.to_json() | {"seed": args.seed}
+
+
+def _check_rate(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Score the ``--check`` questions and print the rate this tau gives there."""
+    from ragate.eval.datasets import read_questions
+    from ragate.eval.thresholds import retrieval_rate
+
+    questions = read_questions(args.check)
+    with _pipeline(args) as rag:
+        scores = [
+            d.score for d in rag.scores(questions, progress=not args.quiet, concurrency=args.concurrency)
+        ]
+    rate = retrieval_rate(scores, float(result["tau"]))
+    verdict = "within" if rate <= (args.budget or 1.0) else "above"
+    print(
+        f"on {len(questions)} other questions ({args.check}) tau = {result['tau']:.6g} retrieves for "
+        f"{100 * rate:.1f}% ({verdict} the budget of {100 * (args.budget or 0):g}%)"
+    )
