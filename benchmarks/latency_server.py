@@ -2,7 +2,7 @@
 after a fixed latency, so concurrency benchmarks and tests measure ragate's scheduling, not a model.
 
     .venv/bin/python benchmarks/latency_server.py [--host 127.0.0.1] [--port 0] [--latency 0.2] \
-        [--model latency-stub] [--fail STATUS:N] [--top-k 20] [--mode ok] [--flood-mb 0]
+        [--model latency-stub] [--fail STATUS:N] [--top-k 20] [--mode ok] [--flood-mb 0] [--no-logprobs]
 
 Once listening it prints one line, its base URL (``http://127.0.0.1:PORT/v1``), then serves until SIGTERM or
 SIGINT. It answers ``GET /v1/models``, ``GET /v1/stats`` (POSTs answered and failed, the most in flight at once),
@@ -103,11 +103,14 @@ def cut_at_stop(steps: list[Any], stop: list[str]) -> tuple[str, list[Any], bool
     return text[:cut], kept, True
 
 
-def completion(body: dict[str, Any], path: str, model: str, top_k: int) -> dict[str, Any]:
-    """The OpenAI-format answer to a POST of ``body`` to ``/v1/completions`` or ``/v1/chat/completions``."""
+def completion(
+    body: dict[str, Any], path: str, model: str, top_k: int, logprobs: bool = True
+) -> dict[str, Any]:
+    """The OpenAI-format answer to a POST of ``body`` to ``/v1/completions`` or ``/v1/chat/completions``
+    (``logprobs`` False: never any logprobs, as a server that does not return them)."""
     chat = path.endswith("/chat/completions")
     lp: dict[str, Any]
-    wants = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+    wants = logprobs and (bool(body.get("logprobs")) if chat else body.get("logprobs") is not None)
     k = min(int((body.get("top_logprobs") if chat else body.get("logprobs")) or 0), top_k) if wants else 0
     stop = body.get("stop") or []
     steps, finish = answer(body, k)
@@ -148,10 +151,12 @@ def make_server(
     port: int = 0,
     mode: str = "ok",
     flood_mb: int = 0,
+    logprobs: bool = True,
 ) -> ThreadingHTTPServer:
     """A bound server (one thread per connection, keep-alive); call ``serve_forever()`` to answer requests.
     ``fail`` = (status, n): the first n POSTs are answered ``status`` with ``Retry-After: 0``. ``mode``: how POSTs
-    are answered (:data:`MODES`, see the module docstring); ``flood_mb``: where a flood stops (0: never)."""
+    are answered (:data:`MODES`, see the module docstring); ``flood_mb``: where a flood stops (0: never);
+    ``logprobs`` False: answers carry no logprobs, whatever is asked (a text-only API)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     failures = {"left": fail[1] if fail else 0}
@@ -211,7 +216,7 @@ def make_server(
                 return self.send(fail[0], message, {"Retry-After": "0"})
             try:
                 body = json.loads(raw)
-                answered = completion(body, path, model, top_k)
+                answered = completion(body, path, model, top_k, logprobs)
             except (ValueError, TypeError, AttributeError) as e:
                 return self.send(400, {"error": {"message": f"bad request: {e}"}})
             with lock:
@@ -304,10 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mode", choices=MODES, default="ok", help="how POSTs are answered (hostile modes: see above)"
     )
     p.add_argument("--flood-mb", type=int, default=0, help="with --mode flood: stop after N MiB (0: never)")
+    p.add_argument("--no-logprobs", action="store_true", help="never return logprobs (a text-only API)")
     args = p.parse_args(argv)
     server = make_server(
-        args.latency, args.model, args.fail, args.top_k, args.host, args.port, args.mode, args.flood_mb
-    )
+        args.latency, args.model, args.fail, args.top_k, args.host, args.port, args.mode, args.flood_mb,
+        logprobs=not args.no_logprobs,
+    )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):  # also when started with SIGINT ignored (a shell's `&`)
         signal.signal(sig, lambda *_: sys.exit(0))
     print(f"http://{args.host}:{server.server_address[1]}/v1", flush=True)

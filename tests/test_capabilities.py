@@ -59,7 +59,7 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
         "self-eval": "text", "self-rag-lite": "text", "skr": "exact", "retrieval-top1": "exact", "retrieval-gap": "exact",
         "retrieval-dispersion": "exact", "question-length": "exact", "question-numeric": "exact",
         "question-rarity": "exact", "no-model-lr": "exact", "corpus-coverage": "exact",
-        "corpus-or-margin": "unavailable",
+        "corpus-or-margin": "unavailable", "proxy-margin": "exact", "proxy-entropy": "exact",
     }  # fmt: skip
     assert set(text) == set(gate_names())
     top20 = capability_report(SCRIPTED_CAPABILITIES)["gates"]
@@ -94,6 +94,10 @@ def test_every_method_on_a_text_only_backend_errs_clearly_or_runs(name: str, dem
         assert not lm.calls
     elif spec.gate.kind == "no-model-lr":  # runs text-only, given weights (tests/test_nomodel_gates.py)
         with pytest.raises(RagateError, match="pass --gate-weights FILE"):
+            run_method(spec, "Where is the Louvre?", lm, demo)
+        assert not lm.calls
+    elif spec.gate.kind.startswith("proxy-"):  # runs text-only beside a proxy (tests/test_proxy_gate.py)
+        with pytest.raises(RagateError, match="none is open beside 'scripted'"):
             run_method(spec, "Where is the Louvre?", lm, demo)
         assert not lm.calls
     elif spec.selector.kind in ("dpr-ais-rerank", "rerank"):  # run with a cross-encoder (tests/test_dpr.py)

@@ -100,6 +100,7 @@ class Pipeline:
         fallback: str | None = None,
         skr_labels: str | Path | None = None,
         gate_weights: str | Path | None = None,
+        proxy_model: str | None = None,
         cross_encoder: str | Path | None = None,
         prompts: str | None = None,
         seed: int = 0,
@@ -132,7 +133,7 @@ class Pipeline:
         self.tracing = Tracing(tracer_provider, trace_content)
         spec = configure_method(
             get_method(method), gate, selector, skr_labels, max_tokens, k, cross_encoder=cross_encoder,
-            prompts=prompts, gate_weights=gate_weights,
+            prompts=prompts, gate_weights=gate_weights, proxy_model=proxy_model,
         )  # fmt: skip
         self._max_tokens, self._k = max_tokens, k
         self.calibration: dict[str, Any] | None = None
@@ -162,6 +163,7 @@ class Pipeline:
                 options |= thread_options(engine, threads, batch_threads)
                 lm = load_backend(model, engine, **options)
                 self._owned.append(lm)
+            lm = self._with_proxy(lm, spec, threads)
             self.lm: Backend = _exact_calls(lm)
             self.spec: MethodSpec = require(spec, lm.capabilities, engine=lm.engine, fallback=fallback)
             self.budget = None
@@ -182,6 +184,19 @@ class Pipeline:
         self._local = lm.engine != "openai"  # a local model runs one call at a time
 
     # -- set-up -------------------------------------------------------------------------------------------------
+    def _with_proxy(self, lm: Backend, spec: MethodSpec, threads: int | str | None) -> Backend:
+        """``lm`` with the small proxy model opened beside it when the gate drafts with one (ragate.gates.proxy)."""
+        from ragate.methods.proxy import attach_proxy
+
+        owned = bool(self._owned) and self._owned[-1] is lm
+        wrapped = attach_proxy(lm, [spec.gate], threads=threads, close_main=owned)
+        if wrapped is not lm:
+            if owned:
+                self._owned[-1] = wrapped
+            else:
+                self._owned.append(wrapped)
+        return wrapped  # type: ignore[no-any-return]
+
     def _open_retriever(
         self, index: Any, search: Any, retriever: Retriever | None
     ) -> tuple[str, Retriever | None]:

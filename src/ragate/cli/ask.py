@@ -175,6 +175,7 @@ def ask_with_method(
     fallback: str | None = None,
     skr_labels: str | None = None,
     gate_weights: str | None = None,
+    proxy_model: str | None = None,
     calibration: str | None = None,
     max_tokens: int | None = None,
     cross_encoder: str | None = None,
@@ -206,6 +207,7 @@ def ask_with_method(
         fallback=fallback,
         skr_labels=skr_labels,
         gate_weights=gate_weights,
+        proxy_model=proxy_model,
         max_tokens=max_tokens,
         cross_encoder=cross_encoder,
         prompts=prompts,
@@ -319,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
             cross_encoder=args.cross_encoder,
             prompts=args.prompts,
             gate_weights=args.gate_weights,
+            proxy_model=args.proxy_model,
         )
         status = StageLine(not args.quiet)
         if args.index is None and spec.retrieves:
@@ -346,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
                 fallback=args.fallback,
                 skr_labels=args.skr_labels,
                 gate_weights=args.gate_weights,
+                proxy_model=args.proxy_model,
                 calibration=args.calibration,
                 max_tokens=args.max_tokens,
                 cross_encoder=args.cross_encoder,
@@ -511,6 +515,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="with --method no-model-lr: the trained gate's weights (`ragate gate fit`)",
+    )
+    parser.add_argument(
+        "--proxy-model",
+        default=None,
+        metavar="MODEL",
+        help="with --method proxy-margin or proxy-entropy: the small local model whose draft decides (a name or "
+        "GGUF path; default SmolLM2-135M)",
     )
     parser.add_argument(
         "--cross-encoder",

@@ -398,8 +398,11 @@ def _warm_up(lm: Backend, retriever: Retriever | None, question: str) -> None:
 
     if retriever is not None:
         retriever.search([question], 1)
-    lm.generate([GenerationRequest((Message("user", question),), max_tokens=1)])
-    lm.clear_cache()
+    # no alternatives asked: a server without logprobs refuses a request for them
+    for engine in (lm, getattr(lm, "proxy", None)):  # a proxy gate's small model too (ragate.gates.proxy)
+        if engine is not None:
+            engine.generate([GenerationRequest((Message("user", question),), max_tokens=1, top_logprobs=0)])
+            engine.clear_cache()
 
 
 def _rotated(methods: Sequence[str], i: int) -> list[str]:
@@ -437,7 +440,14 @@ def _open_lm(config: EvalConfig, concurrency: int = 1) -> Backend:
         options = {"base_url": config.base_url, **server_options(concurrency, config.extra_body, timeout)}
     else:  # threads change no computation (ragate.backends.threads): a note in extra, not compared on resume
         options = thread_options(config.engine, config.extra.get("threads"), config.extra.get("batch_threads"))
-    return load_backend(config.model, config.engine, **options)
+    lm = load_backend(config.model, config.engine, **options)
+    from ragate.methods.proxy import attach_proxy
+
+    try:  # a proxy gate's small model (ragate.gates.proxy), opened beside the answering one
+        return attach_proxy(lm, [config.spec(m).gate for m in config.methods], threads=config.extra.get("threads"))
+    except BaseException:
+        lm.close()
+        raise
 
 
 def _open_retriever(config: EvalConfig) -> Retriever:

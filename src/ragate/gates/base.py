@@ -133,6 +133,11 @@ class GateContext(Protocol):
 
     def pseudo_context(self) -> str: ...
 
+    def proxy_draft(self, max_tokens: int, *, top_logprobs: int = 2) -> Generation:
+        """The greedy no-context draft of the *proxy* model (a small local model that decides for the answering
+        one, :mod:`ragate.gates.proxy`), recorded as overhead; an error naming the fix when no proxy is open."""
+        ...
+
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
     def scored_search(self, k: int) -> ScoredHits: ...  # the question's top-k, which a "question" selector reuses

@@ -48,6 +48,8 @@ _BUILTIN = {
     "no-model-lr": "ragate.gates.nomodel:NoModelLR",
     "corpus-coverage": "ragate.gates.corpus:CorpusCoverage",
     "corpus-or-margin": "ragate.gates.corpus:CorpusOrMargin",
+    "proxy-margin": "ragate.gates.proxy:ProxyMargin",
+    "proxy-entropy": "ragate.gates.proxy:ProxyEntropy",
 }
 GATE_REGISTRY: Registry[Gate] = Registry("gate", ENTRY_POINT_GROUP, _BUILTIN, Gate)
 

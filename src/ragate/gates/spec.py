@@ -26,6 +26,7 @@ class GateSpec:
     labels: str | None = None  # SKR: the label set from `ragate skr fit` (a path)
     neighbours: int = 10  # SKR: k of the kNN vote
     weights: str | None = None  # a trained gate (no-model-lr): the weights file from `ragate gate fit` (a path)
+    proxy: str | None = None  # a proxy gate's small model (a name or GGUF path; None: SmolLM2-135M)
 
     @property
     def tau(self) -> float:

@@ -22,8 +22,10 @@ def configure_method(
     cross_encoder: str | Path | None = None,
     prompts: str | None = None,
     gate_weights: str | Path | None = None,
+    proxy_model: str | None = None,
 ) -> MethodSpec:
-    """``spec`` with another gate or selector, SKR's label set, a trained gate's weights (``ragate gate fit``), an
+    """``spec`` with another gate or selector, SKR's label set, a trained gate's weights (``ragate gate fit``), a
+    proxy gate's small model (``proxy_model``: a model name or GGUF path), an
     answer length, a number of documents, the cross-encoder a rerank selector reads or another prompt set (a name of
     ``ragate.methods.prompts.PROMPT_SETS``, e.g. ``targ`` for TARG's reader with the documents first); a rerank
     selector without a cross-encoder is an error here, before any cost."""
@@ -52,6 +54,12 @@ def configure_method(
                 f"--gate-weights goes with a trained gate (--method no-model-lr), not {spec.gate.kind!r}"
             )
         spec = spec.with_(gate=replace(spec.gate, weights=str(gate_weights)))
+    if proxy_model is not None:
+        if not getattr(get_gate(spec.gate.kind), "drafts_with_proxy", False):
+            raise RagateError(
+                f"--proxy-model goes with a proxy gate (--method proxy-margin or proxy-entropy), not {spec.gate.kind!r}"
+            )
+        spec = spec.with_(gate=replace(spec.gate, proxy=str(proxy_model)))
     if max_tokens is not None:
         if max_tokens < 1:
             raise RagateError(f"max_tokens must be at least 1, got {max_tokens}")

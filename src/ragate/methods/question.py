@@ -14,6 +14,7 @@ import numpy as np
 
 from ragate.backends.base import Backend
 from ragate.backends.decoding import Watch
+from ragate.errors import RagateError
 from ragate.methods import prompts as P
 from ragate.methods.spec import MethodSpec
 from ragate.methods.trace import Stage
@@ -118,6 +119,28 @@ class QuestionRun:
             self._cut_early = bool(fired) and fired[-1] and len(self._draft) < request.max_tokens
             self.stages.append(Stage.of("draft", self._draft))
         return self._draft
+
+    def proxy_draft(self, max_tokens: int, *, top_logprobs: int = 2) -> Generation:
+        """The proxy model's greedy draft of the direct prompt (:mod:`ragate.gates.proxy`): the backend carries the
+        proxy (:class:`ragate.backends.proxy.WithProxy`, opened by Pipeline and eval for a gate that drafts with
+        one). Recorded as an overhead stage named "proxy-draft"; never the answer."""
+        proxy = getattr(self.lm, "proxy", None)
+        if proxy is None:
+            raise RagateError(
+                f"the gate {self.spec.gate.kind!r} drafts with a small proxy model, and none is open beside "
+                f"{self.lm.model!r}: run it through ragate.Pipeline or ragate ask/eval/sweep/calibrate/serve "
+                "(which open the proxy, SmolLM2-135M by default), or wrap the backend in ragate.backends.proxy.WithProxy"
+            )
+        request = GenerationRequest(
+            self.messages(self.spec.prompts.direct),
+            max_tokens=max_tokens,
+            top_logprobs=min(top_logprobs, proxy.capabilities.top_k),
+        )
+        if self.progress is not None:
+            self.progress("proxy-draft")
+        draft = proxy.generate([request])[0]
+        self.stages.append(Stage.of("proxy-draft", draft, overhead=True))
+        return draft
 
     @property
     def drafted(self) -> Generation | None:

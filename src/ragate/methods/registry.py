@@ -172,6 +172,17 @@ _METHODS = (
         for gate in ("entropy", "margin")
         for k in (5, 10)
     ),
+    *(  # a small proxy model's draft decides for the answering model (SlimPLM's idea; TARG's reader)
+        MethodSpec(
+            f"proxy-{gate}",
+            f"TARG's {gate} gate over a small proxy model's 20-token draft (default SmolLM2-135M); the answering "
+            "model is asked for text only",
+            GateSpec(f"proxy-{gate}"),
+            _TARG_SELECT,
+            TARG,
+        )
+        for gate in ("margin", "entropy")
+    ),
     MethodSpec(
         "targ-always",
         "TARG's reader for every question: the question, then the top-5 passages (Eq. 5)",
