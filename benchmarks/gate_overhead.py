@@ -59,13 +59,18 @@ from ragate.eval.calls import CallCache
 from ragate.eval.records import RecordWriter, read_records
 from ragate.methods import GateSpec, MethodSpec, SelectorSpec, decide, run_method
 from ragate.methods.prompts import TARG, TARG_CONTEXT_FIRST, PromptSet
+from ragate.methods.proxy import attach_proxy
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
 
 GATES = (
     "never", "always", "ugt", "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "pairs", "random",
+    # issue 51: anytime drafts, a small proxy model's draft, and gates that read no model or the corpus
+    "targ-entropy@k=5", "targ-entropy@k=10", "targ-margin@k=5", "targ-margin@k=10", "proxy-margin", "proxy-entropy",
+    "retrieval-top1", "retrieval-gap", "retrieval-dispersion", "question-length", "question-numeric",
+    "question-rarity", "corpus-coverage", "corpus-or-margin",
 )  # fmt: skip
-CALIBRATED = ("ugt", "targ-entropy", "targ-margin", "targ-variance")
+CALIBRATED = tuple(g for g in GATES if g not in ("never", "always", "llm-judge", "pairs", "random"))
 NQ = Path("../shared/data/nq_open/NQ-open.dev.jsonl")
 
 
@@ -95,9 +100,11 @@ def spec_for(gate: str, arm: Arm, thresholds: dict[str, float], budget: float, p
     )  # fmt: skip
 
 
-def calibrate(budget: float, questions: list[str], lm: Any, index: Any, pseudo: int) -> dict[str, float]:
+def calibrate(
+    budget: float, questions: list[str], lm: Any, index: Any, pseudo: int, gates: list[str]
+) -> dict[str, float]:
     thresholds = {}
-    for gate in CALIBRATED:
+    for gate in gates:
         spec = spec_for(gate, ARMS["after"], {}, budget, pseudo)
         scores = [
             decide(spec, q, lm, index, seed=10_000 + i).score
@@ -111,7 +118,9 @@ def measure(gate: str, arm_name: str, i: int, question: str, raw: Any, exact: Ca
     arm = ARMS[arm_name]
     raw.clear_cache()  # the previous method's prompt must not make this one's look free
     raw.drop_prompt_states()
-    lm = exact if arm.exact else raw
+    lm = exact if arm.exact else exact.inner  # the model, with the proxy model beside it where one is open
+    proxy = getattr(exact.inner, "proxy", None)
+    proxy_evaluated = proxy.evaluated_tokens if proxy is not None else 0
     evaluated = raw.evaluated_tokens
     with exact.tally() as tally:
         start, cpu = time.perf_counter(), time.process_time()
@@ -120,6 +129,7 @@ def measure(gate: str, arm_name: str, i: int, question: str, raw: Any, exact: Ca
     return {
         "q": i, "arm": arm_name, "gate": gate, "seconds": seconds, "cpu": cpu,
         "tokens": raw.evaluated_tokens - evaluated, "charged_tokens": trace.tokens, "reused": tally.reused_tokens,
+        "proxy_tokens": (proxy.evaluated_tokens - proxy_evaluated) if proxy is not None else 0,
         "retrieved": trace.retrieved, "score": trace.gate.score, "answer": trace.answer,
     }  # fmt: skip
 
@@ -159,15 +169,21 @@ def main() -> None:
     overrides = {k: float(v) for k, v in (t.split("=", 1) for t in args.threshold)}
     rows = read_records(args.out, fault=_row_fault) if args.out else []
     with open_index(args.index or demo_index()) as index, load_backend(args.model, "llama.cpp") as raw:
-        exact = CallCache(raw, None, f"{raw.engine}:{raw.model}", exact_prefixes=True)
-        saved = next((r for r in rows if "thresholds" in r), None)
-        if saved is None:
-            thresholds = {} if paper else calibrate(budget, held_out, exact, index, args.pseudo_max_tokens)
-            thresholds.update(overrides)
-            saved = {"thresholds": thresholds, "model": raw.model, "budget": args.budget}
+        # a proxy gate's small model (SmolLM2-135M) beside the measured one; its tokens are counted apart
+        # (proxy_tokens), its CPU time with the method's
+        lm = attach_proxy(raw, [GateSpec(g) for g in gates], close_main=False)
+        exact = CallCache(lm, None, f"{raw.engine}:{raw.model}", exact_prefixes=True)
+        # every thresholds line of the file, merged: a resume with more --gates calibrates only the new ones
+        thresholds = {g: t for r in rows if "thresholds" in r for g, t in r["thresholds"].items()}
+        first = not any("thresholds" in r for r in rows)
+        todo = [] if paper else [g for g in gates if g in CALIBRATED and g not in thresholds]
+        if first or todo:
+            found = calibrate(budget, held_out, exact, index, args.pseudo_max_tokens, todo)
+            found.update({g: t for g, t in overrides.items() if first or g in todo})
+            saved = {"thresholds": found, "model": raw.model, "budget": args.budget}
             rows.append(saved)
             _append(args.out, saved)
-        thresholds = saved["thresholds"]
+            thresholds.update(found)
         specs = {
             (a, g): spec_for(g, ARMS[a], thresholds, budget, args.pseudo_max_tokens) for a in ARMS for g in GATES
         }
@@ -182,6 +198,8 @@ def main() -> None:
                     row = measure(gate, arm, i, questions[i], raw, exact, index, specs)
                     rows.append(row)
                     _append(args.out, row)
+    if lm is not raw:
+        lm.close()  # the proxy (the model is closed by its own `with`)
     report(rows, len(questions), gates)
 
 
@@ -207,8 +225,9 @@ COSTS = (
 
 def report(rows: list[dict], n: int, gates: list[str]) -> None:  # type: ignore[type-arg]
     head = next((r for r in rows if "thresholds" in r), {})
+    taus = {g: t for r in rows if "thresholds" in r for g, t in r["thresholds"].items()}
     print(f"model {head.get('model')}; budget {head.get('budget')}; thresholds:")
-    print("  " + ", ".join(f"{g} {t:.4g}" for g, t in head.get("thresholds", {}).items()))
+    print("  " + ", ".join(f"{g} {t:.4g}" for g, t in taus.items()))
     done = {(r["q"], r["arm"], r["gate"]): r for r in rows if "gate" in r and r["q"] < n}
     for arm, setting in ARMS.items():
         qs = sorted({q for q, a, _ in done if a == arm})

@@ -1,0 +1,160 @@
+"""One cost-quality table of every gate a sweep can score (issue 51, item 5), from a sweep directory.
+
+    .venv/bin/python benchmarks/gate_table.py derive OLD_SWEEP NEW_SWEEP
+    .venv/bin/ragate sweep NEW_SWEEP --resume ... --methods ALL     # the gates the old sweep lacks (see below)
+    .venv/bin/python benchmarks/gate_table.py table NEW_SWEEP [NEW_SWEEP ...] [--metric em] [--out FILE.md]
+
+``derive`` starts a sweep from an older one without recomputing its closed-book and retrieval answers: the same
+questions, model, index, prompts and readers, so each family's two answers are the older sweep's. It drops the
+scores of TARG's entropy and margin gates, which older sweeps computed with a draft shorter than k averaged over
+its tokens (before issue 51), so that resuming the sweep re-scores them as Eqs. 1-2 divide (by k), and marks the
+config so (``targ_mean``). ``derived_from`` in config.json names the older sweep.
+
+``table`` prints, per gate and per sweep (dataset): the AUROC of its score for "the closed-book answer is wrong"
+and for "retrieval fixes the answer" (the retrieval answer scores higher), with 95% bootstrap intervals over
+questions (2000 resamples, seeded); the seconds per question its decision took in the sweep (its own LM calls,
+search or nothing); and its accuracy at budgets 0.1 / 0.2 / 0.3 / 0.5 (tau = F^-1(1 - rho) on these questions'
+scores, as every sweep's budget points) against a random gate at the same rate in the same family, whose expected
+per-question score is rho * retrieval + (1 - rho) * closed-book, with paired bootstrap intervals of the
+difference. The CPU overhead over the paired floor is benchmarks/gate_overhead.py's (a separate, timed run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.eval.analysis import auroc
+from ragate.eval.sweep import compact, finite_scores
+from ragate.eval.thresholds import threshold_for_budget
+from ragate.fileio import atomic_writer
+
+STALE = ("targ-entropy", "targ-margin")  # scored before issue 51 as a mean over the tokens present
+BUDGETS = (0.1, 0.2, 0.3, 0.5)
+RESAMPLES = 2000
+
+
+def derive(old: Path, new: Path) -> None:
+    if (new / "sweep.jsonl").exists():
+        raise SystemExit(f"{new} already holds a sweep: resume it with ragate sweep {new} --resume")
+    config = json.loads((old / "config.json").read_text())
+    if config.get("targ_mean") == "k":
+        raise SystemExit(f"{old}'s TARG scores already divide by k: resume it instead")
+    new.mkdir(parents=True, exist_ok=True)
+    records = compact(old / "sweep.jsonl")
+    dropped = 0
+    with atomic_writer(new / "sweep.jsonl") as f:
+        for r in records:
+            kept = {m: g for m, g in r["gates"].items() if m not in STALE}
+            dropped += len(r["gates"]) - len(kept)
+            methods = [m for m in r["methods"] if m not in STALE]
+            f.write((json.dumps(r | {"gates": kept, "methods": methods}) + "\n").encode())
+    config["methods"] = [m for m in config["methods"] if m not in STALE]
+    config["derived_from"] = {
+        "sweep": str(old),
+        "kept": "each family's closed-book and retrieval answers and the scores of gates other than TARG's "
+        "entropy and margin",
+        "dropped": f"{dropped} scores of {', '.join(STALE)} (a short draft averaged over its tokens, before issue 51)",
+    }
+    with atomic_writer(new / "config.json") as f:
+        f.write(json.dumps(config, indent=2).encode())
+    for extra in ("skr_labels",):
+        if config.get(extra):
+            print(f"note: resume with --{extra.replace('_', '-')} {config[extra]}")
+    print(f"derived {new} from {old}: {len(records)} records, {dropped} stale TARG scores dropped")
+
+
+def _boot(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(0, n, size=(RESAMPLES, n))
+
+
+def _auroc_ci(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> tuple[float | None, float, float]:
+    point = auroc(scores.tolist(), labels.tolist())
+    values = [a for i in idx if (a := auroc(scores[i].tolist(), labels[i].tolist())) is not None]
+    low, high = (np.percentile(values, [2.5, 97.5]) if values else (np.nan, np.nan))
+    return point, float(low), float(high)
+
+
+def gate_rows(run_dir: Path, metric: str) -> list[dict[str, Any]]:
+    records = compact(run_dir / "sweep.jsonl")
+    gates = sorted({m for r in records for m in r["gates"]})
+    rows = []
+    for gate in gates:
+        rs = [r for r in records if gate in r["gates"]]
+        n = len(rs)
+        scores = np.array(finite_scores([r["gates"][gate]["score"] for r in rs]))
+        closed = np.array([float(r["closed"]["scores"][metric]) for r in rs])
+        opened = np.array([float(r["open"]["scores"][metric]) for r in rs])
+        rng = np.random.default_rng(0)
+        idx = _boot(rng, n)
+        wrong = _auroc_ci(scores, closed == 0, idx)
+        fixes = _auroc_ci(scores, opened > closed, idx)
+        seconds = float(np.mean([r["gates"][gate].get("seconds", np.nan) for r in rs]))
+        at = {}
+        for rho in BUDGETS:
+            tau = threshold_for_budget(scores.tolist(), rho)
+            take = scores > tau
+            got = np.where(take, opened, closed)
+            rate = float(take.mean())
+            rand = rate * opened + (1 - rate) * closed
+            diff = got - rand
+            boots = diff[idx].mean(axis=1)
+            low, high = np.percentile(boots, [2.5, 97.5])
+            at[rho] = (float(got.mean()), rate, float(diff.mean()), float(low), float(high))
+        rows.append({"gate": gate, "n": n, "wrong": wrong, "fixes": fixes, "seconds": seconds, "at": at})
+    return rows
+
+
+def _ci(v: tuple[float | None, float, float]) -> str:
+    return "n/a" if v[0] is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+
+def table(run_dirs: list[Path], metric: str) -> str:
+    lines = []
+    for run_dir in run_dirs:
+        config = json.loads((run_dir / "config.json").read_text())
+        lines.append(f"\n### {config['dataset']} ({run_dir.name})\n")
+        head = " | ".join(f"{metric.upper()} at {rho:g}: Δ vs random" for rho in BUDGETS)
+        lines.append(f"| gate | n | AUROC closed-book wrong | AUROC retrieval fixes | s/q to decide | {head} |")
+        lines.append("|---|---|---|---|---|" + "---|" * len(BUDGETS))
+        for row in gate_rows(run_dir, metric):
+            cells = [
+                f"{100 * g:.1f}: {100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                for g, _rate, d, lo, hi in (row["at"][rho] for rho in BUDGETS)
+            ]
+            lines.append(
+                f"| {row['gate']} | {row['n']} | {_ci(row['wrong'])} | {_ci(row['fixes'])} | "
+                f"{row['seconds']:.2f} | " + " | ".join(cells) + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("derive", help="a new sweep from an older one, TARG's stale scores dropped")
+    d.add_argument("old", type=Path)
+    d.add_argument("new", type=Path)
+    t = sub.add_parser("table", help="print the cost-quality table of one or more sweeps")
+    t.add_argument("run_dirs", type=Path, nargs="+")
+    t.add_argument("--metric", choices=("em", "f1", "acc"), default="em")
+    t.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "derive":
+        derive(args.old, args.new)
+        return 0
+    text = table(args.run_dirs, args.metric)
+    print(text)
+    if args.out is not None:
+        with atomic_writer(args.out) as f:
+            f.write(text.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
