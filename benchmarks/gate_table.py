@@ -13,7 +13,8 @@ config so (``targ_mean``). ``derived_from`` in config.json names the older sweep
 ``table`` prints, per gate and per sweep (dataset): the AUROC of its score for "the closed-book answer is wrong"
 and for "retrieval fixes the answer" (the retrieval answer scores higher), with 95% bootstrap intervals over
 questions (2000 resamples, seeded); the seconds per question its decision took in the sweep (its own LM calls,
-search or nothing); and its accuracy at budgets 0.1 / 0.2 / 0.3 / 0.5 (tau = F^-1(1 - rho) on these questions'
+search or nothing), and its LM calls, generated tokens and searches per question (recorded by sweeps since
+2026-11-28: averaged over the questions that have them, their number in brackets); and its accuracy at budgets 0.1 / 0.2 / 0.3 / 0.5 (tau = F^-1(1 - rho) on these questions'
 scores, as every sweep's budget points) against a random gate at the same rate in the same family, whose expected
 per-question score is rho * retrieval + (1 - rho) * closed-book, with paired bootstrap intervals of the
 difference. The CPU overhead over the paired floor is benchmarks/gate_overhead.py's (a separate, timed run).
@@ -95,6 +96,13 @@ def gate_rows(run_dir: Path, metric: str) -> list[dict[str, Any]]:
         wrong = _auroc_ci(scores, closed == 0, idx)
         fixes = _auroc_ci(scores, opened > closed, idx)
         seconds = float(np.mean([r["gates"][gate].get("seconds", np.nan) for r in rs]))
+        costed = [r["gates"][gate] for r in rs if "lm_calls" in r["gates"][gate]]  # sweeps since 2026-11-28
+        cost = (
+            {k: float(np.mean([g[k] for g in costed])) for k in ("lm_calls", "decoded_tokens", "searches")}
+            | {"n": len(costed)}
+            if costed
+            else None
+        )
         at = {}
         for rho in BUDGETS:
             tau = threshold_for_budget(scores.tolist(), rho)
@@ -106,7 +114,9 @@ def gate_rows(run_dir: Path, metric: str) -> list[dict[str, Any]]:
             boots = diff[idx].mean(axis=1)
             low, high = np.percentile(boots, [2.5, 97.5])
             at[rho] = (float(got.mean()), rate, float(diff.mean()), float(low), float(high))
-        rows.append({"gate": gate, "n": n, "wrong": wrong, "fixes": fixes, "seconds": seconds, "at": at})
+        rows.append(
+            {"gate": gate, "n": n, "wrong": wrong, "fixes": fixes, "seconds": seconds, "cost": cost, "at": at}
+        )
     return rows
 
 
@@ -120,16 +130,21 @@ def table(run_dirs: list[Path], metric: str) -> str:
         config = json.loads((run_dir / "config.json").read_text())
         lines.append(f"\n### {config['dataset']} ({run_dir.name})\n")
         head = " | ".join(f"{metric.upper()} at {rho:g}: Δ vs random" for rho in BUDGETS)
-        lines.append(f"| gate | n | AUROC closed-book wrong | AUROC retrieval fixes | s/q to decide | {head} |")
-        lines.append("|---|---|---|---|---|" + "---|" * len(BUDGETS))
+        lines.append(
+            f"| gate | n | AUROC closed-book wrong | AUROC retrieval fixes | s/q to decide | LM calls / decoded "
+            f"tokens / searches per q (over n) | {head} |"
+        )
+        lines.append("|---|---|---|---|---|---|" + "---|" * len(BUDGETS))
         for row in gate_rows(run_dir, metric):
             cells = [
                 f"{100 * g:.1f}: {100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
                 for g, _rate, d, lo, hi in (row["at"][rho] for rho in BUDGETS)
             ]
+            c = row["cost"]
+            spent = "–" if c is None else f"{c['lm_calls']:.2f} / {c['decoded_tokens']:.1f} / {c['searches']:.2f} ({c['n']})"
             lines.append(
                 f"| {row['gate']} | {row['n']} | {_ci(row['wrong'])} | {_ci(row['fixes'])} | "
-                f"{row['seconds']:.2f} | " + " | ".join(cells) + " |"
+                f"{row['seconds']:.2f} | {spent} | " + " | ".join(cells) + " |"
             )
     return "\n".join(lines) + "\n"
 

@@ -150,6 +150,10 @@ def test_calibrate_prefixes_from_a_sweep_saves_the_chosen_gates_calibration(
     assert [row["k"] for row in cal["prefixes"]] == [5, 10, 20]
     assert all(row["retrieval_rate"] <= 0.5 for row in cal["prefixes"])
     assert next(r for r in cal["prefixes"] if r["k"] == 20)["agreement_with_k20"] == 1.0
+    records = [json.loads(line) for line in (demo_sweep / "sweep.jsonl").read_text().splitlines()]
+    for gates in (r["gates"] for r in records):  # what deciding took, recorded per gate (one draft of k tokens)
+        assert [gates[m]["lm_calls"] for m in ("targ-margin@k=5", "targ-margin@k=10", "targ-margin")] == [1, 1, 1]
+        assert 0 < gates["targ-margin@k=5"]["decoded_tokens"] <= 5 and gates["targ-margin"]["searches"] == 0
     assert main([*args, "--questions", str(out)]) == 2  # --prefixes needs answers: refused, named
     assert "--prefixes picks k by dev EM" in capsys.readouterr().err
 

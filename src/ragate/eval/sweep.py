@@ -58,6 +58,7 @@ from ragate.eval.workers import fold_parts, part_path, run_workers
 from ragate.fileio import atomic_writer, exclusive_lock
 from ragate.gates.registry import get_gate
 from ragate.methods import GateSpec, MethodSpec, decide, run_method
+from ragate.methods.trace import Stage
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -212,6 +213,18 @@ def compact(path: Path, *, rewrite: bool = False) -> list[dict[str, Any]]:
     return list(last.values())
 
 
+def gate_cost(stages: Sequence[Stage]) -> dict[str, int]:
+    """What deciding took, from the gate's stages: LM calls (a proxy model's included), the prompt and generated
+    tokens of those calls, and searches (``retrieve`` stages)."""
+    lm = [s for s in stages if s.prompt_tokens + s.completion_tokens > 0]
+    return {
+        "lm_calls": len(lm),
+        "prompt_tokens": sum(s.prompt_tokens for s in lm),
+        "decoded_tokens": sum(s.completion_tokens for s in lm),
+        "searches": sum(s.name == "retrieve" for s in stages),
+    }
+
+
 def sweep_fault(record: dict[str, Any]) -> str | None:
     """What is wrong with one pass-1 record for pass 2 and its other readers (frontiers, SKR labels, calibration
     from a sweep), else None: its family and methods, the two answers and every gate's score (a gate may score
@@ -310,16 +323,17 @@ def _sweep_jobs(
         for m in families[fam]:
             if unswept(specs[m]) or m in gates:
                 continue
+            stages: list[Stage] = []
             with calls.tally() as tally:
                 start = time.perf_counter()
-                d = decide(specs[m], ex.question, calls, retriever, seed=seed)
+                d = decide(specs[m], ex.question, calls, retriever, seed=seed, stages=stages)
                 wall = time.perf_counter() - start
             gates[m] = {
                 "score": d.score,
                 "threshold": d.threshold,
                 "retrieve": d.retrieve,
                 "seconds": wall - tally.paid.seconds + tally.charged.seconds,  # charged, as in eval
-            }
+            } | gate_cost(stages)
         methods = list(dict.fromkeys([*(stored["methods"] if stored else ()), *families[fam]]))
         return {
             "id": ex.id,

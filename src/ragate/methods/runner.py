@@ -143,18 +143,29 @@ def _no_gate_alone(spec: MethodSpec) -> None:
 
 
 def decide(
-    spec: MethodSpec, question: str, lm: Backend, retriever: Retriever | None = None, *, seed: int = 0
+    spec: MethodSpec,
+    question: str,
+    lm: Backend,
+    retriever: Retriever | None = None,
+    *,
+    seed: int = 0,
+    stages: list[Stage] | None = None,
 ) -> GateDecision:
     """Only the gate: its decision and score for ``question`` (what calibration and threshold sweeps need).
 
     It pays for the gate's own generations and nothing after them, so its score equals the one ``run_method``
     would see with the same ``seed`` and ``early_exit=False``: drafts are never stopped early here, because what
     reads these scores ranks them (threshold sweeps, calibration, AUROC), and an early-exit score is only a lower
-    bound. Dynamic methods have no gate to run alone: they decide while writing."""
+    bound. Dynamic methods have no gate to run alone: they decide while writing. ``stages``, if given, receives
+    the gate's stages (its LM calls, searches and other steps), as a sweep records what deciding took."""
     _no_gate_alone(spec)
     require(spec, lm.capabilities, engine=lm.engine)
     run = QuestionRun(spec, question, lm, retriever, seed=seed, early_exit=False)
-    return run_gate(run, spec)
+    try:
+        return run_gate(run, spec)
+    finally:
+        if stages is not None:
+            stages.extend(run.stages)
 
 
 def run_gate(run: QuestionRun, spec: MethodSpec) -> GateDecision:
