@@ -149,6 +149,35 @@ def table(run_dirs: list[Path], metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(run_dirs: list[Path], metric: str, out: Path) -> None:
+    """AUROC ("closed-book answer wrong") against what deciding took (seconds per question in the sweep), one
+    point per gate and dataset, with the AUROC's interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(run_dirs), figsize=(6.5 * len(run_dirs), 5.5), squeeze=False)
+    for ax, run_dir in zip(axes[0], run_dirs, strict=True):
+        config = json.loads((run_dir / "config.json").read_text())
+        for row in gate_rows(run_dir, metric):
+            point, low, high = row["wrong"]
+            if point is None:
+                continue
+            x = max(row["seconds"], 1e-4)
+            ax.errorbar(x, point, yerr=[[point - low], [high - point]], fmt="o", ms=4, capsize=2)
+            ax.annotate(row["gate"], (x, point), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds per question to decide (the sweep's, charged; log scale)")
+        ax.set_ylabel(f"AUROC: closed-book answer wrong ({metric})")
+        ax.set_title(f"{config['dataset']}, {config.get('model')}, n = {config.get('limit')}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("run_dirs", type=Path, nargs="+")
     t.add_argument("--metric", choices=("em", "f1", "acc"), default="em")
     t.add_argument("--out", type=Path, default=None)
+    t.add_argument("--plot", type=Path, default=None, help="a PNG: AUROC against seconds per question to decide")
     args = parser.parse_args(argv)
     if args.command == "derive":
         derive(args.old, args.new)
@@ -168,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         with atomic_writer(args.out) as f:
             f.write(text.encode())
+    if args.plot is not None:
+        plot(args.run_dirs, args.metric, args.plot)
     return 0
 
 
