@@ -101,6 +101,12 @@ def register(subparsers: Any) -> None:
         "saves the chosen gate's calibration (e.g. targ-margin@k=10) with every k's row and its agreement with "
         "k = 20 (--dev or --from-sweep)",
     )
+    cal.add_argument(
+        "--metric",
+        choices=("em", "f1", "acc"),
+        default="em",
+        help="with --prefixes: the dev accuracy that chooses k (acc where answers come in sentences and EM is 0)",
+    )
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
     cal.add_argument("--quiet", action="store_true")
@@ -201,16 +207,17 @@ def _calibrate_prefixes(args: argparse.Namespace) -> int:
         args.gate, parse_prefixes(args.prefixes), args.budget, from_sweep=args.from_sweep, dev=args.dev,
         limit=args.limit, model=args.model, engine=args.engine, base_url=base_urls(args.base_url),
         index=args.index, seed=args.seed, progress=not args.quiet, concurrency=args.concurrency,
-        extra_body=args.extra_body,
+        extra_body=args.extra_body, metric=args.metric,
     )  # fmt: skip
     source = args.from_sweep.name if args.from_sweep is not None else Path(args.dev).stem
     print(f"{args.gate} at budget {args.budget:g} on {result['n']} questions:")
-    print("| k | gate | tau_k | retrieval rate | dev EM | agrees with k = 20 |\n|---|---|---|---|---|---|")
+    metric = result["metric"]
+    print(f"| k | gate | tau_k | retrieval rate | dev {metric} | agrees with k = 20 |\n|---|---|---|---|---|---|")
     for row in result["prefixes"]:
         agree = row.get("agreement_with_k20")
         print(
             f"| {row['k']} | {row['method']} | {row['tau']:.4g} | {100 * row['retrieval_rate']:.1f}% | "
-            f"{100 * row['em']:.1f} | {'-' if agree is None else f'{100 * agree:.1f}%'} |"
+            f"{100 * row[metric]:.1f} | {'-' if agree is None else f'{100 * agree:.1f}%'} |"
         )
     out = args.out or Path("calibration") / f"{args.gate}-prefixes-{source}-{args.budget:g}.json"
     with atomic_writer(out) as f:

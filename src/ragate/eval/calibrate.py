@@ -191,6 +191,7 @@ def calibrate_prefixes(
     work_dir: Path | None = None,
     concurrency: int = 1,
     extra_body: dict[str, Any] | None = None,
+    metric: str = "em",
 ) -> dict[str, Any]:
     """k and tau together for a retrieval ``budget`` (TARG A.8; :func:`ragate.eval.prefixes.choose_prefix`): from
     a sweep that scored every ``gate@k=...`` of the grid (no model call), or by sweeping the ``dev`` questions into
@@ -237,13 +238,13 @@ def calibrate_prefixes(
             config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency
         )
         source, n_dev = dev, len(examples)
-    found = choose_prefix(records, gate, prefixes, budget)
+    found = choose_prefix(records, gate, prefixes, budget, metric)
     chosen = found["chosen"]
     return {
         "method": chosen["method"], "gate": chosen["method"], "objective": "budget", "budget": budget,
         "dev": source, "n": found["n"] if n_dev is None else min(n_dev, found["n"]), "model": model,
         "engine": engine, "seed": seed, "tau": chosen["tau"], "bound": "plain quantile F^-1(1 - budget) (TARG 3.3)",
         "prefix": chosen["k"], "prefixes": found["prefixes"], "dev_retrieval_rate": chosen["retrieval_rate"],
-        "dev_em": chosen["em"],
-        "chosen_by": "the best dev EM at the budget over the prefix grid, ties to the shorter draft (TARG A.8)",
+        "dev_em": chosen.get("em"), "metric": metric,
+        "chosen_by": f"the best dev {metric} at the budget over the prefix grid, ties to the shorter draft (TARG A.8)",
     }  # fmt: skip
