@@ -82,10 +82,7 @@ def calibrate(
     if gate_weights is not None:
         from ragate.fileio import sha256_file
 
-        result["gate_weights"] = {
-            "path": str(Path(gate_weights).resolve()),
-            "sha256": sha256_file(gate_weights),
-        }
+        result["gate_weights"] = {"path": str(Path(gate_weights).resolve()), "sha256": sha256_file(gate_weights)}
     if objective == "budget":
         if budget is None:
             raise RagateError("a budget calibration needs --budget RHO in [0, 1]")
@@ -145,8 +142,7 @@ def calibrate_from_sweep(
 ) -> dict[str, Any]:
     """tau for a retrieval ``budget`` from the scores a ``ragate sweep`` already computed for ``method``'s gate
     (no model call); the file records the sweep's model and engine, as a calibration of that model."""
-    from ragate.eval.rundir import read_run_config
-    from ragate.eval.sweep import compact, finite_scores
+    from ragate.eval.sweep import finite_scores
     from ragate.methods import get_method
 
     if budget is None:
@@ -154,10 +150,8 @@ def calibrate_from_sweep(
     spec = get_method(method)
     check_calibratable(spec)
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise RagateError(f"{run_dir} is not a sweep directory (no config.json): run `ragate sweep` first")
-    config = read_run_config(run_dir)
-    rows = [r for r in compact(run_dir / "sweep.jsonl") if method in r["methods"] and method in r["gates"]]
+    config, records = _read_sweep(run_dir)
+    rows = [r for r in records if method in r["methods"] and method in r["gates"]]
     if not rows:
         raise RagateError(
             f"{run_dir / 'sweep.jsonl'} holds no score of {method!r}: resume the sweep with --methods {method}"
@@ -172,6 +166,16 @@ def calibrate_from_sweep(
         "method": method, "gate": spec.gate.kind, "objective": "budget", "budget": budget, "dev": str(run_dir),
         "n": n, "model": config.get("model"), "engine": config.get("engine", "llama.cpp"), "source": "sweep",
     } | found | {"dev_retrieval_rate": rate, "dev_em": None}  # fmt: skip
+
+
+def _read_sweep(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A ``ragate sweep`` directory's config and records; a folder without a sweep's config.json is an error."""
+    from ragate.eval.rundir import read_run_config
+    from ragate.eval.sweep import compact
+
+    if not (run_dir / "config.json").is_file():
+        raise RagateError(f"{run_dir} is not a sweep directory (no config.json): run `ragate sweep` first")
+    return read_run_config(run_dir), compact(run_dir / "sweep.jsonl")
 
 
 def calibrate_prefixes(
@@ -198,26 +202,15 @@ def calibrate_prefixes(
     ``work_dir`` (the two answers once per question, a draft per k). Returns the chosen method's calibration
     file, with the grid's rows under ``prefixes``."""
     from ragate.eval.prefixes import choose_prefix, prefix_method
-    from ragate.eval.rundir import read_run_config
-    from ragate.eval.sweep import compact, sweep_pass
+    from ragate.eval.sweep import sweep_pass
 
     if budget is None:
         raise RagateError("--prefixes chooses k and tau for a budget: pass --budget RHO")
     methods = tuple(prefix_method(gate, k) for k in prefixes)
     if from_sweep is not None:
-        run_dir = Path(from_sweep)
-        if not (run_dir / "config.json").is_file():
-            raise RagateError(
-                f"{run_dir} is not a sweep directory (no config.json): run `ragate sweep` first"
-            )
-        config = read_run_config(run_dir)
-        records = compact(run_dir / "sweep.jsonl")
-        model, engine, source, n_dev = (
-            config.get("model"),
-            config.get("engine", "llama.cpp"),
-            str(run_dir),
-            None,
-        )
+        saved, records = _read_sweep(Path(from_sweep))
+        model, engine = saved.get("model"), saved.get("engine", "llama.cpp")
+        source, n_dev = str(Path(from_sweep)), None
     else:
         from ragate.eval.config import EvalConfig
         from ragate.eval.datasets import load_dataset
@@ -230,10 +223,7 @@ def calibrate_prefixes(
         examples = load_dataset(dev, limit=limit)
         if not examples:
             raise RagateError(f"dev set {dev!r} has no questions")
-        work = (
-            work_dir
-            or Path("calibration") / ".work" / f"{gate}-prefixes-{Path(dev).stem}-{model or 'default'}"
-        )
+        work = work_dir or Path("calibration") / ".work" / f"{gate}-prefixes-{Path(dev).stem}-{model or 'default'}"
         records = sweep_pass(
             config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency
         )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ragate.errors import RagateError
+from ragate.eval.sweep import finite_scores, point
 from ragate.eval.thresholds import check_budget_value, threshold_for_budget
 
 FULL_PREFIX = 20  # TARG's k (section 3.3); ragate's anytime gates read 5 or 10
@@ -65,13 +66,11 @@ def choose_prefix(
     table: list[dict[str, Any]] = []
     decided: dict[int, list[bool]] = {}
     for k, method in methods.items():
-        scores = [min(max(float(r["gates"][method]["score"]), -1e300), 1e300) for r in rows]
+        scores = finite_scores([r["gates"][method]["score"] for r in rows])
         tau = threshold_for_budget(scores, budget)
         decided[k] = [s > tau for s in scores]
-        chosen = [r["open"] if x else r["closed"] for r, x in zip(rows, decided[k], strict=True)]
-        value = sum(float(c["scores"][metric]) for c in chosen) / len(rows)
-        rate = sum(decided[k]) / len(rows)
-        table.append({"k": k, "method": method, "tau": tau, "retrieval_rate": rate, metric: value})
+        at = point(rows, decided[k])  # the sweep's exact lookup: retrieval answer above tau_k, closed-book below
+        table.append({"k": k, "method": method, "tau": tau, "retrieval_rate": at["retrieval_rate"], metric: at[metric]})
     if FULL_PREFIX in decided:
         full = decided[FULL_PREFIX]
         for row in table:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ragate.gates.base import Gate, GateContext, GateDecision, Need
-from ragate.gates.targ import DEFAULT_PREFIX, targ_entropy, targ_margin
+from ragate.gates.targ import targ_entropy, targ_margin
 
 _TAU = (
     "no paper value: the scale is the proxy model's (TARG Table 1's tau is for Qwen2.5-7B drafting for itself); "
@@ -34,7 +34,7 @@ class ProxyMargin(Gate):
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         p = ctx.params
-        draft = ctx.proxy_draft(p.prefix or DEFAULT_PREFIX, top_logprobs=2)
+        draft = ctx.proxy_draft(p.prefix, top_logprobs=2)
         found = targ_margin(draft, tau, k=p.prefix, beta=p.beta)
         return GateDecision(found.retrieve, found.score, tau, f"proxy {found.reason}")
 
@@ -50,6 +50,6 @@ class ProxyEntropy(Gate):
     drafts_with_proxy: ClassVar[bool] = True
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
-        draft = ctx.proxy_draft(ctx.params.prefix or DEFAULT_PREFIX, top_logprobs=1)
+        draft = ctx.proxy_draft(ctx.params.prefix, top_logprobs=1)
         found = targ_entropy(draft, tau, k=ctx.params.prefix)
         return GateDecision(found.retrieve, found.score, tau, f"proxy {found.reason}")

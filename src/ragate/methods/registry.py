@@ -401,9 +401,7 @@ def _trigger_method(name: str) -> MethodSpec | None:
             f"cut and limits it takes ({', '.join(DYNAMIC_METHODS)})"
         )
     dynamic = replace(base.dynamic, trigger=name, threshold=None)
-    return replace(
-        base, name=name, description=f"{base.name}'s loop with the {name} trigger", dynamic=dynamic
-    )
+    return replace(base, name=name, description=f"{base.name}'s loop with the {name} trigger", dynamic=dynamic)
 
 
 def _plugin_names() -> tuple[list[str], list[str]]:
