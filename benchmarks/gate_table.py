@@ -12,7 +12,8 @@ config so (``targ_mean``). ``derived_from`` in config.json names the older sweep
 
 ``table`` prints, per gate and per sweep (dataset): the AUROC of its score for "the closed-book answer is wrong"
 and for "retrieval fixes the answer" (the retrieval answer scores higher), with 95% bootstrap intervals over
-questions (2000 resamples, seeded); the seconds per question its decision took in the sweep (its own LM calls,
+questions (2000 resamples, seeded); the first AUROC minus ``--versus``'s (default TARG's margin, k = 20) over the
+questions both scored in one family, with a paired interval (the same resamples for both); the seconds per question its decision took in the sweep (its own LM calls,
 search or nothing), and its LM calls, generated tokens and searches per question (recorded by sweeps since
 2026-11-28: averaged over the questions that have them, their number in brackets); and its accuracy at budgets 0.1 / 0.2 / 0.3 / 0.5 (tau = F^-1(1 - rho) on these questions'
 scores, as every sweep's budget points) against a random gate at the same rate in the same family, whose expected
@@ -81,7 +82,30 @@ def _auroc_ci(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> tuple[
     return point, float(low), float(high)
 
 
-def gate_rows(run_dir: Path, metric: str) -> list[dict[str, Any]]:
+def _auroc_gap(
+    records: list[dict[str, Any]], gate: str, versus: str, metric: str
+) -> tuple[float | None, float, float]:
+    """AUROC("closed-book wrong") of ``gate`` minus that of ``versus`` over the questions that scored both in one
+    family (the same answers, so the same labels), with a paired 95% bootstrap interval (the same resamples)."""
+    rs = [r for r in records if gate in r["gates"] and versus in r["gates"]]
+    if not rs or gate == versus:
+        return None, np.nan, np.nan
+    a = np.array(finite_scores([r["gates"][gate]["score"] for r in rs]))
+    b = np.array(finite_scores([r["gates"][versus]["score"] for r in rs]))
+    wrong = np.array([float(r["closed"]["scores"][metric]) == 0 for r in rs])
+    point_a, point_b = auroc(a.tolist(), wrong.tolist()), auroc(b.tolist(), wrong.tolist())
+    if point_a is None or point_b is None:
+        return None, np.nan, np.nan
+    gaps = []
+    for i in _boot(np.random.default_rng(1), len(rs)):
+        x, y = auroc(a[i].tolist(), wrong[i].tolist()), auroc(b[i].tolist(), wrong[i].tolist())
+        if x is not None and y is not None:
+            gaps.append(x - y)
+    low, high = np.percentile(gaps, [2.5, 97.5])
+    return point_a - point_b, float(low), float(high)
+
+
+def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[dict[str, Any]]:
     records = compact(run_dir / "sweep.jsonl")
     gates = sorted({m for r in records for m in r["gates"]})
     rows = []
@@ -114,28 +138,30 @@ def gate_rows(run_dir: Path, metric: str) -> list[dict[str, Any]]:
             boots = diff[idx].mean(axis=1)
             low, high = np.percentile(boots, [2.5, 97.5])
             at[rho] = (float(got.mean()), rate, float(diff.mean()), float(low), float(high))
+        gap = _auroc_gap(records, gate, versus, metric)
         rows.append(
             {"gate": gate, "n": n, "wrong": wrong, "fixes": fixes, "seconds": seconds, "cost": cost, "at": at}
+            | {"gap": gap}
         )
     return rows
 
 
-def _ci(v: tuple[float | None, float, float]) -> str:
-    return "n/a" if v[0] is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+def _ci(v: tuple[float | None, float, float], sign: str = "") -> str:
+    return "n/a" if v[0] is None else f"{v[0]:{sign}.3f} [{v[1]:{sign}.3f}, {v[2]:{sign}.3f}]"
 
 
-def table(run_dirs: list[Path], metric: str) -> str:
+def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin") -> str:
     lines = []
     for run_dir in run_dirs:
         config = json.loads((run_dir / "config.json").read_text())
         lines.append(f"\n### {config['dataset']} ({run_dir.name})\n")
         head = " | ".join(f"{metric.upper()} at {rho:g}: Δ vs random" for rho in BUDGETS)
         lines.append(
-            f"| gate | n | AUROC closed-book wrong | AUROC retrieval fixes | s/q to decide | LM calls / decoded "
-            f"tokens / searches per q (over n) | {head} |"
+            f"| gate | n | AUROC closed-book wrong | minus {versus}'s (paired) | AUROC retrieval fixes | s/q to "
+            f"decide | LM calls / decoded tokens / searches per q (over n) | {head} |"
         )
-        lines.append("|---|---|---|---|---|---|" + "---|" * len(BUDGETS))
-        for row in gate_rows(run_dir, metric):
+        lines.append("|---|---|---|---|---|---|---|" + "---|" * len(BUDGETS))
+        for row in gate_rows(run_dir, metric, versus):
             cells = [
                 f"{100 * g:.1f}: {100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
                 for g, _rate, d, lo, hi in (row["at"][rho] for rho in BUDGETS)
@@ -143,7 +169,7 @@ def table(run_dirs: list[Path], metric: str) -> str:
             c = row["cost"]
             spent = "–" if c is None else f"{c['lm_calls']:.2f} / {c['decoded_tokens']:.1f} / {c['searches']:.2f} ({c['n']})"
             lines.append(
-                f"| {row['gate']} | {row['n']} | {_ci(row['wrong'])} | {_ci(row['fixes'])} | "
+                f"| {row['gate']} | {row['n']} | {_ci(row['wrong'])} | {_ci(row['gap'], '+')} | {_ci(row['fixes'])} | "
                 f"{row['seconds']:.2f} | {spent} | " + " | ".join(cells) + " |"
             )
     return "\n".join(lines) + "\n"
@@ -189,11 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--metric", choices=("em", "f1", "acc"), default="em")
     t.add_argument("--out", type=Path, default=None)
     t.add_argument("--plot", type=Path, default=None, help="a PNG: AUROC against seconds per question to decide")
+    t.add_argument(
+        "--versus", default="targ-margin", help="the gate each AUROC is compared with, paired (default targ-margin)"
+    )
     args = parser.parse_args(argv)
     if args.command == "derive":
         derive(args.old, args.new)
         return 0
-    text = table(args.run_dirs, args.metric)
+    text = table(args.run_dirs, args.metric, args.versus)
     print(text)
     if args.out is not None:
         with atomic_writer(args.out) as f:
