@@ -47,7 +47,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ from ragate.backends import load_backend
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.calls import CallCache
 from ragate.eval.records import RecordWriter, read_records
+from ragate.gates.registry import get_gate
 from ragate.methods import GateSpec, MethodSpec, SelectorSpec, decide, run_method
 from ragate.methods.prompts import TARG, TARG_CONTEXT_FIRST, PromptSet
 from ragate.methods.proxy import attach_proxy
@@ -68,7 +69,7 @@ GATES = (
     # issue 51: anytime drafts, a small proxy model's draft, and gates that read no model or the corpus
     "targ-entropy@k=5", "targ-entropy@k=10", "targ-margin@k=5", "targ-margin@k=10", "proxy-margin", "proxy-entropy",
     "retrieval-top1", "retrieval-gap", "retrieval-dispersion", "question-length", "question-numeric",
-    "question-rarity", "corpus-coverage", "corpus-or-margin",
+    "question-rarity", "corpus-coverage", "corpus-or-margin", "no-model-lr",
 )  # fmt: skip
 CALIBRATED = tuple(g for g in GATES if g not in ("never", "always", "llm-judge", "pairs", "random"))
 NQ = Path("../shared/data/nq_open/NQ-open.dev.jsonl")
@@ -93,19 +94,21 @@ def read_questions(path: Path, first: int, last: int) -> tuple[list[str], list[s
     return questions[:first], questions[len(questions) - last :] if last else []
 
 
-def spec_for(gate: str, arm: Arm, thresholds: dict[str, float], budget: float, pseudo: int) -> MethodSpec:
-    return MethodSpec(
-        gate, gate, GateSpec(gate, threshold=thresholds.get(gate), rate=budget), SelectorSpec("question"),  # type: ignore[arg-type]
-        prompts=arm.prompts, pseudo_max_tokens=pseudo,
-    )  # fmt: skip
+def spec_for(
+    gate: str, arm: Arm, thresholds: dict[str, float], budget: float, pseudo: int, weights: str | None = None
+) -> MethodSpec:
+    kind = GateSpec(gate, threshold=thresholds.get(gate), rate=budget)  # type: ignore[arg-type]
+    if weights is not None and get_gate(gate).reads_weights:
+        kind = replace(kind, weights=weights)
+    return MethodSpec(gate, gate, kind, SelectorSpec("question"), prompts=arm.prompts, pseudo_max_tokens=pseudo)
 
 
 def calibrate(
-    budget: float, questions: list[str], lm: Any, index: Any, pseudo: int, gates: list[str]
+    budget: float, questions: list[str], lm: Any, index: Any, pseudo: int, gates: list[str], weights: str | None
 ) -> dict[str, float]:
     thresholds = {}
     for gate in gates:
-        spec = spec_for(gate, ARMS["after"], {}, budget, pseudo)
+        spec = spec_for(gate, ARMS["after"], {}, budget, pseudo, weights)
         scores = [
             decide(spec, q, lm, index, seed=10_000 + i).score
             for i, q in enumerate(tqdm(questions, desc=f"calibrate {gate}", leave=False))
@@ -146,6 +149,7 @@ def main() -> None:
     parser.add_argument("--gates", default=",".join(GATES), help="comma-separated; never and always are the floor")
     parser.add_argument("--pseudo-max-tokens", type=int, default=128, help="PAIRS's pseudo-context cap")
     parser.add_argument("--threshold", action="append", default=[], help="GATE=VALUE, repeatable")
+    parser.add_argument("--gate-weights", default=None, help="no-model-lr's weights file (`ragate gate fit`)")
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th question from the i-th (0-based)")
     parser.add_argument("--out", type=Path, default=None, help="JSONL of measurements; resumes if it exists")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only print the tables of FILEs")
@@ -178,14 +182,16 @@ def main() -> None:
         first = not any("thresholds" in r for r in rows)
         todo = [] if paper else [g for g in gates if g in CALIBRATED and g not in thresholds]
         if first or todo:
-            found = calibrate(budget, held_out, exact, index, args.pseudo_max_tokens, todo)
+            found = calibrate(budget, held_out, exact, index, args.pseudo_max_tokens, todo, args.gate_weights)
             found.update({g: t for g, t in overrides.items() if first or g in todo})
             saved = {"thresholds": found, "model": raw.model, "budget": args.budget}
             rows.append(saved)
             _append(args.out, saved)
             thresholds.update(found)
         specs = {
-            (a, g): spec_for(g, ARMS[a], thresholds, budget, args.pseudo_max_tokens) for a in ARMS for g in GATES
+            (a, g): spec_for(g, ARMS[a], thresholds, budget, args.pseudo_max_tokens, args.gate_weights)
+            for a in ARMS
+            for g in GATES
         }
         done = {(r["q"], r["arm"], r["gate"]) for r in rows if "gate" in r}
         run_method(specs["after", "always"], questions[0], exact, index)  # warm-up: encoder, caches
