@@ -158,6 +158,8 @@ def main() -> None:
     gates = args.gates.split(",")
     if unknown := [a for a in arms if a not in ARMS] + [g for g in gates if g not in GATES]:
         sys.exit(f"unknown arm or gate: {', '.join(unknown)}")
+    if not args.report and "no-model-lr" in gates and args.gate_weights is None:
+        sys.exit("no-model-lr needs --gate-weights FILE (`ragate gate fit` on a training sweep of this model)")
     if args.report:
         rows = [r for path in args.report for r in read_records(path, fault=_row_fault)]
         report(rows, args.questions, gates)
@@ -184,7 +186,7 @@ def main() -> None:
         if first or todo:
             found = calibrate(budget, held_out, exact, index, args.pseudo_max_tokens, todo, args.gate_weights)
             found.update({g: t for g, t in overrides.items() if first or g in todo})
-            saved = {"thresholds": found, "model": raw.model, "budget": args.budget}
+            saved = {"thresholds": found, "model": raw.model, "budget": args.budget, "gate_weights": args.gate_weights}
             rows.append(saved)
             _append(args.out, saved)
             thresholds.update(found)
