@@ -13,8 +13,8 @@ config so (``targ_mean``). ``derived_from`` in config.json names the older sweep
 ``table`` prints, per gate and per sweep (dataset): the AUROC of its score for "the closed-book answer is wrong"
 and for "retrieval fixes the answer" (the retrieval answer scores higher), with 95% bootstrap intervals over
 questions (2000 resamples, seeded); the first AUROC minus ``--versus``'s (default TARG's margin, k = 20) over the
-questions both scored in one family, with a paired interval (the same resamples for both); the seconds per question its decision took in the sweep (its own LM calls,
-search or nothing), and its LM calls, generated tokens and searches per question (recorded by sweeps since
+questions both scored in one family, with a paired interval (the same resamples for both); the seconds per
+question its decision took in the sweep (its own LM calls, search or nothing), and its LM calls, generated tokens and searches per question (recorded by sweeps since
 2026-11-28: averaged over the questions that have them, their number in brackets); and its accuracy at budgets 0.1 / 0.2 / 0.3 / 0.5 (tau = F^-1(1 - rho) on these questions'
 scores, as every sweep's budget points) against a random gate at the same rate in the same family, whose expected
 per-question score is rho * retrieval + (1 - rho) * closed-book, with paired bootstrap intervals of the
@@ -101,7 +101,7 @@ def _auroc_gap(
         x, y = auroc(a[i].tolist(), wrong[i].tolist()), auroc(b[i].tolist(), wrong[i].tolist())
         if x is not None and y is not None:
             gaps.append(x - y)
-    low, high = np.percentile(gaps, [2.5, 97.5])
+    low, high = np.percentile(gaps, [2.5, 97.5]) if gaps else (np.nan, np.nan)
     return point_a - point_b, float(low), float(high)
 
 
@@ -139,10 +139,8 @@ def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[d
             low, high = np.percentile(boots, [2.5, 97.5])
             at[rho] = (float(got.mean()), rate, float(diff.mean()), float(low), float(high))
         gap = _auroc_gap(records, gate, versus, metric)
-        rows.append(
-            {"gate": gate, "n": n, "wrong": wrong, "fixes": fixes, "seconds": seconds, "cost": cost, "at": at}
-            | {"gap": gap}
-        )
+        row = {"gate": gate, "n": n, "wrong": wrong, "gap": gap, "fixes": fixes, "seconds": seconds, "cost": cost}
+        rows.append(row | {"at": at})
     return rows
 
 
