@@ -3,23 +3,17 @@ records: the test needs exact control of the shift)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from script_loader import load_script
 
 BENCH = Path(__file__).parent.parent / "benchmarks" / "budget.py"
 
 
 def _budget() -> Any:
-    spec = importlib.util.spec_from_file_location("budget_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["budget_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "budget_bench")
 
 
 def _records(scores: np.ndarray) -> list[dict[str, Any]]:

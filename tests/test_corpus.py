@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import itertools
 import json
 import re
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from script_loader import load_script
 
 from ragate.cli.main import main
 from ragate.errors import CorpusFormatError, DataNotFoundError
@@ -272,12 +272,7 @@ def test_pooled_corpus_over_real_data(pooled: PooledCorpus) -> None:
 
 @needs_data
 def test_demo_sample_regenerates_from_the_data(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "make_demo_sample", REPO / "scripts" / "make_demo_sample.py"
-    )
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(REPO / "scripts" / "make_demo_sample.py", "make_demo_sample")
     assert script.main(["--data", str(DATA), "--out", str(tmp_path)]) == 0
     for name in ("passages.jsonl", "questions.jsonl"):
         assert (tmp_path / name).read_bytes() == (demo_dir() / name).read_bytes(), name

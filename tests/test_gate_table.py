@@ -3,13 +3,12 @@ records (the test needs exact control of which questions each gate ranks right).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from script_loader import load_script
 
 from ragate.eval.analysis import auroc
 
@@ -18,12 +17,7 @@ FAMILY = "targ-question-first|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"
 
 
 def _table() -> Any:
-    spec = importlib.util.spec_from_file_location("gate_table_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gate_table_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "gate_table_bench")
 
 
 def _answer(correct: bool) -> dict[str, Any]:
