@@ -82,26 +82,38 @@ def _auroc_ci(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> tuple[
     return point, float(low), float(high)
 
 
+def _resampled_auroc(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The AUROC on each resample, nan where a resample leaves one class out."""
+    return np.array([np.nan if (a := auroc(scores[i].tolist(), labels[i].tolist())) is None else a for i in idx])
+
+
 def _auroc_gap(
-    records: list[dict[str, Any]], gate: str, versus: str, metric: str
+    records: list[dict[str, Any]],
+    gate: str,
+    versus: str,
+    metric: str,
+    cache: dict[tuple[int, ...], np.ndarray] | None = None,
 ) -> tuple[float | None, float, float]:
     """AUROC("closed-book wrong") of ``gate`` minus that of ``versus`` over the questions that scored both in one
-    family (the same answers, so the same labels), with a paired 95% bootstrap interval (the same resamples)."""
-    rs = [r for r in records if gate in r["gates"] and versus in r["gates"]]
-    if not rs or gate == versus:
+    family (the same answers, so the same labels), with a paired 95% bootstrap interval (the same resamples).
+    ``cache`` keeps ``versus``'s resampled AUROCs per question set, so a table computes them once, not per gate."""
+    keep = tuple(k for k, r in enumerate(records) if gate in r["gates"] and versus in r["gates"])
+    if not keep or gate == versus:
         return None, np.nan, np.nan
+    rs = [records[k] for k in keep]
     a = np.array(finite_scores([r["gates"][gate]["score"] for r in rs]))
     b = np.array(finite_scores([r["gates"][versus]["score"] for r in rs]))
     wrong = np.array([float(r["closed"]["scores"][metric]) == 0 for r in rs])
     point_a, point_b = auroc(a.tolist(), wrong.tolist()), auroc(b.tolist(), wrong.tolist())
     if point_a is None or point_b is None:
         return None, np.nan, np.nan
-    gaps = []
-    for i in _boot(np.random.default_rng(1), len(rs)):
-        x, y = auroc(a[i].tolist(), wrong[i].tolist()), auroc(b[i].tolist(), wrong[i].tolist())
-        if x is not None and y is not None:
-            gaps.append(x - y)
-    low, high = np.percentile(gaps, [2.5, 97.5]) if gaps else (np.nan, np.nan)
+    idx = _boot(np.random.default_rng(1), len(rs))
+    cache = {} if cache is None else cache
+    if keep not in cache:
+        cache[keep] = _resampled_auroc(b, wrong, idx)
+    gaps = _resampled_auroc(a, wrong, idx) - cache[keep]
+    gaps = gaps[~np.isnan(gaps)]
+    low, high = np.percentile(gaps, [2.5, 97.5]) if gaps.size else (np.nan, np.nan)
     return point_a - point_b, float(low), float(high)
 
 
@@ -109,6 +121,7 @@ def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[d
     records = compact(run_dir / "sweep.jsonl")
     gates = sorted({m for r in records for m in r["gates"]})
     rows = []
+    versus_aurocs: dict[tuple[int, ...], np.ndarray] = {}
     for gate in gates:
         rs = [r for r in records if gate in r["gates"]]
         n = len(rs)
@@ -138,7 +151,7 @@ def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[d
             boots = diff[idx].mean(axis=1)
             low, high = np.percentile(boots, [2.5, 97.5])
             at[rho] = (float(got.mean()), rate, float(diff.mean()), float(low), float(high))
-        gap = _auroc_gap(records, gate, versus, metric)
+        gap = _auroc_gap(records, gate, versus, metric, versus_aurocs)
         row = {"gate": gate, "n": n, "wrong": wrong, "gap": gap, "fixes": fixes, "seconds": seconds, "cost": cost}
         rows.append(row | {"at": at})
     return rows
