@@ -142,12 +142,13 @@ def test_calibrate_prefixes_from_a_sweep_saves_the_chosen_gates_calibration(
 
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gate", "targ-margin", "--prefixes", "5,10,20", "--budget", "0.5"]
-    assert main([*args, "--from-sweep", str(demo_sweep), "--out", str(out)]) == 0
+    assert main([*args, "--seed", "7", "--from-sweep", str(demo_sweep), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| 5 | targ-margin@k=5 |" in printed and "agrees with k = 20" in printed
     cal = read_calibration(out)
     assert cal["method"] == prefix_method("targ-margin", cal["prefix"]) and cal["n"] == 6
     assert [row["k"] for row in cal["prefixes"]] == [5, 10, 20]
+    assert cal["seed"] == json.loads((demo_sweep / "config.json").read_text())["seed"] == 0  # the sweep's, not 7
     assert all(row["retrieval_rate"] <= 0.5 for row in cal["prefixes"])
     assert next(r for r in cal["prefixes"] if r["k"] == 20)["agreement_with_k20"] == 1.0
     records = [json.loads(line) for line in (demo_sweep / "sweep.jsonl").read_text().splitlines()]
@@ -166,6 +167,7 @@ def test_a_tau_k_set_on_a_sweep_holds_its_budget_on_those_questions_live(
     from ragate.pipeline import Pipeline
 
     cal = calibrate_from_sweep(demo_sweep, "targ-margin@k=5", 0.34)
+    assert cal["seed"] == 0  # the sweep's seed, recorded with its model and engine
     path = tmp_path / "k5.json"
     path.write_text(json.dumps(cal))
     questions = [ex.question for ex in load_dataset("demo", limit=6)]

@@ -164,7 +164,8 @@ def calibrate_from_sweep(
         found["rate_interval"] = list(found["rate_interval"])
     return {
         "method": method, "gate": spec.gate.kind, "objective": "budget", "budget": budget, "dev": str(run_dir),
-        "n": n, "model": config.get("model"), "engine": config.get("engine", "llama.cpp"), "source": "sweep",
+        "n": n, "model": config.get("model"), "engine": config.get("engine", "llama.cpp"), "seed": config.get("seed"),
+        "source": "sweep",
     } | found | {"dev_retrieval_rate": rate, "dev_em": None}  # fmt: skip
 
 
@@ -210,6 +211,7 @@ def calibrate_prefixes(
     if from_sweep is not None:
         saved, records = _read_sweep(Path(from_sweep))
         model, engine = saved.get("model"), saved.get("engine", "llama.cpp")
+        seed = saved.get("seed", seed)  # the sweep's, which drew its answers, not the command line's
         source, n_dev = str(Path(from_sweep)), None
     else:
         from ragate.eval.config import EvalConfig
