@@ -75,16 +75,17 @@ def _boot(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.integers(0, n, size=(RESAMPLES, n))
 
 
-def _auroc_ci(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> tuple[float | None, float, float]:
-    point = auroc(scores.tolist(), labels.tolist())
-    values = [a for i in idx if (a := auroc(scores[i].tolist(), labels[i].tolist())) is not None]
-    low, high = (np.percentile(values, [2.5, 97.5]) if values else (np.nan, np.nan))
-    return point, float(low), float(high)
-
-
 def _resampled_auroc(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """The AUROC on each resample, nan where a resample leaves one class out."""
     return np.array([np.nan if (a := auroc(scores[i].tolist(), labels[i].tolist())) is None else a for i in idx])
+
+
+def _auroc_ci(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> tuple[float | None, float, float]:
+    point = auroc(scores.tolist(), labels.tolist())
+    values = _resampled_auroc(scores, labels, idx)
+    values = values[~np.isnan(values)]
+    low, high = (np.percentile(values, [2.5, 97.5]) if values.size else (np.nan, np.nan))
+    return point, float(low), float(high)
 
 
 def _auroc_gap(
