@@ -124,3 +124,23 @@ def cross_encoder_dir(minilm: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     out = Path(tmp_path_factory.mktemp("cross")) / "minilm-cross"
     model.save(str(out))
     return out
+
+
+DEMO_SWEEP = Path(__file__).parent.parent / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
+DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"
+
+
+@pytest.fixture(scope="session")
+def demo_gate(tmp_path_factory: pytest.TempPathFactory, llama_backend: Any) -> Path:
+    """A learned gate (ragate.gates.learned) fitted on the demo sweep's silver labels and SmolLM2's hidden states."""
+    from ragate.eval.calls import CallCache
+    from ragate.learning import learn_labelled, sweep_labelled
+
+    lm = CallCache(llama_backend, None, "smollm2", exact_prefixes=True)
+    data, questions = sweep_labelled(DEMO_SWEEP, lm, label="retrieval-changed", family=DEMO_FAMILY)
+    out = tmp_path_factory.mktemp("learned") / "gate.json"
+    learned = learn_labelled(
+        data, out, label="retrieval-changed", model={"model": llama_backend.model}, questions=questions
+    )
+    assert learned.report["n"] == 80 and learned.report["curve"][-1][0] == 80
+    return learned.path

@@ -65,6 +65,25 @@ def _with_files(spec: MethodSpec, rag: Pipeline, where: Path, cross_encoder: Pat
         weights = nomodel.GateWeights(names, np.zeros(len(names)), ones, ones / len(names), 0.0, meta)
         path = nomodel.save_weights(weights, where / "gate-weights.json")
         return spec.with_(gate=replace(spec.gate, weights=str(path)))
+    if spec.gate.kind == "learned":  # a cascade over the hidden state that always drafts (band 0-1)
+        from ragate.gates.learned import LearnedGateFile, Probe, save_learned
+
+        rng = np.random.default_rng(0)
+        dim = int(rag.lm.hidden_state("x").shape[0])  # type: ignore[attr-defined]
+
+        def probe(features: tuple[str, ...]) -> Probe:
+            width = len(features) + 2
+            return Probe(
+                features, np.zeros(width), np.ones(width), rng.normal(size=width) * 0.1, 0.0, (1.0, 0.0),
+                np.zeros(dim), rng.normal(size=(2, dim)) / np.sqrt(dim),
+            )  # fmt: skip
+
+        gate = LearnedGateFile(
+            probe(("words",)), probe(("words", "targ-entropy", "targ-margin")), (0.0, 1.0),
+            {"label": "closed-wrong", "model": {"model": rag.lm.model}},
+        )  # fmt: skip
+        path = save_learned(gate, where / "learned-gate.json")
+        return spec.with_(gate=replace(spec.gate, weights=str(path)))
     if spec.gate.kind != "skr":
         return spec
     path = where / "skr-labels.npz"

@@ -47,6 +47,7 @@ class Answer:
     documents: tuple[Document, ...]
     stages: tuple[Stage, ...]
     trace: Trace
+    id: str = ""  # the feedback store's id for it (empty where the pipeline keeps no feedback)
 
     @classmethod
     def of(cls, trace: Trace) -> Answer:

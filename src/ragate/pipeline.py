@@ -75,6 +75,13 @@ class Pipeline:
     decision is settled before its draft ends (TARG's entropy and margin) stops the draft there, with the same
     decisions and answers (:mod:`ragate.gates.targ`); calls whose threshold the budget controller sets and
     :meth:`decide` / :meth:`scores` / :meth:`calibrate` always read whole drafts, since they rank the scores.
+
+    Learning the traffic: ``feedback_store`` (a SQLite file, :mod:`ragate.feedback`) keeps each answer with the
+    features a learned gate reads (the question's signals, the draft's TARG scores, the model's hidden state at the
+    direct prompt's last token) under ``Answer.id``; ``shadow`` (a share of answers, e.g. 0.05) runs the path the
+    gate did not take after the answer returns, which labels the question (:mod:`ragate.shadow`; a store under
+    RAGATE_HOME when none is named); :meth:`feedback` adds a user's word on an answer; :meth:`learn` fits the learned
+    gate on the store's labels and puts it in force.
     """
 
     def __init__(
@@ -113,6 +120,9 @@ class Pipeline:
         max_question_chars: int = MAX_QUESTION_CHARS,
         tracer_provider: Any = None,
         trace_content: bool | None = None,
+        feedback_store: str | Path | Any = None,
+        shadow: float = 0.0,
+        shadow_queue: int = 64,
     ) -> None:
         _check_arguments(
             method=method, model=model, backend=backend, threshold=threshold, budget=budget, window=window,
@@ -127,7 +137,9 @@ class Pipeline:
         if sum(x is not None for x in (index, search, retriever)) > 1:
             raise RagateError("give one of index=, search= or retriever=")
         if threshold is not None and calibration is not None:
-            raise RagateError("give threshold= or calibration=, not both: a calibration file sets the threshold")
+            raise RagateError(
+                "give threshold= or calibration=, not both: a calibration file sets the threshold"
+            )
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
         self.tracing = Tracing(tracer_provider, trace_content)
@@ -144,13 +156,17 @@ class Pipeline:
             check_calibration(self.calibration, calibration, method, model, engine)
             threshold = float(self.calibration["tau"])
         spec = spec.with_threshold(threshold)
-        if budget is not None and budget_state is not None:  # before the model loads: a state it could not keep
+        if (
+            budget is not None and budget_state is not None
+        ):  # before the model loads: a state it could not keep
             from ragate.budget import check_state_path
 
             check_state_path(Path(budget_state))
         self._owned: list[Any] = []
         self._lock = threading.RLock()
-        self._tau_hints = TauHints()  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
+        self._tau_hints = (
+            TauHints()
+        )  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
         self._encoder = encoder
         try:
             self.index_name, self._retriever = self._open_retriever(index, search, retriever)
@@ -182,8 +198,44 @@ class Pipeline:
             self.close()
             raise
         self._local = lm.engine != "openai"  # a local model runs one call at a time
+        self._answering = 0  # requests waiting for or using the model (shadow work waits for none)
+        self._count_lock = threading.Lock()
+        self.store, self.shadow, self.gate_file = None, None, None
+        self._side_errors: set[str] = set()
+        try:
+            self._open_learning(feedback_store, shadow, shadow_queue)
+        except BaseException:
+            self.close()
+            raise
 
     # -- set-up -------------------------------------------------------------------------------------------------
+    def _open_learning(self, store: Any, shadow: float, queue_size: int) -> None:
+        """The feedback store and the shadow worker, where asked for."""
+        from ragate.feedback import FeedbackStore
+
+        if isinstance(shadow, bool) or not isinstance(shadow, numbers.Real) or not 0.0 <= shadow <= 1.0:
+            raise RagateError(
+                f"shadow is the share of answers shadowed, a number in [0, 1], not {shadow!r:.40}"
+            )
+        if store is None and shadow > 0:
+            from ragate.models import ragate_home
+
+            store = ragate_home() / "feedback.db"
+        if store is not None:
+            self.store = store if isinstance(store, FeedbackStore) else FeedbackStore(store)
+            if not isinstance(store, FeedbackStore):
+                self._owned.append(self.store)
+        if shadow > 0:
+            from ragate.shadow import Shadow
+
+            self.shadow = Shadow(
+                float(shadow), self._shadow_answer, self._shadow_label, busy=lambda: self._answering > 0,
+                queue_size=queue_size, seed=self.seed,
+            )  # fmt: skip
+            self._owned.append(self.shadow)
+        if self.spec.gate.kind == "learned":
+            self.gate_file = self.spec.gate.weights
+
     def _with_proxy(self, lm: Backend, spec: MethodSpec, threads: int | str | None) -> Backend:
         """``lm`` with the small proxy model opened beside it when the gate drafts with one (ragate.gates.proxy)."""
         from ragate.methods.proxy import attach_proxy
@@ -290,18 +342,156 @@ class Pipeline:
         spec = self.spec_for(method, threshold=threshold, k=k, max_tokens=max_tokens)
         model, engine = self.model_label, self.lm.engine
         with self.tracing.span("ragate.answer", spec.name, model=model, engine=engine) as span:
-            with self.model_lock():
+            # counted from before the lock: shadow work gives the model up at its next stage
+            with self._count_answering(), self.model_lock():
                 if still_wanted is not None and not still_wanted():
                     raise TimeoutError("given up while waiting for the model")
                 retriever = self.retriever if spec.retrieves else self._retriever
                 early = self.early_exit and not self.controls(method, threshold)  # the controller ranks scores
                 trace = run_method(
-                    spec, question, self.lm, retriever, seed=self.seed, progress=progress, early_exit=early
-                )
+                    spec, question, self.lm, retriever, seed=self.seed, progress=progress, early_exit=early,
+                    hidden=self.store is not None and spec.dynamic is None,
+                )  # fmt: skip
             self.tracing.finish(span, trace, model=model, engine=engine)
         if self.controls(method, threshold) and self.budget is not None:
             self.budget.observe(trace.gate.score, trace.retrieved)
-        return Answer.of(trace)
+        answer = Answer.of(trace)
+        if self.store is not None and spec.dynamic is None:
+            answer = self._keep(answer, spec, method)
+        return answer
+
+    # -- learning the traffic -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _count_answering(self) -> Any:
+        with self._count_lock:
+            self._answering += 1
+        try:
+            yield
+        finally:
+            with self._count_lock:
+                self._answering -= 1
+
+    def _keep(self, answer: Answer, spec: MethodSpec, method: str | None) -> Answer:
+        """Record ``answer`` and its features in the store under a new id, and offer it to the shadow worker; a
+        store that fails costs a warning (once per kind of failure), never the answer."""
+        import dataclasses
+        import uuid
+
+        from ragate.learning import answer_features
+        from ragate.shadow import ShadowJob
+
+        assert self.store is not None
+        answer_id = uuid.uuid4().hex
+        try:
+            features = answer_features(answer.question, answer.trace.draft)
+            self.store.record_answer(
+                answer_id, question=answer.question, method=spec.name, prompts=spec.prompts.name,
+                answer=answer.text, retrieved=answer.retrieved, features=features, hidden=answer.trace.hidden,
+                model={"model": self.model_label, "engine": self.lm.engine},
+            )  # fmt: skip
+        except Exception as err:  # noqa: BLE001 (a side channel: any failure costs a warning, not the answer)
+            self._side_warning("feedback store", err)
+            return answer
+        answer = dataclasses.replace(answer, id=answer_id)
+        if self.shadow is not None:
+            self.shadow.offer(ShadowJob(answer_id, answer.question, answer.retrieved, answer.text, method))
+        return answer
+
+    def _side_warning(self, what: str, err: Exception) -> None:
+        import warnings
+
+        key = f"{what}:{type(err).__name__}"
+        if key not in self._side_errors:
+            self._side_errors.add(key)
+            warnings.warn(
+                f"ragate: the {what} failed ({type(err).__name__}: {err}); answers go on without it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _shadow_answer(self, job: Any) -> str:
+        """The path the gate did not take for ``job`` (see :mod:`ragate.shadow`)."""
+        from dataclasses import replace as _replace
+
+        from ragate.gates.spec import GateSpec
+        from ragate.shadow import Preempted
+
+        def yield_to_requests(stage: str) -> None:  # at each stage: a request waiting takes the model first
+            if self._answering > 0:
+                raise Preempted(stage)
+
+        spec = self.spec_for(job.method)
+        other = _replace(spec, gate=GateSpec("never" if job.retrieved else "always"))
+        with self.model_lock():
+            retriever = None if job.retrieved else self.retriever
+            trace = run_method(
+                other, job.question, self.lm, retriever, seed=self.seed, progress=yield_to_requests
+            )
+        return trace.answer
+
+    def _shadow_label(self, job: Any, other: str) -> dict[str, bool]:
+        from ragate.feedback import answer_correct, answers_agree
+
+        assert self.store is not None
+        closed, opened = (other, job.answer) if job.retrieved else (job.answer, other)
+        self.store.set_twin(job.answer_id, closed=closed, opened=opened)
+        labels = {"retrieval-changed": not answers_agree(closed, opened)}
+        if job.reference is not None:
+            labels["closed-wrong"] = not answer_correct(closed, job.reference)
+        for kind, value in labels.items():
+            self.store.add_label(
+                job.answer_id, source="shadow", kind=kind, value=value, detail={"other": other[:500]}
+            )  # type: ignore[arg-type]
+        return labels
+
+    def feedback(
+        self, answer: Answer | str, *, correct: bool | None = None, reference: str | None = None
+    ) -> list[tuple[str, bool]]:
+        """A user's word on an answer (an :class:`Answer` this pipeline gave, or its ``id``): ``correct`` and/or the
+        ``reference`` answer. Returns the gate labels it gave (:meth:`ragate.feedback.FeedbackStore.feedback`)."""
+        if self.store is None:
+            raise RagateError(
+                "this pipeline keeps no feedback: make it with feedback_store='feedback.db' (or shadow=)"
+            )
+        answer_id = answer.id if isinstance(answer, Answer) else answer
+        if not isinstance(answer_id, str) or not answer_id:
+            raise RagateError("feedback names an answer this pipeline gave (its Answer, or Answer.id)")
+        return list(self.store.feedback(answer_id, correct=correct, reference=reference))
+
+    def learn(
+        self,
+        out: str | Path | None = None,
+        *,
+        label: str = "closed-wrong",
+        cascade: float | None = None,
+        hidden: bool = True,
+        use: bool = True,
+    ) -> Any:
+        """Fit the learned gate on the store's labels of ``label`` (``closed-wrong``: gold; ``retrieval-changed``:
+        shadow's silver) for this pipeline's prompts, write it to ``out`` (default: beside the store), and with
+        ``use`` put it in force as this pipeline's gate. ``cascade``: the share of questions whose TARG draft the
+        cascade may pay (None: the cheap gate alone). Returns :class:`ragate.learning.Learned` (the file and the
+        cross-fitted report). Refuses, naming how many more labels it needs, while a class has fewer than 10."""
+        from dataclasses import replace as _replace
+
+        from ragate.learning import learn_from_store
+
+        if self.store is None:
+            raise RagateError("this pipeline keeps no labels: make it with feedback_store= or shadow=")
+        target = (
+            Path(out) if out is not None else self.store.path.with_name(self.store.path.stem + "-gate.json")
+        )
+        learned = learn_from_store(
+            self.store, target, label=label, prompts=self.spec.prompts.name, cascade=cascade, hidden=hidden,
+            model={"model": self.model_label, "engine": self.lm.engine},
+        )  # fmt: skip
+        if use:
+            from ragate.gates.spec import GateSpec
+
+            with self._lock:
+                self.spec = _replace(self.spec, gate=GateSpec("learned", weights=str(learned.path)))
+                self.gate_file = str(learned.path)
+        return learned
 
     def retrieve(
         self,
@@ -477,7 +667,9 @@ def _check_arguments(**given: Any) -> None:
                 raise RagateError(f"{name} must be a non-empty string, not {value!r:.60}")
         elif name in _COUNTS:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise RagateError(f"{name} must be a whole number, not {value!r:.60} ({type(value).__name__})")
+                raise RagateError(
+                    f"{name} must be a whole number, not {value!r:.60} ({type(value).__name__})"
+                )
             if value < _COUNTS[name]:
                 raise RagateError(f"{name} must be at least {_COUNTS[name]}, got {value}")
         else:  # threshold, budget, budget_gain: finite real numbers

@@ -37,7 +37,9 @@ class Capabilities:
     fall back to :func:`ragate.uncertainty.topk_entropy`, an approximation. ``token_ids`` means generations carry
     token ids. ``prefix_cache`` means a request whose prompt extends an earlier one reuses the earlier work.
     ``continues`` means a message prompt may end in an ``assistant_prefix`` that the model continues (an
-    OpenAI-style chat endpoint cannot: callers generate the whole answer instead).
+    OpenAI-style chat endpoint cannot: callers generate the whole answer instead). ``hidden_states`` means the
+    backend has ``hidden_state(prompt)``: the last-layer hidden state at the prompt's last token (local engines;
+    a server does not return it).
     """
 
     logprobs: bool
@@ -49,6 +51,7 @@ class Capabilities:
     token_ids: bool
     prefix_cache: bool
     continues: bool = True
+    hidden_states: bool = False
 
 
 class Backend(Closeable, ABC):

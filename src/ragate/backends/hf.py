@@ -86,7 +86,9 @@ class TransformersBackend(Backend):
             full_distribution=True,
             token_ids=True,
             prefix_cache=True,
+            hidden_states=True,
         )
+        self._hidden: np.ndarray | None = None  # set by next_logits when asked for (hidden_state)
         self._cache_ids: list[int] = []
         self._past: Any = None
 
@@ -122,10 +124,26 @@ class TransformersBackend(Backend):
                 past_key_values=self._past,
                 use_cache=True,
                 logits_to_keep=1,
+                output_hidden_states=self._hidden is not None,
             )
+        if self._hidden is not None:
+            self._hidden = out.hidden_states[-1][0, -1].float().numpy().copy()
         self._past = out.past_key_values
         self._cache_ids = list(token_ids)
         return out.logits[0, -1].float().numpy()
+
+    def hidden_state(self, prompt: str | tuple[Any, ...], assistant_prefix: str = "") -> np.ndarray:
+        """The last-layer hidden state (transformers' last ``hidden_states``, after the final norm) at the prompt's
+        last token, from a forward pass over the prompt that leaves its key/value cache for a generation of the same
+        prompt (which then evaluates only its last token again)."""
+        ids = self.tokenize(prompt, assistant_prefix)
+        check_prompt_fits(len(ids), self.max_context, "shorten the prompt")
+        self._hidden = np.zeros(0, dtype=np.float32)  # ask next_logits for it
+        try:
+            self.next_logits(ids)
+            return self._hidden.astype(np.float32)
+        finally:
+            self._hidden = None
 
     def decode_completion(self, completion_ids: Sequence[int], prompt_ids: Sequence[int]) -> str:
         return str(

@@ -115,7 +115,10 @@ class LlamaCppBackend(Backend):
             full_distribution=True,
             token_ids=True,
             prefix_cache=True,
+            hidden_states=True,
         )
+        self._hidden_from_state: np.ndarray | None = None
+        self._hidden_wanted = False
 
     # -- LogitSource -------------------------------------------------------------------------------------------
     def is_end(self, token_id: int) -> bool:
@@ -140,9 +143,57 @@ class LlamaCppBackend(Backend):
         if keep == len(token_ids):
             keep -= 1  # re-evaluate the last token to get its logits
         llm.n_tokens = keep
-        llm.eval(list(token_ids[keep:]))
+        self._eval(list(token_ids[keep:]))
         self.evaluated_tokens += len(token_ids) - keep
         return self._last_logits()
+
+    def hidden_state(self, prompt: str | tuple[Message, ...], assistant_prefix: str = "") -> np.ndarray:
+        """The model's last-layer hidden state (after the final norm, before the output head) at the prompt's last
+        token: what the model "thinks" before it writes the answer, a feature a learned gate reads
+        (:mod:`ragate.gates.learned`). The prompt is evaluated as a generation of it would evaluate it (from the
+        kept state of an earlier prompt inside :meth:`exact_prefix_reuse`), with llama.cpp's embeddings output on,
+        and its state is kept: a generation of the same prompt right after starts from it and evaluates nothing
+        again. (With embeddings on, llama.cpp outputs every prompt token: the output head runs over each, about 15%
+        more prompt work for a 1.5B model, and the last token's logits may differ from an evaluation without it in
+        the last bits; a generation after this call reads these logits, so its output does not depend on the calls
+        before it.)"""
+        ids = self.tokenize(prompt, assistant_prefix)
+        check_prompt_fits(len(ids), self.max_context, "shorten the prompt or load with a larger n_ctx")
+        llm = self._llm
+        self._hidden_from_state = None
+        self._lib.llama_set_embeddings(llm.ctx, True)
+        self._hidden_wanted = True
+        try:
+            self.next_logits(ids)
+            if self._hidden_from_state is not None:
+                return self._hidden_from_state.copy()
+            return self._last_hidden()
+        finally:
+            self._hidden_wanted = False
+            self._lib.llama_set_embeddings(llm.ctx, False)
+
+    def _eval(self, tokens: list[int]) -> None:
+        """``Llama.eval``, with every token marked as an output while a hidden state is asked for (llama.cpp then
+        outputs them all anyway, and says so on stderr for each batch when they are not marked)."""
+        if not self._hidden_wanted:
+            self._llm.eval(tokens)
+            return
+        llm = self._llm
+        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+        for i in range(0, len(tokens), llm.n_batch):
+            batch = tokens[i : i + llm.n_batch]
+            n_past = llm.n_tokens
+            llm._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+            llm._ctx.decode(llm._batch)
+            llm.input_ids[n_past : n_past + len(batch)] = batch
+            llm.n_tokens += len(batch)
+
+    def _last_hidden(self) -> np.ndarray:
+        ptr = self._lib.llama_get_embeddings_ith(self._llm.ctx, -1)
+        if not ptr:
+            raise RagateError(f"llama.cpp gave no hidden state for {self.model!r}'s last prompt token")
+        n = int(self._lib.llama_model_n_embd(self._llm.model))
+        return np.ctypeslib.as_array(ptr, shape=(n,)).astype(np.float32, copy=True)
 
     def _last_logits(self) -> np.ndarray:
         ptr = self._lib.llama_get_logits_ith(self._llm.ctx, -1)
@@ -174,8 +225,13 @@ class LlamaCppBackend(Backend):
 
     def _exact_prompt_logits(self, token_ids: Sequence[int], reuse: PrefixReuse) -> np.ndarray:
         llm = self._llm
+        wanted = self._hidden_wanted
         whole = self._states.whole(token_ids)
-        if whole is not None and self._restore(whole, len(token_ids)):  # evaluated before: nothing to compute
+        if wanted and whole is not None and whole.hidden is None:
+            whole = None  # kept without its hidden state: evaluate it again, with embeddings on
+        if whole is not None and self._restore(whole, len(token_ids)):
+            if wanted:
+                self._hidden_from_state = whole.hidden  # evaluated before: nothing to compute
             reuse.tokens += len(token_ids)
             reuse.seconds += whole.seconds
             reuse.cpu_seconds += whole.cpu_seconds
@@ -190,10 +246,12 @@ class LlamaCppBackend(Backend):
         start, step = keep, llm.n_batch
         while start < len(token_ids):
             end = min(len(token_ids), (start // step + 1) * step)
-            llm.eval(list(token_ids[start:end]))
+            self._eval(list(token_ids[start:end]))
             self.evaluated_tokens += end - start
             start = end
         logits = self._last_logits()
+        hidden = self._last_hidden() if wanted else None
+        self._hidden_from_state = hidden
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         share_wall, share_cpu = kept.share(keep) if kept is not None else (0.0, 0.0)
         reuse.tokens += keep
@@ -206,7 +264,7 @@ class LlamaCppBackend(Backend):
                 self._states.add(
                     KeptPrompt(
                         tuple(token_ids), state, nbytes, wall + share_wall,
-                        cpu + share_cpu, kept_logits,
+                        cpu + share_cpu, kept_logits, hidden,
                     )
                 )  # fmt: skip
         return logits

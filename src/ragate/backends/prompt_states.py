@@ -46,11 +46,13 @@ class KeptPrompt:
     seconds: float
     cpu_seconds: float
     logits: Any = None  # a float array over the vocabulary
+    hidden: Any = None  # the last token's last-layer hidden state (kept where it was asked for)
 
     @property
     def footprint(self) -> int:
         """The bytes it holds: its state and its logits."""
-        return self.nbytes + (int(self.logits.nbytes) if self.logits is not None else 0)
+        extra = sum(int(a.nbytes) for a in (self.logits, self.hidden) if a is not None)
+        return self.nbytes + extra
 
     def share(self, keep: int) -> tuple[float, float]:
         """What the first ``keep`` tokens took, apportioned by token count: (wall, CPU) seconds."""

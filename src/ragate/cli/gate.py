@@ -1,5 +1,6 @@
 """``ragate gate fit``: fit a trained gate that reads no model from a sweep (see ragate.eval.gatefit,
-ragate.gates.nomodel)."""
+ragate.gates.nomodel). ``ragate gate learn``: learn the gate from labelled traffic (a feedback store) or a sweep
+(ragate.learning, ragate.gates.learned)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
-        "gate", help="trained gates that read no model", description=__doc__.split("\n")[0]
+        "gate", help="trained and learned gates", description=__doc__.split("\n")[0]
     )
     commands = parser.add_subparsers(dest="gate_command", metavar="ACTION", required=True)
     fit = commands.add_parser(
@@ -45,6 +46,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     fit.add_argument("--C", dest="c", type=float, default=1.0, help="inverse L2 strength (default 1.0)")
     fit.set_defaults(run=_fit)
+    learn = commands.add_parser(
+        "learn",
+        help="learn the gate from labelled traffic (a feedback store) or a sweep",
+        description="Fit the learned gate (a calibrated logistic regression over the question's signals, the "
+        "model's hidden state and, for a cascade, the draft's TARG scores) on the labels of a feedback store "
+        "(`ragate serve --shadow`, POST /v1/feedback, Pipeline.feedback) or of a sweep's records, print its "
+        "cross-fitted AUROC with a bootstrap interval, calibration error and AUROC against the number of labels, "
+        "and write it as plain JSON (no pickle) that `--method learned --gate-weights FILE` reads.",
+    )
+    source = learn.add_mutually_exclusive_group(required=True)
+    source.add_argument("--store", type=Path, help="a feedback store (SQLite) to learn from")
+    source.add_argument("--sweep", type=Path, help="a sweep run directory whose records label its questions")
+    learn.add_argument("--out", type=Path, required=True, help="the gate file to write (.json)")
+    learn.add_argument(
+        "--label", choices=("closed-wrong", "retrieval-changed"), default=None,
+        help="closed-wrong: the closed-book answer is wrong (gold: references, feedback); retrieval-changed: "
+        "retrieval changed the answer (shadow answers' silver label). Default: closed-wrong where there are enough "
+        "of them, else retrieval-changed",
+    )  # fmt: skip
+    learn.add_argument(
+        "--cascade", type=float, default=None, metavar="SHARE",
+        help="a cascade that drafts (TARG's 20 tokens) for this share of questions, those the cheap gate is least "
+        "sure of (needs answers with draft scores)",
+    )  # fmt: skip
+    learn.add_argument("--no-hidden", action="store_true", help="leave the model's hidden state out (a server backend)")
+    learn.add_argument("--prompts", default=None, help="the prompt set of the answers to learn from (default: learned's, TARG's)")
+    learn.add_argument("--model", default=None, help="with --sweep: the model whose hidden states to compute (default: the sweep's)")
+    learn.add_argument("--family", default=None, help="with --sweep: the records' method family (default: learned's)")
+    learn.add_argument("--metric", choices=("em", "f1", "acc"), default="acc", help="with --sweep: the gold label's metric")
+    learn.add_argument(
+        "--components", type=int, default=None,
+        help="PCA components of the hidden state (default: chosen with --C by cross-fitted AUROC on the labels, from "
+        "4, 8, 16, 32, 64)",
+    )  # fmt: skip
+    learn.add_argument("--C", dest="c", type=float, default=None, help="inverse L2 strength (default: chosen, from 0.01, 0.1, 1)")
+    learn.set_defaults(run=_learn)
 
 
 def _fit(args: argparse.Namespace) -> int:
@@ -68,4 +105,68 @@ def _fit(args: argparse.Namespace) -> int:
         f"AUROC {score['training']:.3f} on them, {cross} cross-validated ({score['folds']} folds); model "
         f"{meta['model'].get('model')}, index of {meta['index'].get('passages')} passages"
     )
+    return 0
+
+
+def _learn(args: argparse.Namespace) -> int:
+    from ragate.errors import RagateError
+    from ragate.eval.learn import DEFAULT_C, DEFAULT_COMPONENTS, MIN_CLASS
+    from ragate.learning import learn_from_store, learn_labelled, sweep_labelled
+
+    if args.out.suffix != ".json":
+        raise RagateError(f"--out {args.out}: name the gate file FILE.json")
+    if args.cascade is not None and not 0.0 <= args.cascade <= 1.0:
+        raise RagateError(f"--cascade is a share of questions in [0, 1], not {args.cascade}")
+    tuned = args.components is None and args.c is None  # neither fixed: chosen by cross-fitting on the labels
+    components = DEFAULT_COMPONENTS if args.components is None else args.components
+    c = DEFAULT_C if args.c is None else args.c
+    if args.store is not None:
+        from ragate.feedback import FeedbackStore
+        from ragate.methods import get_method
+
+        if not args.store.is_file():
+            raise RagateError(f"no feedback store at {args.store}: `ragate serve --feedback-store FILE` (or --shadow) fills one")
+        prompts = args.prompts or get_method("learned").prompts.name
+        with FeedbackStore(args.store) as store:
+            counts = store.counts()
+            label = args.label
+            if label is None:
+                gold = counts["closed-wrong"]
+                label = "closed-wrong" if min(gold["retrieve"], gold["no_retrieve"]) >= MIN_CLASS else "retrieval-changed"
+            print(f"{args.store}: {counts['answers']} answers; labels {counts['closed-wrong']} closed-wrong, "
+                  f"{counts['retrieval-changed']} retrieval-changed; learning {label!r}")
+            learned = learn_from_store(
+                store, args.out, label=label, prompts=prompts, cascade=args.cascade, hidden=not args.no_hidden,
+                components=components, c=c, tuned=tuned,
+            )  # fmt: skip
+    else:
+        from ragate.backends import load_backend
+        from ragate.eval.calls import CallCache
+        from ragate.eval.config import read_run_config
+
+        saved = read_run_config(args.sweep)
+        model = args.model or saved.get("model")
+        label = args.label or "closed-wrong"
+        engine = cached = None
+        try:
+            if not args.no_hidden:
+                engine = load_backend(model, "llama.cpp")
+                cached = CallCache(engine, None, f"llama.cpp:{engine.model}", exact_prefixes=True)
+            data, questions = sweep_labelled(
+                args.sweep, cached, label=label, family=args.family, metric=args.metric, hidden=not args.no_hidden
+            )
+            name = engine.model if engine is not None else model
+            learned = learn_labelled(
+                data, args.out, label=label, cascade=None, components=components, c=c,
+                model={"model": name, "engine": "llama.cpp"}, questions=questions, source=f"sweep {args.sweep}", tuned=tuned,
+            )  # fmt: skip
+        finally:
+            if engine is not None:
+                engine.close()
+    print(learned.summary())
+    params = learned.report.get("params") or {}
+    print(f"PCA components {params.get('components')}, C {params.get('C')}" + (" (chosen by cross-fitting)" if params.get("tuned") else ""))
+    curve = learned.report.get("curve") or []
+    if curve:
+        print("AUROC (cross-fitted) against labels: " + ", ".join(f"{n}: {'-' if v is None else f'{v:.3f}'}" for n, v in curve))
     return 0

@@ -68,6 +68,10 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             answer_log=str(args.answer_log) if args.answer_log else None,
             trace_file=str(args.trace) if args.trace else None,
             trace_content=args.trace_content,
+            feedback_store=str(args.feedback_store) if args.feedback_store else None,
+            shadow=args.shadow,
+            refit_every=args.refit_every,
+            learned_gate=str(args.learned_gate) if args.learned_gate else None,
         )
     except ValueError as err:
         raise RagateError(str(err)) from err
@@ -297,6 +301,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="append each answer's decision, cost and savings against always retrieving to FILE (JSON lines, no "
         "question text); `ragate report FILE` adds them up",
     )
+    p.add_argument(
+        "--feedback-store", type=Path, default=None, metavar="FILE",
+        help="keep each answer's features (question signals, draft scores, the model's hidden state) and its labels "
+        "in this SQLite file; answers then carry an id that POST /v1/feedback names (default with --shadow: "
+        "RAGATE_HOME/feedback.db)",
+    )  # fmt: skip
+    p.add_argument(
+        "--shadow", type=float, default=0.0, metavar="SHARE",
+        help="for this share of answers (e.g. 0.05) run the path the gate did not take after the response, in the "
+        "background, and label the question by whether retrieval changed the answer (default 0: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--refit-every", type=int, default=0, metavar="N",
+        help="learn the gate again after every N new labels and put it in force (0: never; default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--learned-gate", type=Path, default=None, metavar="FILE",
+        help="where --refit-every writes the learned gate (default: beside the feedback store)",
+    )  # fmt: skip
     trace_options(p)
     p.set_defaults(run=run)
 

@@ -410,6 +410,15 @@ class CallCache(Backend):
         self._count(charged, paid=paid, reused=reused.tokens)
         return gens, charged
 
+    def hidden_state(self, prompt: Any, assistant_prefix: str = "") -> Any:
+        """The engine's last-layer hidden state at the prompt's last token (``Capabilities.hidden_states``),
+        evaluated as a computed call is: from a cleared cache, inside the engine's exact prefix reuse, so a
+        generation of the same prompt after it starts from its kept state (its work is charged to that generation
+        as reused prompt tokens) and its output does not depend on the calls before it."""
+        self.inner.clear_cache()
+        with self._reuse() if self._reuse is not None else nullcontext():
+            return self.inner.hidden_state(prompt, assistant_prefix)  # type: ignore[attr-defined]
+
     def __getattr__(self, name: str) -> Any:
         # engine-specific helpers the dynamic loop uses (head_attentions, token_spans, piece, ...)
         if name == "inner":

@@ -46,6 +46,7 @@ _BUILTIN = {
     "question-numeric": "ragate.gates.nomodel:QuestionNumeric",
     "question-rarity": "ragate.gates.nomodel:QuestionRarity",
     "no-model-lr": "ragate.gates.nomodel:NoModelLR",
+    "learned": "ragate.gates.learned:Learned",
     "corpus-coverage": "ragate.gates.corpus:CorpusCoverage",
     "corpus-or-margin": "ragate.gates.corpus:CorpusOrMargin",
     "proxy-margin": "ragate.gates.proxy:ProxyMargin",

@@ -30,3 +30,14 @@ NO_MODEL_METHODS = tuple(
         ),
     )
 )
+
+# the learned gate (ragate.gates.learned) reads with TARG's reader too: its hidden state is that of TARG's direct
+# prompt, and a cascade's draft is TARG's draft, which a "no" continues into the answer
+LEARNED_METHOD = MethodSpec(
+    "learned",
+    "a calibrated classifier over the question's signals and the model's hidden state, learned from labelled "
+    "traffic (needs --gate-weights from `ragate gate learn`); a cascade drafts only when unsure",
+    GateSpec("learned"),
+    _TARG_SELECT,
+    TARG,
+)

@@ -51,6 +51,7 @@ class QuestionRun:
         self.pseudo: str | None = None  # a pseudo-context the gate wrote, reused by the selector
         self.gate_stages: int | None = None  # how many of the stages the gate made (set once it has decided)
         self._scored: tuple[int, ScoredHits, int] | None = None  # a gate's search: (k, hits, its stage's place)
+        self._hidden: np.ndarray | None = None  # the direct prompt's last hidden state (empty: not available)
 
     @property
     def prompts(self) -> P.PromptSet:
@@ -119,6 +120,22 @@ class QuestionRun:
             self._cut_early = bool(fired) and fired[-1] and len(self._draft) < request.max_tokens
             self.stages.append(Stage.of("draft", self._draft))
         return self._draft
+
+    def hidden_state(self) -> np.ndarray | None:
+        """The model's last-layer hidden state at the last token of the direct prompt (the draft's and the
+        closed-book answer's), computed once by the prefill that answer needs anyway: the draft or answer after it
+        starts from the kept prompt (``Capabilities.hidden_states``). None where the backend cannot give it (a
+        server); recorded as a "prefill" stage of no tokens."""
+        if self._hidden is None:
+            if not self.lm.capabilities.hidden_states or not hasattr(self.lm, "hidden_state"):
+                self._hidden = np.zeros(0, dtype=np.float32)
+            else:
+                if self.progress is not None:
+                    self.progress("prefill")
+                start = time.perf_counter()
+                self._hidden = np.asarray(self.lm.hidden_state(self.messages(self.spec.prompts.direct)))
+                self.stages.append(Stage("prefill", 0, 0, time.perf_counter() - start))
+        return self._hidden if self._hidden.size else None
 
     def proxy_draft(self, max_tokens: int, *, top_logprobs: int = 2) -> Generation:
         """The proxy model's greedy draft of the direct prompt (:mod:`ragate.gates.proxy`): the backend carries the

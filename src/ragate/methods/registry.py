@@ -17,7 +17,7 @@ from ragate.errors import RagateError
 from ragate.gates.base import Gate
 from ragate.gates.registry import GATE_REGISTRY, get_gate
 from ragate.methods.corpus import CORPUS_METHODS
-from ragate.methods.no_model import NO_MODEL_METHODS
+from ragate.methods.no_model import LEARNED_METHOD, NO_MODEL_METHODS
 from ragate.methods.prompts import PAIRS, TARG, TARG_CONTEXT_FIRST
 from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, SelectorSpec
 from ragate.methods.triggers import TRIGGER_REGISTRY, Trigger, trigger_class
@@ -244,6 +244,7 @@ _METHODS = (
     MethodSpec("random", "retrieve for a random half of the questions (the control)", GateSpec("random"), _Q),
     *NO_MODEL_METHODS,  # gates that read no model (ragate.gates.nomodel), with TARG's reader
     *CORPUS_METHODS,  # corpus-aware gates (ragate.gates.corpus), with TARG's reader
+    LEARNED_METHOD,  # the gate learned from labelled traffic (ragate.gates.learned), with TARG's reader
     # dynamic RAG (ragate.dynamic): few-shot chain of thought, retrieval decided while the model writes
     *(
         MethodSpec(name, description, GateSpec("never"), _Q, dynamic=dynamic)

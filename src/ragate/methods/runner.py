@@ -45,6 +45,7 @@ def run_method(
     dataset: str | None = None,
     progress: Callable[[str], None] | None = None,
     early_exit: bool = True,
+    hidden: bool = False,
 ) -> Trace:
     """Answer ``question`` with ``spec``; ``retriever`` may be None only for methods that never retrieve.
 
@@ -55,7 +56,9 @@ def run_method(
     ``progress`` is called with each stage's name as it starts (``ragate ask``'s status line). ``early_exit``: a
     gate whose decision can be settled before its draft ends (TARG's entropy and margin, Eqs. 1-2) stops the
     draft there; decisions and answers are the same as without it, the gate's score of such a draft is a lower
-    bound (False: every draft is whole, every score exact)."""
+    bound (False: every draft is whole, every score exact). ``hidden``: take the model's hidden state at the direct
+    prompt's last token first (where the backend gives it: ``Trace.hidden``), from the prefill the draft or the
+    closed-book answer then starts from (a single-shot method's; dynamic methods take none)."""
     require(spec, lm.capabilities, engine=lm.engine)
     if retriever is not None:
         require_index(spec, retriever)
@@ -70,6 +73,8 @@ def run_method(
         from ragate.methods.crag_lite import run_crag_lite
 
         return run_crag_lite(run, spec.crag)
+    if hidden:
+        run.hidden_state()
     decision, documents = _gate_and_select(run)
     if decision.retrieve:
         context = spec.prompts.format_passages([h.passage for h in documents])
@@ -88,6 +93,7 @@ def run_method(
         tuple(run.stages),
         gate_stages=run.gate_stages,
         draft=run.drafted,
+        hidden=run.hidden_state() if hidden else None,
     )
 
 

@@ -79,6 +79,9 @@ class Trace:
     # the greedy draft the gate read, per token (None: no gate drafted); kept in memory for a caller that shows
     # it (``ragate serve``'s ``draft_tokens``), never written by ``to_json``
     draft: Generation | None = field(default=None, compare=False, repr=False)
+    # the model's last-layer hidden state at the direct prompt's last token, where it was taken (a feedback store
+    # records it with the answer's other features, :mod:`ragate.feedback`); in memory only, like ``draft``
+    hidden: Any = field(default=None, compare=False, repr=False)
 
     @property
     def seconds(self) -> float:

@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragate.backends import Backend
+from ragate.errors import RagateError
 from ragate.gates.base import TokenUncertainty
 from ragate.gates.registry import get_gate
 from ragate.methods import MethodSpec, all_methods, get_method
@@ -47,14 +48,23 @@ from ragate.service.admission import Slots
 from ragate.service.guard import ApiError, Guard, error_response
 from ragate.service.metrics import ServiceMetrics
 from ragate.service.page import install_page
-from ragate.service.runtime import AnswerOptions, AnswerRequest, Runtime, SearchRequest, _finite, _hit
+from ragate.service.runtime import (
+    AnswerOptions,
+    AnswerRequest,
+    FeedbackRequest,
+    Runtime,
+    SearchRequest,
+    _finite,
+    _hit,
+)
 from ragate.service.settings import ServiceSettings
 from ragate.version import __version__
 
 log = logging.getLogger("ragate.service")
 
 ENDPOINT_LIST = (
-    "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, GET /v1/models, GET /v1/budget, GET /healthz, "
+    "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, POST /v1/feedback, GET /v1/models, GET /v1/budget, "
+    "GET /healthz, "
     "GET /metrics, GET / (the web page)"
 )
 
@@ -180,12 +190,22 @@ def load_pipeline(
             max_question_chars=settings.max_question_chars,
             tracer_provider=provider,
             trace_content=settings.trace_content,
+            feedback_store=settings.feedback_store,
+            shadow=settings.shadow,
         )
     except BaseException:
         for close in closers:
             close()
         raise
     return pipeline, name, closers
+
+
+def _refit(settings: ServiceSettings, pipeline: Pipeline) -> Any:
+    if not settings.refit_every or pipeline.store is None:
+        return None
+    from ragate.service.refit import Refit
+
+    return Refit(pipeline, settings.refit_every, settings.learned_gate)
 
 
 def create_app(
@@ -220,6 +240,7 @@ def create_app(
         started=time.time(),
         closers=closers,
         answer_log=answer_log,
+        refit=_refit(settings, pipeline),
     )
     if runtime.budget is not None:
         metrics.observe_budget(runtime.budget.budget, runtime.budget.tau, runtime.budget.rate())
@@ -291,6 +312,27 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
         return JSONResponse(openai_api.completion(trace, method, extension))
+
+    @app.post("/v1/feedback")
+    async def feedback(body: FeedbackRequest) -> Response:
+        from ragate.feedback import UnknownAnswer
+
+        if rt.pipeline.store is None:
+            raise ApiError(
+                409, "this server keeps no feedback: start it with `ragate serve --feedback-store FILE` (or --shadow)"
+            )
+        try:
+            labels = await anyio.to_thread.run_sync(
+                lambda: rt.pipeline.feedback(body.id, correct=body.correct, reference=body.reference)
+            )
+        except UnknownAnswer as err:
+            raise ApiError(404, str(err)) from None
+        except RagateError as err:
+            raise ApiError(400, str(err)) from None
+        rt.labelled(len(labels))
+        return JSONResponse(
+            {"id": body.id, "labels": [{"kind": k, "retrieve": v} for k, v in labels], "counts": rt.pipeline.store.counts()}
+        )
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -60,6 +60,13 @@ class AnswerRequest(BaseModel):
     draft_tokens: bool = False  # add the gate's draft, token by token, with each token's uncertainty
 
 
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # "true" is not a boolean
+    id: str = Field(min_length=1, max_length=64)  # the id an answer came with
+    correct: bool | None = None
+    reference: str | None = Field(default=None, min_length=1, max_length=2000)
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # "4" or true is not a number
     query: str
@@ -82,6 +89,12 @@ class Runtime:
     closers: tuple[Callable[[], None], ...] = ()  # what else the app opened and closes (a Milvus connection)
     savings: AlwaysRetrieveCost = field(default_factory=AlwaysRetrieveCost)
     answer_log: AnswerLog | None = None
+    refit: Any = None  # ragate.service.refit.Refit, where the server learns its gate as labels come
+
+    def labelled(self, n: int = 0) -> None:
+        """New labels came (feedback, or shadow work after an answer): refit where it is due."""
+        if self.refit is not None:
+            self.refit.check()
 
     @property
     def lm(self) -> Backend:
@@ -214,7 +227,7 @@ class Runtime:
         self.spec(method, options)  # a bad method or option is a 400 before the request takes a slot
         start = time.perf_counter()
 
-        def go(wanted: Callable[[], bool]) -> Trace:
+        def go(wanted: Callable[[], bool]) -> Any:
             # a request that timed out while waiting for the model gives up there: nobody reads the answer
             return self.pipeline.answer(
                 question,
@@ -223,9 +236,11 @@ class Runtime:
                 k=options.k,
                 max_tokens=options.max_tokens,
                 still_wanted=wanted,
-            ).trace
+            )
 
-        trace = await self.work(go)
+        answered = await self.work(go)
+        trace = answered.trace
+        self.labelled()
         total = time.perf_counter() - start
         savings = self.savings.savings(trace)
         self.metrics.observe_trace(trace)
@@ -244,12 +259,15 @@ class Runtime:
             "overhead_seconds": sum(s.seconds for s in trace.stages if s.overhead),
             "stages": stage,
         }
+        if answered.id:
+            timings["answer_id"] = answered.id
         return trace, timings, savings
 
     def extension(self, trace: Trace, timings: dict[str, Any], savings: Savings) -> dict[str, Any]:
         """What ragate adds to an answer: the decision, its evidence, its cost and what it saved against always
         retrieving (``savings``: measured, estimated, unknown or n/a; see :mod:`ragate.savings`)."""
         return {
+            **({"id": timings["answer_id"]} if timings.get("answer_id") else {}),
             "method": trace.method,
             "retrieved": trace.retrieved,
             "decision": "retrieve" if trace.retrieved else "skip",
@@ -266,6 +284,25 @@ class Runtime:
             "savings": savings.to_json(),
             **({"budget": self.budget_info()} if self.budget is not None else {}),
         }
+
+    def learning(self) -> dict[str, Any]:
+        """The learned gate in force (its file and when it was written), the store's label counts, the shadow
+        worker's and the refit's state; empty where the server learns nothing."""
+        p = self.pipeline
+        out: dict[str, Any] = {}
+        if p.gate_file is not None:
+            path = Path(p.gate_file)
+            out["gate_file"] = {"path": str(path), "modified": path.stat().st_mtime if path.is_file() else None}
+        if p.store is not None:
+            try:
+                out["store"] = {"path": str(p.store.path), **p.store.counts()}
+            except Exception as err:  # noqa: BLE001 (a failing store is reported, not fatal
+                out["store"] = {"path": str(p.store.path), "error": f"{type(err).__name__}: {err}"[:300]}
+        if p.shadow is not None:
+            out["shadow"] = p.shadow.describe()
+        if self.refit is not None:
+            out["refit"] = self.refit.describe()
+        return out
 
     def budget_info(self) -> dict[str, Any]:
         assert self.budget is not None
@@ -290,6 +327,9 @@ class Runtime:
             "in_progress": self.slots.used, "max_concurrency": self.slots.n,
             "capabilities": capability_summary(self.lm),
         }  # fmt: skip
+        learning = self.learning()
+        if learning:
+            info["learning"] = learning
         states = self.pipeline.prompt_states
         if states is not None:  # what the kept prompt states hold, against their bound (--prompt-state-mb)
             info["prompt_states"] = states

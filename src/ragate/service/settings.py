@@ -73,6 +73,10 @@ class ServiceSettings:
     answer_log: str | None = None  # a file each answer's decision, cost and savings are appended to (JSON lines)
     trace_file: str | None = None  # a file the OpenTelemetry spans are appended to (else the global provider's)
     trace_content: bool = False  # spans carry the question, answer and documents
+    feedback_store: str | None = None  # a SQLite file each answer's features and labels go to (ragate.feedback)
+    shadow: float = 0.0  # the share of answers whose other path runs after the response (ragate.shadow)
+    refit_every: int = 0  # learn the gate again after this many new labels (0: never; `ragate gate learn` by hand)
+    learned_gate: str | None = None  # where a refit writes the learned gate (default: beside the store)
 
     def __post_init__(self) -> None:
         positive = {
@@ -119,18 +123,25 @@ class ServiceSettings:
                 "--method skr needs --skr-labels FILE: run `ragate sweep` on a training split, then "
                 "`ragate skr fit --sweep DIR --out FILE`"
             )
-        if self.gate_weights is not None or self.method == "no-model-lr":
+        if self.gate_weights is not None or self.method in ("no-model-lr", "learned"):
             from ragate.gates.registry import get_gate
             from ragate.methods import get_method
 
             reads = get_gate(get_method(self.method).gate.kind).reads_weights
             if self.gate_weights is not None and not reads:
-                raise ValueError(f"--gate-weights goes with --method no-model-lr, not {self.method!r}")
+                raise ValueError(f"--gate-weights goes with --method no-model-lr or learned, not {self.method!r}")
             if reads and self.gate_weights is None:
                 raise ValueError(
-                    f"--method {self.method} needs --gate-weights FILE: run `ragate sweep` on a training split, then "
-                    "`ragate gate fit --sweep DIR --out FILE.json`"
+                    f"--method {self.method} needs --gate-weights FILE: "
+                    + ("`ragate gate learn --store FEEDBACK.db --out FILE.json`" if self.method == "learned" else
+                       "run `ragate sweep` on a training split, then `ragate gate fit --sweep DIR --out FILE.json`")
                 )
+        if not 0.0 <= self.shadow <= 1.0:
+            raise ValueError(f"--shadow is a share of answers in [0, 1], not {self.shadow}")
+        if self.refit_every < 0:
+            raise ValueError(f"--refit-every is a number of new labels (0: never), not {self.refit_every}")
+        if self.refit_every and self.feedback_store is None and self.shadow == 0:
+            raise ValueError("--refit-every learns from the labels of --feedback-store or --shadow: give one of them")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty: pass a non-empty key or none")
         if self.api_key is not None and not (

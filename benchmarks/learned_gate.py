@@ -1,0 +1,351 @@
+"""The learned gate against TARG's entropy gate and DTR's UGT on the same held-out questions.
+
+    .venv/bin/python benchmarks/learned_gate.py [--out docs/results/learned_gate.md]
+
+For each dataset it fits :mod:`ragate.eval.learn`'s probe on the training sweep's questions only (labels from
+their records; hidden states from ``benchmarks/hidden_states.py``) and scores the test sweep's 300 questions,
+which it never saw. Two label sources: **gold** (the closed-book answer is wrong: acc = 0, as the cost-quality
+table's AUROC) and **silver** (retrieval changed the answer: the closed-book and the retrieval answers' token F1 is
+below 0.5, what a shadow answer gives without a reference). Every AUROC on the test questions is against the gold
+label. Features: the question-side signals (length, question word, digit, date) and the hidden state (PCA
+components); "question only" drops the hidden state, "hidden only" the signals. Paired bootstrap 95% intervals over
+the same test questions (seed 0, 2000 resamples); "not established" where an interval reaches 0, else "higher" or
+"lower". Accuracy at a budget: retrieve for the top share of scores, against a random choice at the same rate (its
+expectation). The cascade's band is set on the training questions' cross-fitted probabilities.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hidden_states import read_hidden
+
+from ragate.errors import RagateError
+from ragate.eval.learn import (
+    Labelled,
+    auroc_interval,
+    cascade_probabilities,
+    choose_band,
+    cross_fitted_logits,
+    fit_probe,
+    label_curve,
+    paired_auroc_gap,
+    tune,
+)
+from ragate.eval.metrics import f1, paired_bootstrap_diff
+from ragate.eval.skr import sweep_questions
+from ragate.gates.learned import DRAFT_FEATURES
+from ragate.gates.signals import QUESTION_FEATURES
+
+RUNS = Path("docs/results/runs")
+MODEL = "qwen2.5-coder-1.5b"
+DATASETS = {
+    "nq-open-oracle": (
+        "sweep-nq-open-oracle-qwen2.5-coder-1.5b-train-300-300",
+        "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64",
+        "sweep-gates-nq-open-oracle-qwen2.5-coder-1.5b-300",
+    ),
+    "hotpotqa": (
+        "sweep-hotpotqa-qwen2.5-coder-1.5b-train-300-50",
+        None,
+        "sweep-gates-hotpotqa-qwen2.5-coder-1.5b-300",
+    ),
+}
+NAMES = tuple(n for n in QUESTION_FEATURES if n != "rarity")  # rarity needs the index's document frequencies
+BUDGETS = (0.3, 0.5)
+SILVER_F1 = 0.5
+
+
+def _records(sweep: str, family: str | None) -> tuple[list[dict], dict[str, str]]:
+    found = sweep_questions(RUNS / sweep, family=family, metric="acc", method="targ-entropy", what="labels")
+    return found.records, found.questions
+
+
+def labelled(sweep: str, family: str | None, label: str) -> tuple[Labelled, list[dict]]:
+    records, questions = _records(sweep, family)
+    ids, hidden, _ = read_hidden(RUNS / sweep / f"hidden-{MODEL}.npz")
+    row = {rid: i for i, rid in enumerate(ids)}
+    missing = [r["id"] for r in records if r["id"] not in row]
+    if missing:
+        raise SystemExit(
+            f"{sweep}: {len(missing)} questions have no hidden state: run benchmarks/hidden_states.py"
+        )
+    scalars = np.array([question_signals_vector(questions[r["id"]]) for r in records])
+    if label == "gold":
+        y = np.array([float(r["closed"]["scores"]["acc"]) == 0.0 for r in records])
+    else:
+        y = np.array([f1(r["closed"]["prediction"], [r["open"]["prediction"]]) < SILVER_F1 for r in records])
+    h = np.vstack([hidden[row[r["id"]]] for r in records])
+    return Labelled(tuple(r["id"] for r in records), NAMES, scalars, h, y), records
+
+
+def question_signals_vector(question: str) -> list[float]:
+    from ragate.gates.signals import signals
+
+    return list(signals(question, NAMES, None, None).vector(NAMES))
+
+
+def gate_scores(sweep: str, gate: str) -> dict[str, float]:
+    out = {}
+    for line in (RUNS / sweep / "sweep.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if gate in r.get("gates", {}):
+            out[r["id"]] = float(r["gates"][gate]["score"])
+    return out
+
+
+def _ci(v: tuple[float, float, float], digits: int = 3) -> str:
+    word = " (higher)" if v[1] > 0 else (" (lower)" if v[2] < 0 else " (not established)")
+    return f"{v[0]:+.{digits}f} [{v[1]:+.{digits}f}, {v[2]:+.{digits}f}]{word}"
+
+
+def accuracy_at(scores: np.ndarray, closed: np.ndarray, opened: np.ndarray, rho: float) -> np.ndarray:
+    """Per-question accuracy when the top ``rho`` share of scores retrieve (ties broken by order)."""
+    n = len(scores)
+    top = np.argsort(-scores, kind="stable")[: round(rho * n)]
+    retrieve = np.zeros(n, dtype=bool)
+    retrieve[top] = True
+    return np.where(retrieve, opened, closed)
+
+
+SUMMARY: list[str] = []
+
+
+def run(out: Path | None) -> str:
+    SUMMARY.clear()
+    lines = []
+    for dataset, (train_sweep, family, test_sweep) in DATASETS.items():
+        test, test_records = labelled(test_sweep, None, "gold")
+        closed = np.array([float(r["closed"]["scores"]["acc"]) for r in test_records])
+        opened = np.array([float(r["open"]["scores"]["acc"]) for r in test_records])
+        targ = gate_scores(test_sweep, "targ-entropy")
+        dtr = gate_scores(test_sweep, "dtr")
+        p_targ = np.array([targ[i] for i in test.ids])
+        p_dtr = np.array([dtr[i] for i in test.ids])
+        lines += [f"### {dataset}: trained on {train_sweep}, scored on {test_sweep} (n = {len(test)})", ""]
+        lines += [
+            (
+                f"targ-entropy AUROC {_plain(auroc_interval(p_targ, test.y))}; dtr AUROC "
+                f"{_plain(auroc_interval(p_dtr, test.y))}; closed-book wrong on {int(test.y.sum())} of {len(test)}."
+            ),
+            "",
+            "| labels | features | n train (retrieve) | PCA, C (tuned on train) | AUROC (gold, test) | minus targ-entropy's | minus dtr's | "
+            + " | ".join(f"ACC at {b:g}: Δ vs random" for b in BUDGETS)
+            + " |",
+            "|---|---|---|---|---|---|---|" + "---|" * len(BUDGETS),
+        ]
+        probs = {}
+        for label in ("gold", "silver"):
+            train, _ = labelled(train_sweep, family, label)
+            for feats, name in (
+                (True, "hidden + question"),
+                (False, "question only"),
+                ("hidden", "hidden only"),
+            ):
+                if feats == "hidden":
+                    tr, te = train.select([], hidden=True), test.select([], hidden=True)
+                else:
+                    tr, te = train.select(NAMES, hidden=bool(feats)), test.select(NAMES, hidden=bool(feats))
+                try:
+                    k, c, _ = tune(tr)
+                    probe, _ = fit_probe(tr, components=k or 1, c=c)
+                except RagateError as err:  # too few labels of a class
+                    lines.append(
+                        f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | | {err} | | |"
+                        + " |" * len(BUDGETS)
+                    )
+                    continue
+                p = probe.probabilities(te.scalars, te.hidden)
+                probs[(label, name)] = p
+                if name == "hidden + question":
+                    gap = paired_auroc_gap(p, p_targ, te.y)
+                    SUMMARY.append(
+                        f"| {dataset} | {label} ({len(tr)} training questions) | {_plain(auroc_interval(p_targ, te.y))} | "
+                        f"{_plain(auroc_interval(p, te.y))} | {_ci(gap)} |"
+                    )
+                cells = []
+                for b in BUDGETS:
+                    acc = accuracy_at(p, closed, opened, b)
+                    rand = b * opened + (1 - b) * closed
+                    lo, hi = paired_bootstrap_diff(acc, rand, samples=2000, seed=0)
+                    d = float(np.mean(acc - rand))
+                    cells.append(f"{100 * acc.mean():.1f}: {_ci((100 * d, 100 * lo, 100 * hi), 1)}")
+                lines.append(
+                    f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | {k or '–'}, {c:g} | {_plain(auroc_interval(p, te.y))} | "
+                    f"{_ci(paired_auroc_gap(p, p_targ, te.y))} | {_ci(paired_auroc_gap(p, p_dtr, te.y))} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
+        if ("gold", "hidden + question") in probs and ("gold", "question only") in probs:
+            gap = paired_auroc_gap(
+                probs[("gold", "hidden + question")], probs[("gold", "question only")], test.y
+            )
+            lines += ["", f"Hidden state's worth (gold labels; with minus without, paired): {_ci(gap)}."]
+        lines += cascade_rows(train_sweep, family, test_sweep, test)
+        curves = {}
+        for label in ("gold", "silver"):
+            train, _ = labelled(train_sweep, family, label)
+            k, c, _ = tune(train)
+            curves[label] = label_curve(train, test, (50, 100, 200, 400), components=k, c=c)
+        curve_g, curve_s = curves["gold"], curves["silver"]
+        lines += [
+            "",
+            (
+                "Labels against AUROC on the test questions (hidden + question; the first n of a seeded shuffle of "
+                "the training questions; – : more labels than the training split holds, or fewer than 10 of a class):"
+            ),
+            "",
+            "| labels | " + " | ".join(str(n) for n, _ in curve_g) + " |",
+            "|---|" + "---|" * len(curve_g),
+            "| gold | " + " | ".join("–" if v is None else f"{v:.3f}" for _, v in curve_g) + " |",
+            "| silver | " + " | ".join("–" if v is None else f"{v:.3f}" for _, v in curve_s) + " |",
+            "",
+        ]
+    lines += private_docs_rows()
+    text = "\n".join(lines) + "\n"
+    if out is not None:
+        out.write_text(text)
+    return text
+
+
+PRIVATE = "sweep-private-docs-qwen2.5-coder-1.5b-43"
+
+
+def private_docs_rows() -> list[str]:
+    """The private-documents benchmark (libffi's manual, the AWS CLI's guides): too few questions to hold a test
+    split apart, so every learned score is cross-fitted (5 stratified folds, seed 0; default PCA size and C)."""
+    data, _ = labelled(PRIVATE, None, "gold")
+    out = [
+        f"### private documents ({PRIVATE}, n = {len(data)}; cross-fitted)",
+        "",
+        f"Closed-book wrong on {int(data.y.sum())} of {len(data)}.",
+        "",
+        "| gate | AUROC (gold) | learned (hidden + question) minus it (paired) |",
+        "|---|---|---|",
+    ]
+    learned = cross_fitted_logits(data)
+    others = {
+        "learned (hidden + question)": learned,
+        "learned (question only)": cross_fitted_logits(data.select(NAMES, hidden=False)),
+    }
+    for gate in ("targ-margin", "dtr", "corpus-coverage"):
+        scores = gate_scores(PRIVATE, gate)
+        others[gate] = np.array([scores[i] for i in data.ids])
+    for name, p in others.items():
+        gap = "–" if name.startswith("learned (hidden") else _ci(paired_auroc_gap(learned, p, data.y))
+        out.append(f"| {name} | {_plain(auroc_interval(p, data.y))} | {gap} |")
+    return [*out, ""]
+
+
+CASCADE_SHARES = (0.2, 0.3, 0.5)
+
+
+def with_drafts(data: Labelled, scores: dict[str, np.ndarray]) -> Labelled:
+    cols = np.column_stack([scores[n] for n in DRAFT_FEATURES])
+    return Labelled(
+        data.ids, (*data.names, *DRAFT_FEATURES), np.hstack([data.scalars, cols]), data.hidden, data.y
+    )
+
+
+def cascade_rows(train_sweep: str, family: str | None, test_sweep: str, test: Labelled) -> list[str]:
+    """The cascade on the test questions: the cheap probe (hidden state and question) decides where it is sure;
+    inside the band, chosen on the training questions' cross-fitted probabilities to draft a share of them, the
+    full probe (and TARG's draft scores) decides."""
+    train, _ = labelled(train_sweep, family, "gold")
+    ids, drafts, _ = read_hidden(RUNS / train_sweep / f"drafts-{MODEL}.npz")
+    row = {rid: i for i, rid in enumerate(ids)}
+    train_full = with_drafts(
+        train, {n: np.array([drafts[row[i], j] for i in train.ids]) for j, n in enumerate(DRAFT_FEATURES)}
+    )
+    test_full = with_drafts(
+        test, {n: np.array([gate_scores(test_sweep, n)[i] for i in test.ids]) for n in DRAFT_FEATURES}
+    )
+    k, c, _ = tune(train)
+    cheap, p_train = fit_probe(train, components=k, c=c)
+    kf, cf, _ = tune(train_full)
+    full, _ = fit_probe(train_full, components=kf, c=cf)
+    p_cheap = cheap.probabilities(test.scalars, test.hidden)
+    p_full = full.probabilities(test_full.scalars, test_full.hidden)
+    out = [
+        "",
+        (
+            f"Cascade (gold labels; cheap: hidden + question, PCA {k}, C {c:g}; full: + TARG's draft scores, PCA "
+            f"{kf}, C {cf:g}; the band set on the training questions' cross-fitted probabilities). Full gate AUROC "
+            f"{_plain(auroc_interval(p_full, test.y))}; cheap alone {_plain(auroc_interval(p_cheap, test.y))}."
+        ),
+        "",
+        "| share drafted (train) | band | share drafted (test) | cascade AUROC | minus the full gate's | minus targ-entropy's |",
+        "|---|---|---|---|---|---|",
+    ]
+    p_targ = np.array([gate_scores(test_sweep, "targ-entropy")[i] for i in test.ids])
+    for share in CASCADE_SHARES:
+        band = choose_band(p_train, share)
+        p_cas, drafted = cascade_probabilities(p_cheap, p_full, band)
+        out.append(
+            f"| {share:g} | {band[0]:.3f}–{band[1]:.3f} | {drafted.mean():.2f} | {_plain(auroc_interval(p_cas, test.y))} | "
+            f"{_ci(paired_auroc_gap(p_cas, p_full, test.y))} | {_ci(paired_auroc_gap(p_cas, p_targ, test.y))} |"
+        )
+    return out
+
+
+def _plain(v: tuple[float, float, float]) -> str:
+    return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+
+BEGIN = "<!-- begin generated: {name} (.venv/bin/python benchmarks/learned_gate.py --docs) -->"
+END = "<!-- end generated: {name} -->"
+
+
+def summary() -> str:
+    return "\n".join(
+        [
+            (
+                "| dataset | labels | targ-entropy AUROC | learned gate AUROC (hidden state + question) | learned "
+                "minus targ-entropy (paired) |"
+            ),
+            "|---|---|---|---|---|",
+            *SUMMARY,
+        ]
+    )
+
+
+def replace_block(path: Path, name: str, text: str) -> None:
+    """Put ``text`` between the two markers of ``name`` in ``path`` (which must hold them), atomically."""
+    from ragate.fileio import atomic_writer
+
+    doc = path.read_text()
+    begin, end = BEGIN.format(name=name), END.format(name=name)
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{path} has no block {begin!r} ... {end!r}")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with atomic_writer(path) as f:
+        f.write((head + begin + "\n" + text.rstrip("\n") + "\n" + end + tail).encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--docs",
+        action="store_true",
+        help="also re-render the generated blocks of docs/methods.md and README.md",
+    )
+    args = ap.parse_args(argv)
+    text = run(args.out)
+    print(text, end="")
+    if args.docs:
+        replace_block(Path("docs/methods.md"), "learned-gate", text)
+        replace_block(Path("README.md"), "learned-gate-summary", summary())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,287 @@
+"""From labelled traffic to a gate in force: the features an answer records (:func:`answer_features`), the labelled
+questions of a feedback store or a sweep (:func:`store_labelled`, :func:`sweep_labelled`), and the fit that writes
+the learned gate's file (:func:`learn_from_store`, :func:`learn_labelled`). The fitting itself is
+:mod:`ragate.eval.learn`; the gate that reads the file is :mod:`ragate.gates.learned`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragate.errors import RagateError
+from ragate.eval.learn import (
+    DEFAULT_C,
+    DEFAULT_COMPONENTS,
+    Labelled,
+    check_labels,
+    cross_fitted_curve,
+    learn_gate,
+    tune,
+)
+from ragate.gates.learned import DRAFT_FEATURES, LEARNED_LABELS, draft_scores, save_learned
+from ragate.gates.signals import QUESTION_FEATURES, signals
+
+# the question-side signals that need no index (rarity counts the index's passages)
+TEXT_FEATURES = tuple(n for n in QUESTION_FEATURES if n != "rarity")
+
+
+@dataclass(frozen=True)
+class Learned:
+    """A learned gate written to ``path``, with its cross-fitted ``report`` (AUROC and interval, calibration
+    error, the cascade's band and drafted share) and the label ``counts`` it was fitted on."""
+
+    path: Path
+    report: Mapping[str, Any]
+    counts: Mapping[str, int]
+
+    def summary(self) -> str:
+        r = self.report
+        auc = r["cheap_auroc"]
+        text = (
+            f"learned gate {self.path}: {r['n']} labelled questions ({r['positives']} 'retrieve'); cross-fitted "
+            f"AUROC {auc[0]:.3f} [{auc[1]:.3f}, {auc[2]:.3f}], calibration error {r['cheap_ece']:.3f}"
+        )
+        if "rate_at_0.5" in r:
+            text += f", retrieves for {100 * float(r['rate_at_0.5']):.0f}% at tau 0.5"
+        if "band" in r:
+            c = r["cascade_auroc"]
+            text += (
+                f"; cascade AUROC {c[0]:.3f} drafting {100 * float(r['drafted_share']):.0f}% "
+                f"(band {r['band'][0]:.3f}-{r['band'][1]:.3f}; full gate {r['full_auroc'][0]:.3f})"
+            )
+        return text
+
+
+def answer_features(question: str, draft: Any = None) -> dict[str, float]:
+    """The scalar features an answer records: the question's text signals and, when the gate drafted (and the draft
+    has per-token values), TARG's entropy and margin scores of its first 20 tokens."""
+    found = signals(question, TEXT_FEATURES, None, None)
+    out = dict(zip(TEXT_FEATURES, (float(v) for v in found.vector(TEXT_FEATURES)), strict=True))
+    if draft is not None and len(draft) and len(getattr(draft, "top_logprobs", ()) or ()) == len(draft):
+        try:
+            out |= {k: float(v) for k, v in draft_scores(draft).items() if math.isfinite(v)}
+        except (RagateError, ValueError):
+            pass
+    return out
+
+
+def _labelled(
+    ids: Sequence[str],
+    features: Sequence[Mapping[str, float]],
+    hidden: Sequence[np.ndarray | None],
+    y: np.ndarray,
+    *,
+    use_hidden: bool,
+    draft: bool,
+) -> Labelled:
+    names = list(TEXT_FEATURES)
+    if draft:
+        names += [n for n in DRAFT_FEATURES if all(n in f for f in features)]
+    scalars = np.array([[float(f.get(n, 0.0)) for n in names] for f in features], dtype=np.float64)
+    matrix = None
+    if use_hidden and hidden and all(h is not None for h in hidden):
+        dims = {int(h.shape[0]) for h in hidden if h is not None}
+        if len(dims) > 1:
+            raise RagateError(
+                f"the labelled answers hold hidden states of several sizes {sorted(dims)}: one model's only"
+            )
+        matrix = np.vstack([np.asarray(h, dtype=np.float64) for h in hidden if h is not None])
+    return Labelled(
+        tuple(ids), tuple(names), scalars.reshape(len(ids), len(names)), matrix, np.asarray(y, dtype=bool)
+    )
+
+
+def store_labelled(
+    store: Any, label: str, *, prompts: str | None, hidden: bool = True, draft: bool = True
+) -> Labelled:
+    """The store's answers labelled ``label`` (of the prompt set ``prompts``) as fitting rows."""
+    if label not in LEARNED_LABELS:
+        raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
+    rows = store.labelled(label, prompts=prompts)
+    if len(set(rows.models)) > 1:
+        raise RagateError(
+            f"the store's labelled answers come from several models ({', '.join(sorted(set(rows.models)))}): a gate "
+            "learns one model's traffic; keep one store per model"
+        )
+    return _labelled(rows.ids, rows.features, rows.hidden, rows.y, use_hidden=hidden, draft=draft)
+
+
+def learn_labelled(
+    data: Labelled,
+    out: str | Path,
+    *,
+    label: str,
+    cascade: float | None = None,
+    components: int = DEFAULT_COMPONENTS,
+    c: float = DEFAULT_C,
+    seed: int = 0,
+    model: Mapping[str, Any] | None = None,
+    questions: Sequence[str] = (),
+    source: str = "",
+    tuned: bool = False,
+) -> Learned:
+    """Fit (:func:`ragate.eval.learn.learn_gate`) and write the gate file atomically. ``tuned``: choose the PCA
+    size and L2 strength by cross-fitted AUROC on these labels first (:func:`ragate.eval.learn.tune`)."""
+    from ragate.version import __version__
+
+    check_labels(data.y, f"the {label!r} labels")
+    chosen = None
+    if tuned:
+        cheap_rows = data.select(
+            [n for n in data.names if n not in DRAFT_FEATURES], hidden=data.hidden is not None
+        )
+        components, c, cv = tune(cheap_rows)
+        chosen = {"components": components, "C": c, "cross_fitted_auroc": round(cv, 4)}
+        components = components or DEFAULT_COMPONENTS
+    if cascade is not None and not any(n in DRAFT_FEATURES for n in data.names):
+        raise RagateError(
+            "a cascade reads the draft's TARG scores in its second stage, and these answers have none: label answers "
+            "of a drafting gate (targ-entropy, learned), or learn without a cascade"
+        )
+    meta: dict[str, object] = {
+        "model": dict(model or {}),
+        "source": source,
+        "ragate": __version__,
+        "hidden_dim": None if data.hidden is None else int(data.hidden.shape[1]),
+        "questions": sorted({hashlib.sha256(q.encode()).hexdigest()[:16] for q in questions}),
+    }
+    gate, report = learn_gate(
+        data, label=label, components=components, c=c, seed=seed, cascade_share=cascade, meta=meta
+    )
+    report["params"] = {"components": components, "C": c, "tuned": chosen is not None}
+    p = gate.cheap.probabilities(
+        data.select([n for n in data.names if n not in DRAFT_FEATURES]).scalars, data.hidden
+    )
+    report["rate_at_0.5"] = round(
+        float(np.mean(p > 0.5)), 4
+    )  # of the final fit, on the rows it saw (in-sample)
+    cheap_rows = data.select(
+        [n for n in data.names if n not in DRAFT_FEATURES], hidden=data.hidden is not None
+    )
+    report["curve"] = [
+        [n, None if v is None else round(v, 4)]
+        for n, v in cross_fitted_curve(cheap_rows, components=components, c=c, seed=seed)
+    ]
+    path = save_learned(gate, out)
+    return Learned(path, report, {"retrieve": int(data.y.sum()), "no_retrieve": int((~data.y).sum())})
+
+
+def learn_from_store(
+    store: Any,
+    out: str | Path,
+    *,
+    label: str = "closed-wrong",
+    prompts: str | None = None,
+    cascade: float | None = None,
+    hidden: bool = True,
+    components: int = DEFAULT_COMPONENTS,
+    c: float = DEFAULT_C,
+    model: Mapping[str, Any] | None = None,
+    tuned: bool = False,
+) -> Learned:
+    """The learned gate fitted on a feedback store's labels, written to ``out``."""
+    data = store_labelled(store, label, prompts=prompts, hidden=hidden, draft=cascade is not None)
+    rows = store.labelled(label, prompts=prompts)
+    return learn_labelled(
+        data, out, label=label, cascade=cascade, components=components, c=c, model=model,
+        questions=rows.questions, source=f"feedback store {store.path}", tuned=tuned,
+    )  # fmt: skip
+
+
+def sweep_labelled(
+    sweep_dir: str | Path,
+    lm: Any,
+    *,
+    label: str = "closed-wrong",
+    method: str = "learned",
+    family: str | None = None,
+    metric: str = "acc",
+    hidden: bool = True,
+) -> tuple[Labelled, list[str]]:
+    """A sweep's questions of ``method``'s family as fitting rows: labels from its records (``closed-wrong``: the
+    closed-book answer scores 0 by ``metric``; ``retrieval-changed``: the closed-book and retrieval answers
+    disagree), the question's signals, and the hidden state of ``lm`` at the direct prompt (one prefill each)."""
+    from ragate.eval.skr import sweep_questions
+    from ragate.feedback import answers_agree
+    from ragate.methods import get_method
+    from ragate.methods.question import QuestionRun
+
+    found = sweep_questions(
+        Path(sweep_dir), family=family, metric=metric, method=method, what="the gate's labels"
+    )
+    spec = get_method(method)
+    texts, feats, states, ys = [], [], [], []
+    for r in found.records:
+        q = found.questions[r["id"]]
+        texts.append(q)
+        feats.append(answer_features(q))
+        states.append(QuestionRun(spec, q, lm, None).hidden_state() if hidden else None)
+        if label == "closed-wrong":
+            ys.append(float(r["closed"]["scores"][metric]) == 0.0)
+        elif label == "retrieval-changed":
+            ys.append(not answers_agree(r["closed"]["prediction"], r["open"]["prediction"]))
+        else:
+            raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
+    data = _labelled(
+        [r["id"] for r in found.records],
+        feats,
+        states,
+        np.array(ys, dtype=bool),
+        use_hidden=hidden,
+        draft=False,
+    )
+    return data, texts
+
+
+def import_sweep(
+    store: Any,
+    sweep_dir: str | Path,
+    lm: Any,
+    *,
+    method: str = "learned",
+    family: str | None = None,
+    metric: str = "acc",
+    hidden: bool = True,
+    draft: bool = True,
+) -> int:
+    """A sweep's labelled questions as "run" rows of a feedback store (the third source of labels): each record of
+    ``method``'s family with both labels (``closed-wrong`` by ``metric``; ``retrieval-changed`` from its two answers),
+    its question's signals, and, computed with ``lm``, the hidden state at the direct prompt and (``draft``) TARG's
+    scores of the 20-token draft after it. Rows already imported are skipped; returns how many were added."""
+    from ragate.eval.skr import sweep_questions
+    from ragate.feedback import answers_agree
+    from ragate.methods import get_method
+    from ragate.methods.question import QuestionRun
+
+    sweep_dir = Path(sweep_dir)
+    found = sweep_questions(sweep_dir, family=family, metric=metric, method=method, what="the labels")
+    spec = get_method(method)
+    added = 0
+    for r in found.records:
+        answer_id = f"run:{sweep_dir.name}:{r['id']}"[:64]
+        if store.get(answer_id) is not None:
+            continue
+        q = found.questions[r["id"]]
+        run = QuestionRun(spec, q, lm, None)
+        state = run.hidden_state() if hidden else None
+        features = answer_features(q, run.draft(20) if draft else None)
+        store.record_answer(
+            answer_id, question=q, method=method, prompts=spec.prompts.name, answer=r["closed"]["prediction"],
+            retrieved=False, features=features, hidden=state,
+            model={"model": str(getattr(lm, "model", "")), "engine": str(getattr(lm, "engine", ""))},
+        )  # fmt: skip
+        store.set_twin(answer_id, opened=r["open"]["prediction"])
+        store.add_label(
+            answer_id, source="run", kind="closed-wrong", value=float(r["closed"]["scores"][metric]) == 0.0
+        )
+        changed = not answers_agree(r["closed"]["prediction"], r["open"]["prediction"])
+        store.add_label(answer_id, source="run", kind="retrieval-changed", value=changed)
+        added += 1
+    return added

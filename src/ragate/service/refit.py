@@ -1,0 +1,82 @@
+"""The service's periodic refit (``ragate serve --refit-every N``): after N new labels in the feedback store
+(shadow answers and feedback together), the learned gate is fitted again in a background thread and, where the fit
+succeeds, put in force (``Pipeline.learn``: the gate file is written atomically, then the pipeline's gate is
+swapped under its lock, so a request is decided wholly by the old gate or wholly by the new). A fit that cannot be
+made yet (too few labels of a class) is reported in ``/healthz`` and tried again after the next N labels."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ragate.eval.learn import MIN_CLASS
+
+
+def choose_label(counts: dict[str, Any]) -> str:
+    """Gold labels (closed-wrong) where there are enough of both classes, else shadow's silver ones."""
+    gold = counts.get("closed-wrong") or {}
+    return (
+        "closed-wrong"
+        if min(gold.get("retrieve", 0), gold.get("no_retrieve", 0)) >= MIN_CLASS
+        else "retrieval-changed"
+    )
+
+
+def label_total(counts: dict[str, Any]) -> int:
+    return sum(
+        int(v.get("retrieve", 0)) + int(v.get("no_retrieve", 0))
+        for k, v in counts.items()
+        if isinstance(v, dict)
+    )
+
+
+class Refit:
+    def __init__(self, pipeline: Any, every: int, out: str | Path | None) -> None:
+        self.pipeline, self.every = pipeline, every
+        self.out = Path(out) if out is not None else None
+        self._lock = threading.Lock()
+        self._running: threading.Thread | None = None
+        self.last_fit_labels = label_total(pipeline.store.counts()) if every else 0
+        self.fits = 0
+        self.last_error: str | None = None
+        self.last_summary: str | None = None
+        self.last_at: float | None = None
+
+    def check(self) -> None:
+        """Start a refit when ``every`` labels came since the last one (and none is running)."""
+        if not self.every:
+            return
+        with self._lock:
+            if self._running is not None and self._running.is_alive():
+                return
+            counts = self.pipeline.store.counts()
+            if label_total(counts) - self.last_fit_labels < self.every:
+                return
+            self.last_fit_labels = label_total(counts)
+            self._running = threading.Thread(
+                target=self._fit, args=(choose_label(counts),), name="ragate-refit", daemon=True
+            )
+            self._running.start()
+
+    def _fit(self, label: str) -> None:
+        try:
+            learned = self.pipeline.learn(self.out, label=label, use=True)
+            self.fits += 1
+            self.last_error, self.last_summary = None, learned.summary()
+        except Exception as err:  # noqa: BLE001  # reported in /healthz; answers go on with the gate in force
+            self.last_error = f"{type(err).__name__}: {err}"[:500]
+        self.last_at = time.time()
+
+    def wait(self, timeout: float | None = None) -> None:
+        thread = self._running
+        if thread is not None:
+            thread.join(timeout)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "every": self.every, "fits": self.fits, "labels_at_last_fit": self.last_fit_labels,
+            "running": bool(self._running is not None and self._running.is_alive()),
+            "last_error": self.last_error, "last_summary": self.last_summary, "last_at": self.last_at,
+        }  # fmt: skip

@@ -1,0 +1,249 @@
+"""The learned gate: its file, its fit and reports, the feedback store, hidden states from the answer's own
+prefill, and the loop through ``ragate.Pipeline`` (shadow answers and feedback as labels, learn, the gate in force,
+the cascade) with SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragate.errors import RagateError
+from ragate.eval.learn import (
+    MIN_CLASS,
+    Labelled,
+    cascade_probabilities,
+    check_labels,
+    choose_band,
+    ece,
+    learn_gate,
+    paired_auroc_gap,
+)
+from ragate.feedback import FeedbackStore, UnknownAnswer, answers_agree
+from ragate.gates.learned import load_learned, save_learned
+
+DEMO_SWEEP = Path(__file__).parent.parent / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
+DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"
+
+
+def _synthetic(n: int = 200, seed: int = 0, signal_in_hidden: bool = True) -> Labelled:
+    rng = np.random.default_rng(seed)
+    y = rng.random(n) < 0.4
+    hidden = rng.normal(size=(n, 24))
+    if signal_in_hidden:
+        hidden[:, 3] += 1.5 * y  # one direction of the state says "needs retrieval"
+    scalars = np.column_stack([rng.integers(3, 20, n).astype(float), (rng.random(n) < 0.2).astype(float)])
+    draft = rng.normal(size=n) + 1.0 * y
+    return Labelled(
+        tuple(f"q{i}" for i in range(n)),
+        ("words", "digit", "targ-entropy"),
+        np.column_stack([scalars, draft]),
+        hidden,
+        y,
+    )
+
+
+def test_a_fit_refuses_too_few_labels_naming_how_many_more() -> None:
+    y = np.array([True] * 4 + [False] * 40)
+    with pytest.raises(RagateError, match=f"{MIN_CLASS - 4} more 'retrieve' labels"):
+        check_labels(y)
+
+
+def test_the_learned_gate_ranks_a_signal_and_says_nothing_of_noise() -> None:
+    gate, report = learn_gate(_synthetic(), label="closed-wrong", components=4)
+    auc, lo, _ = report["cheap_auroc"]  # cross-fitted: no question scored by a model that saw it
+    assert auc > 0.75 and lo > 0.6
+    assert report["cheap_ece"] < 0.15
+    _, noise = learn_gate(_synthetic(signal_in_hidden=False, seed=3), label="closed-wrong", components=4)
+    _, nlo, nhi = noise["cheap_auroc"]
+    assert nlo < 0.6 and nhi > 0.4  # random labels: nothing established beyond chance
+    assert "targ-entropy" not in gate.cheap.features
+
+
+def test_the_cascade_drafts_the_band_it_was_given() -> None:
+    data = _synthetic(300)
+    gate, report = learn_gate(data, label="closed-wrong", components=4, cascade_share=0.3)
+    assert gate.full is not None and gate.band is not None
+    assert abs(float(report["drafted_share"]) - 0.3) < 0.02
+    assert report["full_auroc"][0] >= report["cheap_auroc"][0] - 0.02  # the draft's score helps, not hurts
+    p = np.array([0.1, 0.45, 0.5, 0.55, 0.9])
+    band = choose_band(p, 0.6)
+    mixed, drafted = cascade_probabilities(p, np.full(5, 0.7), band)
+    assert drafted.tolist() == [False, True, True, True, False]
+    assert mixed.tolist() == [0.1, 0.7, 0.7, 0.7, 0.9]
+
+
+def test_ece_and_paired_gap_are_what_they_say() -> None:
+    y = np.array([True, False] * 50)
+    assert ece(np.where(y, 1.0, 0.0), y) == 0.0
+    assert ece(np.full(100, 0.9), y) == pytest.approx(0.4)
+    perfect, flat = np.where(y, 0.9, 0.1), np.full(100, 0.5)
+    gap, lo, _ = paired_auroc_gap(perfect, flat, y)
+    assert gap == pytest.approx(0.5) and lo > 0
+
+
+def test_the_gate_file_round_trips_and_a_damaged_one_names_the_fix(tmp_path: Path) -> None:
+    data = _synthetic()
+    gate, _ = learn_gate(data, label="retrieval-changed", components=4, cascade_share=0.2)
+    path = save_learned(gate, tmp_path / "gate.json")
+    again = load_learned(path)
+    cheap = data.select(["words", "digit"])
+    assert np.allclose(
+        again.cheap.probabilities(cheap.scalars, cheap.hidden),
+        gate.cheap.probabilities(cheap.scalars, cheap.hidden),
+        atol=1e-6,
+    )
+    assert again.label == "retrieval-changed" and again.band == gate.band
+    good = json.loads(path.read_text())
+    damaged = {
+        "not json": "{",
+        "wrong format": json.dumps({**good, "format": "x"}),
+        "nan": json.dumps(
+            {**good, "cheap": {**good["cheap"], "coef": [float("nan")] * len(good["cheap"]["coef"])}}
+        ).replace("NaN", "NaN"),
+        "short coef": json.dumps({**good, "cheap": {**good["cheap"], "coef": [1.0]}}),
+        "band": json.dumps({**good, "band": [0.9, 0.1]}),
+        "unknown feature": json.dumps({**good, "cheap": {**good["cheap"], "features": ["nope", "digit"]}}),
+    }
+    for name, text in damaged.items():
+        bad = tmp_path / f"{name.replace(' ', '-')}.json"
+        bad.write_text(text)
+        with pytest.raises(RagateError, match="learn") as err:
+            load_learned(bad)
+        assert str(bad) in str(err.value) or "learned gate" in str(err.value), name
+    with pytest.raises(RagateError, match="not found"):
+        load_learned(tmp_path / "missing.json")
+    wrong = data.hidden[:, :10] if data.hidden is not None else None
+    with pytest.raises(RagateError, match="another model"):
+        gate.cheap.probabilities(cheap.scalars, wrong)
+
+
+def _record(store: FeedbackStore, i: int, *, retrieved: bool = False, answer: str = "Paris") -> str:
+    aid = f"a{i}"
+    store.record_answer(
+        aid, question=f"question {i}?", method="targ-entropy", prompts="targ-question-first", answer=answer,
+        retrieved=retrieved, features={"words": 2.0}, hidden=np.arange(4, dtype=np.float32) + i,
+        model={"model": "m.gguf", "engine": "llama.cpp"},
+    )  # fmt: skip
+    return aid
+
+
+def test_the_feedback_store_keeps_labels_bounded_and_names_unknown_ids(tmp_path: Path) -> None:
+    with FeedbackStore(tmp_path / "fb.db", max_answers=3) as store:
+        for i in range(5):
+            _record(store, i, retrieved=i % 2 == 1)
+        assert store.counts()["answers"] == 3 and store.get("a0") is None  # the oldest went
+        with pytest.raises(UnknownAnswer, match="no answer 'a0'"):
+            store.feedback("a0", correct=True)
+        assert store.feedback("a4", correct=False) == [("closed-wrong", True)]  # a closed-book answer judged
+        assert store.feedback("a3", correct=True) == []  # retrieved, no closed-book twin: no gate label
+        store.set_twin("a3", closed="London")
+        assert store.feedback("a3", reference="Paris") == [("closed-wrong", True)]
+        with pytest.raises(RagateError, match="characters"):
+            store.feedback("a4", reference="x" * 5000)
+        with pytest.raises(RagateError, match="correct .* or a reference"):
+            store.feedback("a4")
+        rows = store.labelled("closed-wrong")
+        assert rows.ids == ("a3", "a4") and rows.y.tolist() == [True, True]
+        assert np.array_equal(rows.hidden[1], np.arange(4, dtype=np.float32) + 4)
+    (tmp_path / "junk.db").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(RagateError, match="damaged or not SQLite"):
+        FeedbackStore(tmp_path / "junk.db")
+
+
+def test_an_acknowledged_label_survives_kill_9(tmp_path: Path) -> None:
+    db = tmp_path / "fb.db"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, numpy as np
+        from ragate.feedback import FeedbackStore
+        s = FeedbackStore({str(db)!r})
+        for i in range(20):
+            s.record_answer(f"a{{i}}", question="q", method="m", prompts="p", answer="x", retrieved=False,
+                            features={{}}, hidden=None, model={{"model": "m"}})
+            s.add_label(f"a{{i}}", source="feedback", kind="closed-wrong", value=bool(i % 2))
+            print(i, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == -signal.SIGKILL
+    acknowledged = len(out.stdout.split())
+    with FeedbackStore(db) as store:
+        assert len(store.labelled("closed-wrong").ids) == acknowledged == 20
+
+
+def test_answers_agree_on_normalised_tokens() -> None:
+    assert answers_agree("The answer is Paris.", "the answer is paris")
+    assert not answers_agree("Paris", "London")
+
+
+# -- with SmolLM2 -----------------------------------------------------------------------------------------------
+def test_the_hidden_state_comes_from_the_answers_own_prefill(llama_backend: object) -> None:
+    from ragate.eval.calls import CallCache
+    from ragate.methods import get_method
+    from ragate.methods.question import QuestionRun
+
+    lm = CallCache(llama_backend, None, "smollm2", exact_prefixes=True)  # type: ignore[arg-type]
+    spec = get_method("targ-entropy")
+    run = QuestionRun(spec, "Who wrote Hamlet?", lm, None)
+    hidden = run.hidden_state()
+    assert hidden is not None and hidden.shape == (576,) and np.all(np.isfinite(hidden))
+    before = llama_backend.evaluated_tokens  # type: ignore[attr-defined]
+    draft = run.draft(20)
+    # the draft starts from the kept prompt: only its generated tokens are evaluated, not the prompt again
+    assert llama_backend.evaluated_tokens - before <= len(draft)  # type: ignore[attr-defined]
+    again = QuestionRun(spec, "Who wrote Hamlet?", lm, None).hidden_state()
+    assert again is not None and np.array_equal(hidden, again)
+    other = QuestionRun(spec, "What is the capital of France?", lm, None).hidden_state()
+    assert other is not None and not np.allclose(hidden, other)
+
+
+def test_a_pipeline_answers_with_the_learned_gate(demo_gate: Path, llama_backend: object) -> None:
+    from ragate.pipeline import Pipeline
+
+    with Pipeline("learned", gate_weights=demo_gate, lm=llama_backend) as rag:  # type: ignore[arg-type]
+        a = rag.answer("Who wrote the novel Pride and Prejudice?")
+        assert "cheap stage" in a.decision.reason and "no draft" in a.decision.reason
+        assert 0.0 <= a.decision.score <= 1.0
+        assert any(s.name == "prefill" for s in a.stages) and a.text
+
+
+def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_the_cascade_in_force(
+    tmp_path: Path, llama_backend: object
+) -> None:
+    from ragate.learning import import_sweep
+    from ragate.pipeline import Pipeline
+
+    demo = Path(__file__).parent.parent / "src/ragate/data/demo/questions.jsonl"
+    questions = [json.loads(line)["question"] for line in demo.open()]
+    with Pipeline(
+        "targ-entropy", lm=llama_backend, feedback_store=tmp_path / "fb.db", shadow=1.0, threshold=1.0, k=3,  # type: ignore[arg-type]
+    ) as rag:  # fmt: skip
+        assert rag.store is not None and rag.shadow is not None
+        assert import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY) == 80  # labelled runs
+        assert import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY) == 0  # once
+        answers = [rag.answer(q) for q in questions[:6]]  # live traffic: shadow answers label it
+        assert all(a.id for a in answers) and len({a.id for a in answers}) == 6
+        assert rag.shadow.wait(300) and rag.shadow.describe()["done"] == 6
+        closed = (
+            next(a for a in answers if not a.retrieved) if any(not a.retrieved for a in answers) else None
+        )
+        if closed is not None:
+            assert rag.feedback(closed, correct=False) == [("closed-wrong", True)]
+        counts = rag.store.counts()
+        changed = counts["retrieval-changed"]
+        assert changed["retrieve"] + changed["no_retrieve"] == 86
+        learned = rag.learn(tmp_path / "gate.json", label="retrieval-changed", cascade=0.4)
+        assert rag.spec.gate.kind == "learned" and rag.gate_file == str(learned.path)
+        assert abs(float(learned.report["drafted_share"]) - 0.4) < 0.05
+        reasons = [rag.answer(q).decision.reason for q in questions[6:18]]
+        assert any("draft stage" in r for r in reasons) and any("cheap stage" in r for r in reasons), reasons
