@@ -46,15 +46,25 @@ from ragate.gates.signals import QUESTION_FEATURES
 
 RUNS = Path("docs/results/runs")
 MODEL = "qwen2.5-coder-1.5b"
-DATASETS = {
+NQ_TRAIN_FAMILY = (
+    "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"  # the TARG reader's older name, same prompt
+)
+DATASETS: dict[str, tuple[tuple[tuple[str, str | None], ...], str]] = {
     "nq-open-oracle": (
-        "sweep-nq-open-oracle-qwen2.5-coder-1.5b-train-300-300",
-        "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64",
+        (("sweep-nq-open-oracle-qwen2.5-coder-1.5b-train-300-300", NQ_TRAIN_FAMILY),),
         "sweep-gates-nq-open-oracle-qwen2.5-coder-1.5b-300",
     ),
     "hotpotqa": (
-        "sweep-hotpotqa-qwen2.5-coder-1.5b-train-300-50",
-        None,
+        (
+            (
+                "sweep-hotpotqa-qwen2.5-coder-1.5b-train-300-50",
+                None,
+            ),  # dev 300-349: all the dev file holds past 300
+            (
+                "sweep-hotpotqa-train-raw-qwen2.5-coder-1.5b-100",
+                None,
+            ),  # 100 HotpotQA train questions (HippoRAG's)
+        ),
         "sweep-gates-hotpotqa-qwen2.5-coder-1.5b-300",
     ),
 }
@@ -84,6 +94,28 @@ def labelled(sweep: str, family: str | None, label: str) -> tuple[Labelled, list
         y = np.array([f1(r["closed"]["prediction"], [r["open"]["prediction"]]) < SILVER_F1 for r in records])
     h = np.vstack([hidden[row[r["id"]]] for r in records])
     return Labelled(tuple(r["id"] for r in records), NAMES, scalars, h, y), records
+
+
+def labelled_train(train: tuple[tuple[str, str | None], ...], label: str) -> Labelled:
+    """The training sweeps' questions, one after another."""
+    parts = [labelled(sweep, family, label)[0] for sweep, family in train if (RUNS / sweep).is_dir()]
+    hidden = [p.hidden for p in parts]
+    return Labelled(
+        tuple(i for p in parts for i in p.ids),
+        parts[0].names,
+        np.vstack([p.scalars for p in parts]),
+        np.vstack(hidden) if all(h is not None for h in hidden) else None,
+        np.concatenate([p.y for p in parts]),
+    )
+
+
+def train_drafts(train: tuple[tuple[str, str | None], ...], ids: tuple[str, ...]) -> np.ndarray:
+    rows: dict[str, np.ndarray] = {}
+    for sweep, _ in train:
+        if (RUNS / sweep).is_dir():
+            found, matrix, _ = read_hidden(RUNS / sweep / f"drafts-{MODEL}.npz")
+            rows |= dict(zip(found, matrix, strict=True))
+    return np.vstack([rows[i] for i in ids])
 
 
 def question_signals_vector(question: str) -> list[float]:
@@ -121,7 +153,8 @@ SUMMARY: list[str] = []
 def run(out: Path | None) -> str:
     SUMMARY.clear()
     lines = []
-    for dataset, (train_sweep, family, test_sweep) in DATASETS.items():
+    for dataset, (train, test_sweep) in DATASETS.items():
+        train_name = " + ".join(sweep for sweep, _ in train if (RUNS / sweep).is_dir())
         test, test_records = labelled(test_sweep, None, "gold")
         closed = np.array([float(r["closed"]["scores"]["acc"]) for r in test_records])
         opened = np.array([float(r["open"]["scores"]["acc"]) for r in test_records])
@@ -129,7 +162,7 @@ def run(out: Path | None) -> str:
         dtr = gate_scores(test_sweep, "dtr")
         p_targ = np.array([targ[i] for i in test.ids])
         p_dtr = np.array([dtr[i] for i in test.ids])
-        lines += [f"### {dataset}: trained on {train_sweep}, scored on {test_sweep} (n = {len(test)})", ""]
+        lines += [f"### {dataset}: trained on {train_name}, scored on {test_sweep} (n = {len(test)})", ""]
         lines += [
             (
                 f"targ-entropy AUROC {_plain(auroc_interval(p_targ, test.y))}; dtr AUROC "
@@ -143,16 +176,16 @@ def run(out: Path | None) -> str:
         ]
         probs = {}
         for label in ("gold", "silver"):
-            train, _ = labelled(train_sweep, family, label)
+            rows = labelled_train(train, label)
             for feats, name in (
                 (True, "hidden + question"),
                 (False, "question only"),
                 ("hidden", "hidden only"),
             ):
                 if feats == "hidden":
-                    tr, te = train.select([], hidden=True), test.select([], hidden=True)
+                    tr, te = rows.select([], hidden=True), test.select([], hidden=True)
                 else:
-                    tr, te = train.select(NAMES, hidden=bool(feats)), test.select(NAMES, hidden=bool(feats))
+                    tr, te = rows.select(NAMES, hidden=bool(feats)), test.select(NAMES, hidden=bool(feats))
                 try:
                     k, c, _ = tune(tr)
                     probe, _ = fit_probe(tr, components=k or 1, c=c)
@@ -188,12 +221,12 @@ def run(out: Path | None) -> str:
                 probs[("gold", "hidden + question")], probs[("gold", "question only")], test.y
             )
             lines += ["", f"Hidden state's worth (gold labels; with minus without, paired): {_ci(gap)}."]
-        lines += cascade_rows(train_sweep, family, test_sweep, test)
+        lines += cascade_rows(train, test_sweep, test)
         curves = {}
         for label in ("gold", "silver"):
-            train, _ = labelled(train_sweep, family, label)
-            k, c, _ = tune(train)
-            curves[label] = label_curve(train, test, (50, 100, 200, 400), components=k, c=c)
+            rows = labelled_train(train, label)
+            k, c, _ = tune(rows)
+            curves[label] = label_curve(rows, test, (50, 100, 200, 400), components=k, c=c)
         curve_g, curve_s = curves["gold"], curves["silver"]
         lines += [
             "",
@@ -254,16 +287,13 @@ def with_drafts(data: Labelled, scores: dict[str, np.ndarray]) -> Labelled:
     )
 
 
-def cascade_rows(train_sweep: str, family: str | None, test_sweep: str, test: Labelled) -> list[str]:
+def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, test: Labelled) -> list[str]:
     """The cascade on the test questions: the cheap probe (hidden state and question) decides where it is sure;
     inside the band, chosen on the training questions' cross-fitted probabilities to draft a share of them, the
     full probe (and TARG's draft scores) decides."""
-    train, _ = labelled(train_sweep, family, "gold")
-    ids, drafts, _ = read_hidden(RUNS / train_sweep / f"drafts-{MODEL}.npz")
-    row = {rid: i for i, rid in enumerate(ids)}
-    train_full = with_drafts(
-        train, {n: np.array([drafts[row[i], j] for i in train.ids]) for j, n in enumerate(DRAFT_FEATURES)}
-    )
+    train = labelled_train(sweeps, "gold")
+    drafts = train_drafts(sweeps, train.ids)
+    train_full = with_drafts(train, {n: drafts[:, j] for j, n in enumerate(DRAFT_FEATURES)})
     test_full = with_drafts(
         test, {n: np.array([gate_scores(test_sweep, n)[i] for i in test.ids]) for n in DRAFT_FEATURES}
     )

@@ -245,5 +245,42 @@ def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_th
         learned = rag.learn(tmp_path / "gate.json", label="retrieval-changed", cascade=0.4)
         assert rag.spec.gate.kind == "learned" and rag.gate_file == str(learned.path)
         assert abs(float(learned.report["drafted_share"]) - 0.4) < 0.05
-        reasons = [rag.answer(q).decision.reason for q in questions[6:18]]
+        later = [rag.answer(q) for q in questions[6:18]]
+        reasons = [a.decision.reason for a in later]
         assert any("draft stage" in r for r in reasons) and any("cheap stage" in r for r in reasons), reasons
+
+        from ragate.service.refit import Refit  # serve --refit-every: a new label, a new gate in force
+
+        refit = Refit(rag, 1, tmp_path / "refit.json")
+        rag.store.add_label(later[0].id, source="feedback", kind="retrieval-changed", value=True)
+        refit.check()
+        refit.wait(300)
+        assert refit.fits == 1 and refit.last_error is None, refit.describe()
+        assert rag.gate_file == str(tmp_path / "refit.json") and (tmp_path / "refit.json").is_file()
+
+
+def test_gate_learn_on_a_store_prints_its_report_and_refuses_what_it_cannot_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragate.cli.main import main
+
+    data = _synthetic(120)
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        for i, (x, h, y) in enumerate(zip(data.scalars, data.hidden, data.y, strict=True)):  # type: ignore[arg-type]
+            store.record_answer(
+                f"a{i}", question=f"question {i}?", method="learned", prompts="targ-question-first", answer="x",
+                retrieved=False, features={"words": float(x[0]), "targ-entropy": float(x[2])}, hidden=h,
+                model={"model": "m.gguf", "engine": "llama.cpp"},
+            )  # fmt: skip
+            store.add_label(f"a{i}", source="feedback", kind="closed-wrong", value=bool(y))
+    out = tmp_path / "gate.json"
+    assert main(["gate", "learn", "--store", str(tmp_path / "fb.db"), "--out", str(out), "--cascade", "0.3"]) == 0
+    printed = capsys.readouterr().out
+    assert "learning 'closed-wrong'" in printed and "cross-fitted AUROC" in printed and "cascade AUROC" in printed
+    assert "chosen by cross-fitting" in printed and "AUROC (cross-fitted) against labels: 50:" in printed
+    gate = load_learned(out)
+    assert gate.band is not None and gate.meta["model"]["model"] == "m.gguf" and len(gate.meta["questions"]) == 120
+    assert main(["gate", "learn", "--store", str(tmp_path / "none.db"), "--out", str(out)]) == 2
+    assert "no feedback store" in capsys.readouterr().err
+    assert main(["gate", "learn", "--store", str(tmp_path / "fb.db"), "--out", str(tmp_path / "gate.txt")]) == 2
+    assert "FILE.json" in capsys.readouterr().err

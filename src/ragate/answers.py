@@ -67,6 +67,8 @@ class Answer:
 
     def to_json(self) -> dict[str, Any]:
         out = self.trace.to_json()
+        if self.id:
+            out["id"] = self.id
         for doc, record in zip(self.documents, out["documents"], strict=True):
             record |= {"text": doc.text, "source": doc.source, "span": list(doc.span) if doc.span else None}
         return out

@@ -189,6 +189,8 @@ def learn_from_store(
     """The learned gate fitted on a feedback store's labels, written to ``out``."""
     data = store_labelled(store, label, prompts=prompts, hidden=hidden, draft=cascade is not None)
     rows = store.labelled(label, prompts=prompts)
+    if model is None and rows.models:  # the model whose answers and hidden states the rows hold
+        model = {"model": rows.models[0]}
     return learn_labelled(
         data, out, label=label, cascade=cascade, components=components, c=c, model=model,
         questions=rows.questions, source=f"feedback store {store.path}", tuned=tuned,
