@@ -284,3 +284,8 @@ def test_gate_learn_on_a_store_prints_its_report_and_refuses_what_it_cannot_use(
     assert "no feedback store" in capsys.readouterr().err
     assert main(["gate", "learn", "--store", str(tmp_path / "fb.db"), "--out", str(tmp_path / "gate.txt")]) == 2
     assert "FILE.json" in capsys.readouterr().err
+    store_arg = ["--store", str(tmp_path / "fb.db")]
+    assert main(["gate", "feedback", *store_arg, "--id", "a3", "--wrong"]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"] == [{"kind": "closed-wrong", "retrieve": True}]
+    assert main(["gate", "feedback", *store_arg, "--id", "nope", "--correct"]) == 2
+    assert "no answer 'nope'" in capsys.readouterr().err

@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     fit.add_argument("--gate", default="no-model-lr", help="the trained gate to fit (default no-model-lr)")
     fit.add_argument("--index", default=None, help="the index the signals read (default: the sweep's index)")
     fit.add_argument(
-        "--family", default=None, help="the method family whose answers label (default: the gate's, TARG's reader)"
+        "--family",
+        default=None,
+        help="the method family whose answers label (default: the gate's, TARG's reader)",
     )
     fit.add_argument("--metric", choices=("em", "f1", "acc"), default="em")
     fit.add_argument(
@@ -70,18 +72,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="a cascade that drafts (TARG's 20 tokens) for this share of questions, those the cheap gate is least "
         "sure of (needs answers with draft scores)",
     )  # fmt: skip
-    learn.add_argument("--no-hidden", action="store_true", help="leave the model's hidden state out (a server backend)")
-    learn.add_argument("--prompts", default=None, help="the prompt set of the answers to learn from (default: learned's, TARG's)")
-    learn.add_argument("--model", default=None, help="with --sweep: the model whose hidden states to compute (default: the sweep's)")
-    learn.add_argument("--family", default=None, help="with --sweep: the records' method family (default: learned's)")
-    learn.add_argument("--metric", choices=("em", "f1", "acc"), default="acc", help="with --sweep: the gold label's metric")
+    learn.add_argument(
+        "--no-hidden", action="store_true", help="leave the model's hidden state out (a server backend)"
+    )
+    learn.add_argument(
+        "--prompts",
+        default=None,
+        help="the prompt set of the answers to learn from (default: learned's, TARG's)",
+    )
+    learn.add_argument(
+        "--model",
+        default=None,
+        help="with --sweep: the model whose hidden states to compute (default: the sweep's)",
+    )
+    learn.add_argument(
+        "--family", default=None, help="with --sweep: the records' method family (default: learned's)"
+    )
+    learn.add_argument(
+        "--metric", choices=("em", "f1", "acc"), default="acc", help="with --sweep: the gold label's metric"
+    )
     learn.add_argument(
         "--components", type=int, default=None,
         help="PCA components of the hidden state (default: chosen with --C by cross-fitted AUROC on the labels, from "
         "4, 8, 16, 32, 64)",
     )  # fmt: skip
-    learn.add_argument("--C", dest="c", type=float, default=None, help="inverse L2 strength (default: chosen, from 0.01, 0.1, 1)")
+    learn.add_argument(
+        "--C",
+        dest="c",
+        type=float,
+        default=None,
+        help="inverse L2 strength (default: chosen, from 0.01, 0.1, 1)",
+    )
     learn.set_defaults(run=_learn)
+    fb = commands.add_parser(
+        "feedback",
+        help="a user's word on an answer a feedback store holds (what POST /v1/feedback and Pipeline.feedback do)",
+        description="Record that an answer (its id, as `ragate serve --feedback-store` returned it) was correct or "
+        "wrong, or give its reference answer; prints the gate labels that gave and the store's counts.",
+    )
+    fb.add_argument("--store", type=Path, required=True, help="the feedback store (SQLite)")
+    fb.add_argument("--id", required=True, help="the answer's id")
+    verdict = fb.add_mutually_exclusive_group()
+    verdict.add_argument("--correct", action="store_true", help="the answer was right")
+    verdict.add_argument("--wrong", action="store_true", help="the answer was wrong")
+    fb.add_argument("--reference", default=None, help="the reference answer")
+    fb.set_defaults(run=_feedback)
 
 
 def _fit(args: argparse.Namespace) -> int:
@@ -125,16 +160,24 @@ def _learn(args: argparse.Namespace) -> int:
         from ragate.methods import get_method
 
         if not args.store.is_file():
-            raise RagateError(f"no feedback store at {args.store}: `ragate serve --feedback-store FILE` (or --shadow) fills one")
+            raise RagateError(
+                f"no feedback store at {args.store}: `ragate serve --feedback-store FILE` (or --shadow) fills one"
+            )
         prompts = args.prompts or get_method("learned").prompts.name
         with FeedbackStore(args.store) as store:
             counts = store.counts()
             label = args.label
             if label is None:
                 gold = counts["closed-wrong"]
-                label = "closed-wrong" if min(gold["retrieve"], gold["no_retrieve"]) >= MIN_CLASS else "retrieval-changed"
-            print(f"{args.store}: {counts['answers']} answers; labels {counts['closed-wrong']} closed-wrong, "
-                  f"{counts['retrieval-changed']} retrieval-changed; learning {label!r}")
+                label = (
+                    "closed-wrong"
+                    if min(gold["retrieve"], gold["no_retrieve"]) >= MIN_CLASS
+                    else "retrieval-changed"
+                )
+            print(
+                f"{args.store}: {counts['answers']} answers; labels {counts['closed-wrong']} closed-wrong, "
+                f"{counts['retrieval-changed']} retrieval-changed; learning {label!r}"
+            )
             learned = learn_from_store(
                 store, args.out, label=label, prompts=prompts, cascade=args.cascade, hidden=not args.no_hidden,
                 components=components, c=c, tuned=tuned,
@@ -153,7 +196,12 @@ def _learn(args: argparse.Namespace) -> int:
                 engine = load_backend(model, "llama.cpp")
                 cached = CallCache(engine, None, f"llama.cpp:{engine.model}", exact_prefixes=True)
             data, questions = sweep_labelled(
-                args.sweep, cached, label=label, family=args.family, metric=args.metric, hidden=not args.no_hidden
+                args.sweep,
+                cached,
+                label=label,
+                family=args.family,
+                metric=args.metric,
+                hidden=not args.no_hidden,
             )
             name = engine.model if engine is not None else model
             learned = learn_labelled(
@@ -165,8 +213,39 @@ def _learn(args: argparse.Namespace) -> int:
                 engine.close()
     print(learned.summary())
     params = learned.report.get("params") or {}
-    print(f"PCA components {params.get('components')}, C {params.get('C')}" + (" (chosen by cross-fitting)" if params.get("tuned") else ""))
+    print(
+        f"PCA components {params.get('components')}, C {params.get('C')}"
+        + (" (chosen by cross-fitting)" if params.get("tuned") else "")
+    )
     curve = learned.report.get("curve") or []
     if curve:
-        print("AUROC (cross-fitted) against labels: " + ", ".join(f"{n}: {'-' if v is None else f'{v:.3f}'}" for n, v in curve))
+        print(
+            "AUROC (cross-fitted) against labels: "
+            + ", ".join(f"{n}: {'-' if v is None else f'{v:.3f}'}" for n, v in curve)
+        )
+    return 0
+
+
+def _feedback(args: argparse.Namespace) -> int:
+    import json
+
+    from ragate.errors import RagateError
+    from ragate.feedback import FeedbackStore
+
+    if not args.store.is_file():
+        raise RagateError(
+            f"no feedback store at {args.store}: `ragate serve --feedback-store FILE` (or --shadow) fills one"
+        )
+    correct = True if args.correct else (False if args.wrong else None)
+    with FeedbackStore(args.store) as store:
+        labels = store.feedback(args.id, correct=correct, reference=args.reference)
+        print(
+            json.dumps(
+                {
+                    "id": args.id,
+                    "labels": [{"kind": k, "retrieve": v} for k, v in labels],
+                    "counts": store.counts(),
+                }
+            )
+        )
     return 0

@@ -72,6 +72,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             shadow=args.shadow,
             refit_every=args.refit_every,
             learned_gate=str(args.learned_gate) if args.learned_gate else None,
+            refit_cascade=args.refit_cascade,
         )
     except ValueError as err:
         raise RagateError(str(err)) from err
@@ -315,6 +316,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--refit-every", type=int, default=0, metavar="N",
         help="learn the gate again after every N new labels and put it in force (0: never; default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--refit-cascade", type=float, default=None, metavar="SHARE",
+        help="with --refit-every: learn a cascade that drafts for this share of questions (default: the cheap gate "
+        "alone)",
     )  # fmt: skip
     p.add_argument(
         "--learned-gate", type=Path, default=None, metavar="FILE",

@@ -205,7 +205,7 @@ def _refit(settings: ServiceSettings, pipeline: Pipeline) -> Any:
         return None
     from ragate.service.refit import Refit
 
-    return Refit(pipeline, settings.refit_every, settings.learned_gate)
+    return Refit(pipeline, settings.refit_every, settings.learned_gate, cascade=settings.refit_cascade)
 
 
 def create_app(

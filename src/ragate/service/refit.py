@@ -33,8 +33,10 @@ def label_total(counts: dict[str, Any]) -> int:
 
 
 class Refit:
-    def __init__(self, pipeline: Any, every: int, out: str | Path | None) -> None:
-        self.pipeline, self.every = pipeline, every
+    def __init__(
+        self, pipeline: Any, every: int, out: str | Path | None, *, cascade: float | None = None
+    ) -> None:
+        self.pipeline, self.every, self.cascade = pipeline, every, cascade
         self.out = Path(out) if out is not None else None
         self._lock = threading.Lock()
         self._running: threading.Thread | None = None
@@ -62,7 +64,7 @@ class Refit:
 
     def _fit(self, label: str) -> None:
         try:
-            learned = self.pipeline.learn(self.out, label=label, use=True)
+            learned = self.pipeline.learn(self.out, label=label, cascade=self.cascade, use=True)
             self.fits += 1
             self.last_error, self.last_summary = None, learned.summary()
         except Exception as err:  # noqa: BLE001  # reported in /healthz; answers go on with the gate in force

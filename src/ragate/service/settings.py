@@ -77,6 +77,7 @@ class ServiceSettings:
     shadow: float = 0.0  # the share of answers whose other path runs after the response (ragate.shadow)
     refit_every: int = 0  # learn the gate again after this many new labels (0: never; `ragate gate learn` by hand)
     learned_gate: str | None = None  # where a refit writes the learned gate (default: beside the store)
+    refit_cascade: float | None = None  # a refit's cascade: the share of questions it may draft for (None: none)
 
     def __post_init__(self) -> None:
         positive = {
@@ -140,6 +141,8 @@ class ServiceSettings:
             raise ValueError(f"--shadow is a share of answers in [0, 1], not {self.shadow}")
         if self.refit_every < 0:
             raise ValueError(f"--refit-every is a number of new labels (0: never), not {self.refit_every}")
+        if self.refit_cascade is not None and not 0.0 <= self.refit_cascade <= 1.0:
+            raise ValueError(f"--refit-cascade is a share of questions in [0, 1], not {self.refit_cascade}")
         if self.refit_every and self.feedback_store is None and self.shadow == 0:
             raise ValueError("--refit-every learns from the labels of --feedback-store or --shadow: give one of them")
         if self.api_key is not None and not self.api_key.strip():
