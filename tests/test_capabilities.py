@@ -60,6 +60,7 @@ def test_support_of_every_gate_on_each_kind_of_backend() -> None:
         "retrieval-dispersion": "exact", "question-length": "exact", "question-numeric": "exact",
         "question-rarity": "exact", "no-model-lr": "exact", "corpus-coverage": "exact",
         "corpus-or-margin": "unavailable", "proxy-margin": "exact", "proxy-entropy": "exact",
+        "learned": "unavailable",
     }  # fmt: skip
     assert set(text) == set(gate_names())
     top20 = capability_report(SCRIPTED_CAPABILITIES)["gates"]

@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("evaluation", ("eval/",)),
     ("traces and savings", ("tracing.py", "savings.py")),
     ("budget", ("budget.py",)),
+    ("learning", ("feedback.py", "shadow.py", "learning.py", "traffic.py")),
     ("pipeline", ("pipeline.py", "answers.py", "paper_tau.py")),
     ("framework adapters", ("integrations/",)),
     ("service", ("service/",)),

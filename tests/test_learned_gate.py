@@ -229,8 +229,8 @@ def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_th
         "targ-entropy", lm=llama_backend, feedback_store=tmp_path / "fb.db", shadow=1.0, threshold=1.0, k=3,  # type: ignore[arg-type]
     ) as rag:  # fmt: skip
         assert rag.store is not None and rag.shadow is not None
-        assert import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY) == 80  # labelled runs
-        assert import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY) == 0  # once
+        imported = import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY, limit=50)  # labelled runs
+        assert imported == 50 and import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY, limit=50) == 0
         answers = [rag.answer(q) for q in questions[:6]]  # live traffic: shadow answers label it
         assert all(a.id for a in answers) and len({a.id for a in answers}) == 6
         assert rag.shadow.wait(300) and rag.shadow.describe()["done"] == 6
@@ -241,11 +241,11 @@ def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_th
             assert rag.feedback(closed, correct=False) == [("closed-wrong", True)]
         counts = rag.store.counts()
         changed = counts["retrieval-changed"]
-        assert changed["retrieve"] + changed["no_retrieve"] == 86
+        assert changed["retrieve"] + changed["no_retrieve"] == 56
         learned = rag.learn(tmp_path / "gate.json", label="retrieval-changed", cascade=0.4)
         assert rag.spec.gate.kind == "learned" and rag.gate_file == str(learned.path)
         assert abs(float(learned.report["drafted_share"]) - 0.4) < 0.05
-        later = [rag.answer(q) for q in questions[6:18]]
+        later = [rag.answer(q) for q in questions[6:16]]
         reasons = [a.decision.reason for a in later]
         assert any("draft stage" in r for r in reasons) and any("cheap stage" in r for r in reasons), reasons
 
@@ -255,7 +255,7 @@ def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_th
         rag.store.add_label(later[0].id, source="feedback", kind="retrieval-changed", value=True)
         refit.check()
         refit.wait(300)
-        assert refit.fits == 1 and refit.last_error is None, refit.describe()
+        assert refit.fits == 1 and refit.last_error is None, json.dumps(refit.describe())
         assert rag.gate_file == str(tmp_path / "refit.json") and (tmp_path / "refit.json").is_file()
 
 

@@ -14,7 +14,7 @@ from ragate.methods import DYNAMIC_METHODS, METHODS, get_method, run_method
 
 NAMED = [
     "retrieval-top1", "retrieval-gap", "retrieval-dispersion", "question-length", "question-numeric", "question-rarity", "no-model-lr",
-    "corpus-coverage", "corpus-or-margin", "proxy-margin", "proxy-entropy", "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
+    "corpus-coverage", "corpus-or-margin", "learned", "proxy-margin", "proxy-entropy", "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
     "dpr-ais-dynamic", "dpr-ais-sum", "dpr-ais-rerank", "rerank", "pairs", "pairs-exclude-num", "pairs-lenient", "targ-entropy", "targ-margin",
     "targ-entropy-present", "targ-margin-present", "targ-entropy@k=5", "targ-entropy@k=10", "targ-margin@k=5", "targ-margin@k=10", "targ-variance", "targ-always", "targ-always-context-first", "random", "verbal-confidence", "self-eval", "self-rag-lite", "skr", "crag-lite",
     "crag-lite-rewrite", "no-retrieval-pairs-prompts", "hyde-pairs-prompts", "q2d-pairs-prompts", "cot-pairs-prompts",
@@ -103,10 +103,10 @@ def test_method_needs_an_index_when_it_retrieves() -> None:
 
 
 # skr: test_cli, with a fitted label set; the rerank methods: test_dpr, with a cross-encoder built there;
-# no-model-lr: test_nomodel_gates, with weights fitted on the demo sweep
+# no-model-lr: test_nomodel_gates, with weights fitted on the demo sweep; learned: test_learned_gate, with a gate file
 # the anytime gates other than targ-margin@k=5 (the same code with another k: tests/test_anytime.py) and
 # proxy-entropy (proxy-margin with Eq. 1: tests/test_proxy_gate.py)
-@pytest.mark.parametrize("method", [m for m in NAMED if m not in ("skr", "dpr-ais-rerank", "rerank", "no-model-lr", "targ-entropy@k=5", "targ-entropy@k=10", "targ-margin@k=10", "proxy-entropy")])
+@pytest.mark.parametrize("method", [m for m in NAMED if m not in ("skr", "dpr-ais-rerank", "rerank", "no-model-lr", "learned", "targ-entropy@k=5", "targ-entropy@k=10", "targ-margin@k=10", "proxy-entropy")])
 def test_every_named_method_runs_end_to_end_on_smollm2(method: str, smollm2_path: Path, minilm: Any) -> None:
     from ragate.cli.ask import ask_with_method
 

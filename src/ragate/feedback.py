@@ -313,6 +313,11 @@ class FeedbackStore:
             tuple(str((json.loads(r[6]) or {}).get("model")) for r in rows),
         )
 
+    def label_rows(self) -> int:
+        """Every gate label kept (an answer labelled twice counts twice): what a periodic refit counts."""
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM labels WHERE kind != 'note'").fetchone()[0])
+
     def counts(self) -> dict[str, Any]:
         """Answers kept, and labels by kind and value (what /healthz and `ragate gate learn` show)."""
         with self._lock:

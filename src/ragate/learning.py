@@ -252,11 +252,13 @@ def import_sweep(
     metric: str = "acc",
     hidden: bool = True,
     draft: bool = True,
+    limit: int | None = None,
 ) -> int:
     """A sweep's labelled questions as "run" rows of a feedback store (the third source of labels): each record of
     ``method``'s family with both labels (``closed-wrong`` by ``metric``; ``retrieval-changed`` from its two answers),
     its question's signals, and, computed with ``lm``, the hidden state at the direct prompt and (``draft``) TARG's
-    scores of the 20-token draft after it. Rows already imported are skipped; returns how many were added."""
+    scores of the 20-token draft after it (the first ``limit`` records only, when given). Rows already imported are
+    skipped; returns how many were added."""
     from ragate.eval.skr import sweep_questions
     from ragate.feedback import answers_agree
     from ragate.methods import get_method
@@ -266,7 +268,7 @@ def import_sweep(
     found = sweep_questions(sweep_dir, family=family, metric=metric, method=method, what="the labels")
     spec = get_method(method)
     added = 0
-    for r in found.records:
+    for r in found.records[:limit]:
         answer_id = f"run:{sweep_dir.name}:{r['id']}"[:64]
         if store.get(answer_id) is not None:
             continue

@@ -24,14 +24,6 @@ def choose_label(counts: dict[str, Any]) -> str:
     )
 
 
-def label_total(counts: dict[str, Any]) -> int:
-    return sum(
-        int(v.get("retrieve", 0)) + int(v.get("no_retrieve", 0))
-        for k, v in counts.items()
-        if isinstance(v, dict)
-    )
-
-
 class Refit:
     def __init__(
         self, pipeline: Any, every: int, out: str | Path | None, *, cascade: float | None = None
@@ -40,7 +32,7 @@ class Refit:
         self.out = Path(out) if out is not None else None
         self._lock = threading.Lock()
         self._running: threading.Thread | None = None
-        self.last_fit_labels = label_total(pipeline.store.counts()) if every else 0
+        self.last_fit_labels = pipeline.store.label_rows() if every else 0
         self.fits = 0
         self.last_error: str | None = None
         self.last_summary: str | None = None
@@ -53,10 +45,11 @@ class Refit:
         with self._lock:
             if self._running is not None and self._running.is_alive():
                 return
-            counts = self.pipeline.store.counts()
-            if label_total(counts) - self.last_fit_labels < self.every:
+            rows = self.pipeline.store.label_rows()
+            if rows - self.last_fit_labels < self.every:
                 return
-            self.last_fit_labels = label_total(counts)
+            self.last_fit_labels = rows
+            counts = self.pipeline.store.counts()
             self._running = threading.Thread(
                 target=self._fit, args=(choose_label(counts),), name="ragate-refit", daemon=True
             )
