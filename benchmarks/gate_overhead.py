@@ -4,8 +4,9 @@ reading prompt reuses the gate's prompt state.
     .venv/bin/python benchmarks/gate_overhead.py [--model qwen2.5-coder-1.5b] [--index DIR] [--questions 100] \
         [--budget 0.5] [--arms before,after] [--out FILE.jsonl]
 
-On the first ``--questions`` NQ-open dev questions, every gate runs with the same reader and selector (the
-question's top 3), so that only the gate differs. Two arms (issue P):
+On the first ``--questions`` NQ-open dev questions (``--data``: another JSONL file, or a dataset name such as
+``hotpotqa``), every gate runs with the same reader and selector (the question's top 3), so that only the gate
+differs. Two arms (issue P):
 
 - ``before``: the reader puts the documents before the question (TARG's reader as ragate had it, ``targ``
   prompts), and the backend is used as it was: its key/value cache cleared before each method, a call reusing
@@ -43,7 +44,6 @@ the pseudo-context is all overhead either way, and 1024 tokens would take most o
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -56,6 +56,8 @@ from tqdm.auto import tqdm
 from ragate.backends import load_backend
 from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.calls import CallCache
+from ragate.eval.datasets import DATASETS
+from ragate.eval.datasets import read_questions as dataset_questions
 from ragate.eval.records import RecordWriter, read_records
 from ragate.gates.registry import get_gate
 from ragate.methods import GateSpec, MethodSpec, SelectorSpec, decide, run_method
@@ -70,6 +72,8 @@ GATES = (
     "targ-entropy@k=5", "targ-entropy@k=10", "targ-margin@k=5", "targ-margin@k=10", "proxy-margin", "proxy-entropy",
     "retrieval-top1", "retrieval-gap", "retrieval-dispersion", "question-length", "question-numeric",
     "question-rarity", "corpus-coverage", "corpus-or-margin", "no-model-lr",
+    # issue 63: the learned gate (a cascade file drafts only inside its band)
+    "learned",
 )  # fmt: skip
 CALIBRATED = tuple(g for g in GATES if g not in ("never", "always", "llm-judge", "pairs", "random"))
 NQ = Path("../shared/data/nq_open/NQ-open.dev.jsonl")
@@ -83,14 +87,17 @@ class Arm:
 
 
 ARMS = {
-    "before": Arm(TARG_CONTEXT_FIRST, False, "documents before the question; the engine's cache, cleared per method"),
+    "before": Arm(
+        TARG_CONTEXT_FIRST, False, "documents before the question; the engine's cache, cleared per method"
+    ),
     "after": Arm(TARG, True, "question first (x = B(q) + C); kept prompt states, dropped per method"),
 }
 
 
-def read_questions(path: Path, first: int, last: int) -> tuple[list[str], list[str]]:
-    lines = path.read_text().splitlines()
-    questions = [json.loads(line)["question"] for line in lines]
+def read_questions(source: str, first: int, last: int) -> tuple[list[str], list[str]]:
+    """The first ``first`` questions of a JSONL file with "question" fields or of a dataset name, and the last
+    ``last`` (to calibrate on)."""
+    questions = dataset_questions(source)
     return questions[:first], questions[len(questions) - last :] if last else []
 
 
@@ -100,11 +107,19 @@ def spec_for(
     kind = GateSpec(gate, threshold=thresholds.get(gate), rate=budget)  # type: ignore[arg-type]
     if weights is not None and get_gate(gate).reads_weights:
         kind = replace(kind, weights=weights)
-    return MethodSpec(gate, gate, kind, SelectorSpec("question"), prompts=arm.prompts, pseudo_max_tokens=pseudo)
+    return MethodSpec(
+        gate, gate, kind, SelectorSpec("question"), prompts=arm.prompts, pseudo_max_tokens=pseudo
+    )
 
 
 def calibrate(
-    budget: float, questions: list[str], lm: Any, index: Any, pseudo: int, gates: list[str], weights: str | None
+    budget: float,
+    questions: list[str],
+    lm: Any,
+    index: Any,
+    pseudo: int,
+    gates: list[str],
+    weights: str | None,
 ) -> dict[str, float]:
     thresholds = {}
     for gate in gates:
@@ -117,7 +132,9 @@ def calibrate(
     return thresholds
 
 
-def measure(gate: str, arm_name: str, i: int, question: str, raw: Any, exact: CallCache, index: Any, specs: dict) -> dict:  # type: ignore[type-arg]
+def measure(
+    gate: str, arm_name: str, i: int, question: str, raw: Any, exact: CallCache, index: Any, specs: dict
+) -> dict:  # type: ignore[type-arg]
     arm = ARMS[arm_name]
     raw.clear_cache()  # the previous method's prompt must not make this one's look free
     raw.drop_prompt_states()
@@ -134,6 +151,7 @@ def measure(gate: str, arm_name: str, i: int, question: str, raw: Any, exact: Ca
         "tokens": raw.evaluated_tokens - evaluated, "charged_tokens": trace.tokens, "reused": tally.reused_tokens,
         "proxy_tokens": (proxy.evaluated_tokens - proxy_evaluated) if proxy is not None else 0,
         "retrieved": trace.retrieved, "score": trace.gate.score, "answer": trace.answer,
+        "drafted": any(st.name == "draft" for st in trace.stages[: trace.gate_stages or 0]),
     }  # fmt: skip
 
 
@@ -142,14 +160,22 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=100)
     parser.add_argument("--calibration", type=int, default=20, help="questions to calibrate thresholds on")
     parser.add_argument("--budget", default="0.5", help="retrieval budget rho in [0, 1], or 'paper'")
-    parser.add_argument("--data", type=Path, default=NQ, help="NQ-open JSONL ({'question', 'answer'})")
+    parser.add_argument(
+        "--data", default=str(NQ), help="JSONL with 'question' fields, or a dataset name (e.g. hotpotqa)"
+    )
     parser.add_argument("--index", default=None, help="index directory (default: the demo index)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--arms", default="before,after", help="comma-separated: before, after")
-    parser.add_argument("--gates", default=",".join(GATES), help="comma-separated; never and always are the floor")
+    parser.add_argument(
+        "--gates", default=",".join(g for g in GATES if g != "learned"),
+        help="comma-separated; never and always are the floor (learned: a run of its own, its gate file apart)",
+    )  # fmt: skip
     parser.add_argument("--pseudo-max-tokens", type=int, default=128, help="PAIRS's pseudo-context cap")
     parser.add_argument("--threshold", action="append", default=[], help="GATE=VALUE, repeatable")
-    parser.add_argument("--gate-weights", default=None, help="no-model-lr's weights file (`ragate gate fit`)")
+    parser.add_argument(
+        "--gate-weights", default=None,
+        help="no-model-lr's weights file (`ragate gate fit`) or learned's gate file (`ragate gate learn`)",
+    )  # fmt: skip
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th question from the i-th (0-based)")
     parser.add_argument("--out", type=Path, default=None, help="JSONL of measurements; resumes if it exists")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only print the tables of FILEs")
@@ -158,15 +184,21 @@ def main() -> None:
     gates = args.gates.split(",")
     if unknown := [a for a in arms if a not in ARMS] + [g for g in gates if g not in GATES]:
         sys.exit(f"unknown arm or gate: {', '.join(unknown)}")
-    if not args.report and "no-model-lr" in gates and args.gate_weights is None:
-        sys.exit("no-model-lr needs --gate-weights FILE (`ragate gate fit` on a training sweep of this model)")
+    if not args.report and "no-model-lr" in gates and "learned" in gates:
+        sys.exit("no-model-lr and learned read different --gate-weights files: measure them in two runs")
+    if not args.report and {"no-model-lr", "learned"} & set(gates) and args.gate_weights is None:
+        sys.exit(
+            "no-model-lr needs --gate-weights FILE (`ragate gate fit` on a training sweep of this model), learned "
+            "a gate file (`ragate gate learn`, or benchmarks/learned_gate.py --write-gates)"
+        )
     if args.report:
         rows = [r for path in args.report for r in read_records(path, fault=_row_fault)]
         report(rows, args.questions, gates)
         return
-    if not args.data.exists():
+    if not Path(args.data).exists() and args.data not in DATASETS:
         sys.exit(
-            f"{args.data} not found: pass --data with NQ-open's NQ-open.dev.jsonl (see ../shared/data/README.md)"
+            f"{args.data} not found: pass --data with NQ-open's NQ-open.dev.jsonl or a dataset name (see "
+            "../shared/data/README.md)"
         )
     shard, shards = (int(x) for x in args.shard.split("/"))
     paper = args.budget == "paper"
@@ -186,7 +218,12 @@ def main() -> None:
         if first or todo:
             found = calibrate(budget, held_out, exact, index, args.pseudo_max_tokens, todo, args.gate_weights)
             found.update({g: t for g, t in overrides.items() if first or g in todo})
-            saved = {"thresholds": found, "model": raw.model, "budget": args.budget, "gate_weights": args.gate_weights}
+            saved = {
+                "thresholds": found,
+                "model": raw.model,
+                "budget": args.budget,
+                "gate_weights": args.gate_weights,
+            }
             rows.append(saved)
             _append(args.out, saved)
             thresholds.update(found)
@@ -213,7 +250,11 @@ def main() -> None:
 
 def _row_fault(row: dict) -> str | None:  # type: ignore[type-arg]
     """What is wrong with one line of ``--out`` (the thresholds, or one measurement), else None."""
-    keys = ("thresholds",) if "thresholds" in row else ("q", "arm", "gate", "cpu", "seconds", "tokens", "retrieved")
+    keys = (
+        ("thresholds",)
+        if "thresholds" in row
+        else ("q", "arm", "gate", "cpu", "seconds", "tokens", "retrieved")
+    )
     missing = [k for k in keys if k not in row]
     return f"no {', '.join(missing)} in this line (not a gate_overhead.py file?)" if missing else None
 
@@ -227,7 +268,10 @@ def _append(path: Path | None, row: dict) -> None:  # type: ignore[type-arg]
 COSTS = (
     ("cpu", "CPU seconds of the process (all threads): what the method costs, little moved by other load"),
     ("seconds", "wall seconds: what a user waits, on a shared 2-core machine (noisy)"),
-    ("tokens", "tokens the engine evaluated (prompt tokens not taken from a cache, plus generated): deterministic"),
+    (
+        "tokens",
+        "tokens the engine evaluated (prompt tokens not taken from a cache, plus generated): deterministic",
+    ),
 )
 
 
@@ -283,13 +327,17 @@ def table(done: dict, qs: list[int], arm: str, gates: list[str], cost: str, what
     never = statistics.mean(done[q, arm, "never"][cost] for q in qs)
     extra = statistics.mean(done[q, arm, "always"][cost] - done[q, arm, "never"][cost] for q in qs)
     print(f"\n{what}: never {never:.3f} / question; retrieval + context decode {extra:.3f}\n")
-    print("| gate | retrieval rate | per question | paired floor | paired overhead |")
-    print("|---|---|---|---|---|")
+    print("| gate | retrieval rate | share drafted | per question | paired floor | paired overhead |")
+    print("|---|---|---|---|---|---|")
     for gate in gates:
         rate = _rate(done, qs, arm, gate)
         mean = statistics.mean(done[q, arm, gate][cost] for q in qs)
         paired = _paired_floor(done, qs, arm, gate, cost)
-        print(f"| {gate} | {rate:.2f} | {mean:.3f} | {paired:.3f} | {100 * (mean / paired - 1):+.1f}% |")
+        flags = [done[q, arm, gate].get("drafted") for q in qs]  # older files did not record it
+        drafted = "–" if None in flags else f"{statistics.mean(flags):.2f}"
+        print(
+            f"| {gate} | {rate:.2f} | {drafted} | {mean:.3f} | {paired:.3f} | {100 * (mean / paired - 1):+.1f}% |"
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ expectation). The cascade's band is set on the training questions' cross-fitted 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ from ragate.eval.learn import (
 )
 from ragate.eval.metrics import f1, paired_bootstrap_diff
 from ragate.eval.skr import sweep_questions
-from ragate.gates.learned import DRAFT_FEATURES
+from ragate.gates.learned import DRAFT_FEATURES, LearnedGateFile, save_learned
 from ragate.gates.signals import QUESTION_FEATURES
 
 RUNS = Path("docs/results/runs")
@@ -287,10 +288,15 @@ def with_drafts(data: Labelled, scores: dict[str, np.ndarray]) -> Labelled:
     )
 
 
+GATES: dict[str, LearnedGateFile] = {}  # the cascade of each dataset at WRITE_SHARE, for --write-gates
+WRITE_SHARE = 0.3
+
+
 def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, test: Labelled) -> list[str]:
     """The cascade on the test questions: the cheap probe (hidden state and question) decides where it is sure;
     inside the band, chosen on the training questions' cross-fitted probabilities to draft a share of them, the
-    full probe (and TARG's draft scores) decides."""
+    full probe (and TARG's draft scores) decides. The cascade drafting ``WRITE_SHARE`` is kept in ``GATES`` (the
+    gate file benchmarks/gate_overhead.py runs)."""
     train = labelled_train(sweeps, "gold")
     drafts = train_drafts(sweeps, train.ids)
     train_full = with_drafts(train, {n: drafts[:, j] for j, n in enumerate(DRAFT_FEATURES)})
@@ -318,11 +324,32 @@ def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, te
     for share in CASCADE_SHARES:
         band = choose_band(p_train, share)
         p_cas, drafted = cascade_probabilities(p_cheap, p_full, band)
+        if share == WRITE_SHARE:
+            GATES[test_sweep] = LearnedGateFile(
+                cheap, full, band,
+                {
+                    "label": "closed-wrong", "model": {"model": MODEL, "engine": "llama.cpp"},
+                    "source": "benchmarks/learned_gate.py: " + " + ".join(s for s, _ in sweeps if (RUNS / s).is_dir()),
+                    "questions": sorted(question_digests(train.ids, sweeps)),
+                    "report": {"cascade_auroc_test": round(auroc_interval(p_cas, test.y)[0], 4),
+                               "full_auroc_test": round(auroc_interval(p_full, test.y)[0], 4),
+                               "drafted_share_test": round(float(drafted.mean()), 4)},
+                },
+            )  # fmt: skip
         out.append(
             f"| {share:g} | {band[0]:.3f}–{band[1]:.3f} | {drafted.mean():.2f} | {_plain(auroc_interval(p_cas, test.y))} | "
             f"{_ci(paired_auroc_gap(p_cas, p_full, test.y))} | {_ci(paired_auroc_gap(p_cas, p_targ, test.y))} |"
         )
     return out
+
+
+def question_digests(ids: tuple[str, ...], sweeps: tuple[tuple[str, str | None], ...]) -> set[str]:
+    """The sha256 prefix of each training question's text (the gate file's record of what it was fitted on)."""
+    texts: dict[str, str] = {}
+    for sweep, family in sweeps:
+        if (RUNS / sweep).is_dir():
+            texts |= _records(sweep, family)[1]
+    return {hashlib.sha256(texts[i].encode()).hexdigest()[:16] for i in ids}
 
 
 def _plain(v: tuple[float, float, float]) -> str:
@@ -368,9 +395,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also re-render the generated blocks of docs/methods.md and README.md",
     )
+    ap.add_argument(
+        "--write-gates",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"write each dataset's cascade (drafting {WRITE_SHARE:g} of the training questions) as a gate file "
+        "DIR/learned-DATASET.json, for benchmarks/gate_overhead.py --gate-weights",
+    )
     args = ap.parse_args(argv)
     text = run(args.out)
     print(text, end="")
+    if args.write_gates is not None:
+        args.write_gates.mkdir(parents=True, exist_ok=True)
+        for dataset, (_, test_sweep) in DATASETS.items():
+            path = save_learned(GATES[test_sweep], args.write_gates / f"learned-{dataset}.json")
+            print(f"wrote {path}")
     if args.docs:
         replace_block(Path("docs/methods.md"), "learned-gate", text)
         replace_block(Path("README.md"), "learned-gate-summary", summary())

@@ -8,7 +8,8 @@ Each server (SmolLM2 on llama.cpp, the demo index, 127.0.0.1 only) gets one warm
 demo questions from one client, sent at seeded exponential gaps of mean ``--gap`` seconds (a request whose
 predecessor is still running waits for it). It prints p50 and p95 for both and their ratio (the acceptance bar:
 p50 with shadow on within 10% of off), and the shadow worker's counts from ``/healthz`` (done, preempted: how often
-a request took the model back from a shadow job at a stage boundary).
+a request took the model back from a shadow job at a stage boundary). ``--table FILE...`` prints earlier runs' files
+as one markdown table.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -87,8 +89,29 @@ def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+def table(paths: list[Path]) -> str:
+    """A markdown table of earlier runs' output files (docs/service.md's table is this command's output)."""
+    rows = [
+        "| mean gap between requests | p50 on / off | p95 on / off | shadow jobs done / sampled | preempted |",
+        "|---|---|---|---|---|",
+    ]
+    for path in paths:
+        lines = path.read_text().splitlines()
+        gap = re.search(r"mean gap ([0-9.]+) s", lines[0])
+        ratios = re.search(r"p50 on / off: ([0-9.]+); p95 on / off: ([0-9.]+)", lines[3])
+        worker = json.loads(lines[4].split(":", 1)[1])
+        if gap is None or ratios is None:
+            raise SystemExit(f"{path} is not benchmarks/shadow_latency.py output")
+        rows.append(
+            f"| {gap[1]} s | {ratios[1]} | {ratios[2]} | {worker['done']} / {worker['sampled']} | "
+            f"{worker['preempted']} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--table", type=Path, nargs="+", help="only print a table of these earlier --out files")
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument(
         "--gap", type=float, default=2.0, help="mean seconds between arrivals (seeded exponential)"
@@ -98,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.table), end="")
+        return 0
     questions = [json.loads(line)["question"] for line in QUESTIONS.read_text().splitlines() if line.strip()]
     rng = random.Random(args.seed)
     at, schedule = 0.0, []

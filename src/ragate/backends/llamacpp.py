@@ -151,17 +151,19 @@ class LlamaCppBackend(Backend):
         """The model's last-layer hidden state (after the final norm, before the output head) at the prompt's last
         token: what the model "thinks" before it writes the answer, a feature a learned gate reads
         (:mod:`ragate.gates.learned`). The prompt is evaluated as a generation of it would evaluate it (from the
-        kept state of an earlier prompt inside :meth:`exact_prefix_reuse`), with llama.cpp's embeddings output on,
-        and its state is kept: a generation of the same prompt right after starts from it and evaluates nothing
-        again. (With embeddings on, llama.cpp outputs every prompt token: the output head runs over each, about 15%
-        more prompt work for a 1.5B model, and the last token's logits may differ from an evaluation without it in
-        the last bits; a generation after this call reads these logits, so its output does not depend on the calls
-        before it.)"""
+        kept state of an earlier prompt inside :meth:`exact_prefix_reuse`), and its state is kept: a generation of
+        the same prompt right after starts from it and evaluates nothing again. Its last token is evaluated alone,
+        with llama.cpp's embeddings output on for that one step: with embeddings on, llama.cpp outputs every token
+        of a batch, and the output head over a whole prompt costs about 20% more prompt work, where one more
+        single-token step costs about 5% of a 55-token prompt (Qwen2.5-Coder-1.5B, one core; measured by
+        ``benchmarks/gate_overhead.py --gates never,always,learned``). That step takes llama.cpp's single-token
+        kernels, so the last token's logits differ a little from a batch evaluation's (the greedy token is the
+        same as a rule, not always); the generation after this call reads them. The method that asks for a hidden
+        state asks before any other call of that prompt, so its outputs do not depend on the calls before it;
+        inside one :meth:`exact_prefix_reuse` block a later method's call of the same prompt reuses this state."""
         ids = self.tokenize(prompt, assistant_prefix)
         check_prompt_fits(len(ids), self.max_context, "shorten the prompt or load with a larger n_ctx")
-        llm = self._llm
         self._hidden_from_state = None
-        self._lib.llama_set_embeddings(llm.ctx, True)
         self._hidden_wanted = True
         try:
             self.next_logits(ids)
@@ -170,23 +172,22 @@ class LlamaCppBackend(Backend):
             return self._last_hidden()
         finally:
             self._hidden_wanted = False
-            self._lib.llama_set_embeddings(llm.ctx, False)
 
-    def _eval(self, tokens: list[int]) -> None:
-        """``Llama.eval``, with every token marked as an output while a hidden state is asked for (llama.cpp then
-        outputs them all anyway, and says so on stderr for each batch when they are not marked)."""
-        if not self._hidden_wanted:
-            self._llm.eval(tokens)
-            return
+    def _eval(self, tokens: list[int], final: bool = True) -> None:
+        """``Llama.eval``. While a hidden state is asked for, the ``final`` piece of a prompt ends with its last token
+        evaluated alone with the embeddings output on: llama.cpp outputs every token of a batch while embeddings
+        are on, so only that one step pays for the output head."""
         llm = self._llm
-        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
-        for i in range(0, len(tokens), llm.n_batch):
-            batch = tokens[i : i + llm.n_batch]
-            n_past = llm.n_tokens
-            llm._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
-            llm._ctx.decode(llm._batch)
-            llm.input_ids[n_past : n_past + len(batch)] = batch
-            llm.n_tokens += len(batch)
+        if not (self._hidden_wanted and final and tokens):
+            llm.eval(tokens)
+            return
+        if len(tokens) > 1:
+            llm.eval(tokens[:-1])
+        self._lib.llama_set_embeddings(llm.ctx, True)
+        try:
+            llm.eval(tokens[-1:])
+        finally:
+            self._lib.llama_set_embeddings(llm.ctx, False)
 
     def _last_hidden(self) -> np.ndarray:
         ptr = self._lib.llama_get_embeddings_ith(self._llm.ctx, -1)
@@ -228,7 +229,7 @@ class LlamaCppBackend(Backend):
         wanted = self._hidden_wanted
         whole = self._states.whole(token_ids)
         if wanted and whole is not None and whole.hidden is None:
-            whole = None  # kept without its hidden state: evaluate it again, with embeddings on
+            whole = None  # kept without its hidden state: evaluate it again, with its last token apart
         if whole is not None and self._restore(whole, len(token_ids)):
             if wanted:
                 self._hidden_from_state = whole.hidden  # evaluated before: nothing to compute
@@ -246,7 +247,7 @@ class LlamaCppBackend(Backend):
         start, step = keep, llm.n_batch
         while start < len(token_ids):
             end = min(len(token_ids), (start // step + 1) * step)
-            self._eval(list(token_ids[start:end]))
+            self._eval(list(token_ids[start:end]), final=end == len(token_ids))
             self.evaluated_tokens += end - start
             start = end
         logits = self._last_logits()
