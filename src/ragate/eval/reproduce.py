@@ -65,6 +65,10 @@ class Row:
     interval: tuple[float, float] | None = None  # the bootstrap 95% interval of ragate's first metric
     n: int = 0
     note: str = ""
+    # at a paper's retrieval rate: the tau of each half of the questions (halves 0 and 1, each set on the other
+    # half's scores) and each question's decision, by id, as the row's numbers were computed from them
+    taus: tuple[float, float] | None = None
+    decisions: dict[str, bool] = field(default_factory=dict)
 
 
 def _rows(pack: dict[str, Any], model: str | None) -> list[dict[str, Any]]:
@@ -200,7 +204,11 @@ def reproduce(
         "table": pack.get("table"),
         "page": pack.get("page"),
         "paper_model": paper_model or pack.get("default_model") or _first_model(pack),
-        "rows": [r.__dict__ | {"interval": list(r.interval) if r.interval else None} for r in results],
+        "rows": [
+            r.__dict__
+            | {"interval": list(r.interval) if r.interval else None, "taus": list(r.taus) if r.taus else None}
+            for r in results
+        ],
         "settings": settings_rows(pack, model=model, engine=engine, index=index, limit=limit, rows=results),
         "notes": pack.get("notes", []),
     }
@@ -263,6 +271,8 @@ def _ours(
 
     method, side = row["method"], _side(row)
     note = ""
+    tau_of: tuple[float, float] | None = None
+    decided: dict[str, bool] = {}
     swept = any(method in r["gates"] for r in sweep)
     evaluated = any(r.get("method") == method for r in evals)
     if side or row["point"] == "rate" or pack["kind"] == "sweep" or (swept and not evaluated):
@@ -290,7 +300,8 @@ def _ours(
                 half = halves([r["id"] for r in family])
                 taus = cross_fitted_taus(scores, float(rate), half)
                 retrieved = [s > tau for s, tau in zip(scores, taus, strict=True)]
-                tau_of = [taus[half.index(k)] for k in (0, 1)]
+                tau_of = (taus[half.index(0)], taus[half.index(1)])
+                decided = {str(r["id"]): x for r, x in zip(family, retrieved, strict=True)}
                 note = (
                     f"at the paper's rate {rate:g} (tau {tau_of[0]:.4g} / {tau_of[1]:.4g}: each half of the "
                     "questions decided at the tau of the other half's scores)"
@@ -308,8 +319,9 @@ def _ours(
     first = next(m for m in pack.get("metrics", ["em"]) if m in METRICS)
     low, high = bootstrap_ci(values[first])
     return Row(
-        paper_ds, row["label"], method, row["paper"], ours, (100 * low, 100 * high), len(retrieved), note
-    )
+        paper_ds, row["label"], method, row["paper"], ours, (100 * low, 100 * high), len(retrieved), note,
+        tau_of, decided,
+    )  # fmt: skip
 
 
 def _family(sweep: Sequence[dict[str, Any]], method: str) -> list[dict[str, Any]]:
