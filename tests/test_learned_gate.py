@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,38 @@ def test_the_gate_file_round_trips_and_a_damaged_one_names_the_fix(tmp_path: Pat
     wrong = data.hidden[:, :10] if data.hidden is not None else None
     with pytest.raises(RagateError, match="another model"):
         gate.cheap.probabilities(cheap.scalars, wrong)
+
+
+def test_what_a_learned_gate_needs_follows_its_file(tmp_path: Path) -> None:
+    from ragate.backends.base import Capabilities
+    from ragate.errors import CapabilityError
+    from ragate.methods import get_method
+    from ragate.methods.needs import method_support, require
+
+    data = _synthetic()
+    text_only = Capabilities(False, 0, False, False, True, False, False, False, continues=False)
+    local = Capabilities(True, 1 << 30, False, True, True, True, True, False, hidden_states=True)
+    plain, _ = learn_gate(data.select(["words", "digit"], hidden=False), label="closed-wrong")
+    hidden, _ = learn_gate(data, label="closed-wrong", components=4)
+    cascade, _ = learn_gate(data, label="closed-wrong", components=4, cascade_share=0.2)
+    spec = get_method("learned")
+    runs = {}
+    for name, gate in (("plain", plain), ("hidden", hidden), ("cascade", cascade)):
+        with_file = spec.with_(
+            gate=replace(spec.gate, weights=str(save_learned(gate, tmp_path / f"{name}.json")))
+        )
+        runs[name] = {
+            caps: method_support(with_file, c)[0] for caps, c in (("text", text_only), ("local", local))
+        }
+        if name == "hidden":
+            with pytest.raises(CapabilityError, match="no hidden state.*--no-hidden"):
+                require(with_file, text_only, engine="openai")
+    # a file learned without the hidden state and without a cascade reads the question alone: any backend
+    assert runs == {
+        "plain": {"text": "exact", "local": "exact"},
+        "hidden": {"text": "unavailable", "local": "exact"},
+        "cascade": {"text": "unavailable", "local": "exact"},
+    }
 
 
 def _record(store: FeedbackStore, i: int, *, retrieved: bool = False, answer: str = "Paris") -> str:

@@ -104,7 +104,10 @@ def store_labelled(
     """The store's answers labelled ``label`` (of the prompt set ``prompts``) as fitting rows."""
     if label not in LEARNED_LABELS:
         raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
-    rows = store.labelled(label, prompts=prompts)
+    return _rows_labelled(store.labelled(label, prompts=prompts), hidden=hidden, draft=draft)
+
+
+def _rows_labelled(rows: Any, *, hidden: bool, draft: bool) -> Labelled:
     if len(set(rows.models)) > 1:
         raise RagateError(
             f"the store's labelled answers come from several models ({', '.join(sorted(set(rows.models)))}): a gate "
@@ -187,8 +190,10 @@ def learn_from_store(
     tuned: bool = False,
 ) -> Learned:
     """The learned gate fitted on a feedback store's labels, written to ``out``."""
-    data = store_labelled(store, label, prompts=prompts, hidden=hidden, draft=cascade is not None)
-    rows = store.labelled(label, prompts=prompts)
+    if label not in LEARNED_LABELS:
+        raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
+    rows = store.labelled(label, prompts=prompts)  # one read: the fitting rows and their provenance agree
+    data = _rows_labelled(rows, hidden=hidden, draft=cascade is not None)
     if model is None and rows.models:  # the model whose answers and hidden states the rows hold
         model = {"model": rows.models[0]}
     return learn_labelled(

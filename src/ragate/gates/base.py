@@ -63,7 +63,8 @@ class Need:
     margin and the judge's P(yes)). ``entropy``: per-step entropies, exact with the full distribution and
     approximate from the top-k otherwise. ``sampling``: seeded sampling (TARG's variance). ``text_fallback``: the
     decision can still be read from the reply text when ``top_k`` is missing. ``tokens``: compares generated
-    tokens, and words where a text-only backend returns no per-token output (an approximation).
+    tokens, and words where a text-only backend returns no per-token output (an approximation). ``hidden``: the
+    model's last-layer hidden state (llama.cpp, transformers; never a server).
     """
 
     token_logprobs: bool = False
@@ -72,9 +73,10 @@ class Need:
     sampling: bool = False
     text_fallback: bool = False
     tokens: bool = False
+    hidden: bool = False  # the model's hidden state at the prompt's last token (a learned gate's file that reads it)
 
     def describe(self) -> str:
-        parts = []
+        parts = ["the model's hidden state"] if self.hidden else []
         if self.entropy:
             parts.append("per-step entropies (full distribution; top-k logprobs give an approximation)")
         elif self.top_k:

@@ -228,6 +228,13 @@ class LearnedGateFile:
         return self.cheap.reads_hidden or (self.full is not None and self.full.reads_hidden)
 
     @property
+    def need(self) -> Need:
+        """What this file reads from a backend: the draft's TARG scores only in a cascade's band, the hidden state
+        only where a probe reads it (a file learned with ``--no-hidden`` and no cascade runs on text alone)."""
+        draft = self.full is not None
+        return Need(token_logprobs=draft, top_k=2 if draft else 0, entropy=draft, hidden=self.reads_hidden)
+
+    @property
     def reads_search(self) -> bool:
         probes = [self.cheap] + ([self.full] if self.full is not None else [])
         return any(f in RETRIEVAL_FEATURES for p in probes for f in p.features)

@@ -48,13 +48,24 @@ _CRAG = Need(
 def method_need(spec: MethodSpec) -> Need:
     if spec.dynamic is not None:
         return trigger_need(spec.dynamic.trigger)
-    return _CRAG if spec.crag is not None else gate_need(spec.gate.kind)
+    if spec.crag is not None:
+        return _CRAG
+    if spec.gate.kind == "learned" and spec.gate.weights is not None:  # what its file reads, not every file
+        from ragate.gates.learned import load_learned
+
+        return load_learned(spec.gate.weights).need
+    return gate_need(spec.gate.kind)
 
 
 def support(need: Need, caps: Capabilities) -> tuple[Support, str]:
     """How a method with ``need`` runs on a backend with ``caps``, and (unless exact) what is missing."""
     if need.sampling and not caps.sampling:
         return "unavailable", "the backend cannot sample"
+    if need.hidden and not caps.hidden_states:
+        return "unavailable", (
+            "the backend gives no hidden state (learn a gate without it for this backend: "
+            "`ragate gate learn --no-hidden`)"
+        )
     if need.token_logprobs and not caps.logprobs:
         if need.text_fallback:
             return "text", "no logprobs: decided from the reply text"
