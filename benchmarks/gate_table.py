@@ -19,6 +19,9 @@ question its decision took in the sweep (its own LM calls, search or nothing), a
 scores, as every sweep's budget points) against a random gate at the same rate in the same family, whose expected
 per-question score is rho * retrieval + (1 - rho) * closed-book, with paired bootstrap intervals of the
 difference. The CPU overhead over the paired floor is benchmarks/gate_overhead.py's (a separate, timed run).
+An AUROC cell reads "too few (N of n ...)" where the rarer class of its label has fewer than 10 questions (MuSiQue:
+one right closed-book answer in 250): such an AUROC, and a bootstrap most of whose resamples hold one class, says
+nothing. docs/results/gate_table.md is this command's output (scripts/render_docs.py re-renders it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ragate.eval.analysis import auroc
+from ragate.eval.learn import MIN_CLASS
 from ragate.eval.sweep import compact, finite_scores
 from ragate.eval.thresholds import threshold_for_budget
 from ragate.fileio import atomic_writer
@@ -131,8 +135,8 @@ def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[d
         opened = np.array([float(r["open"]["scores"][metric]) for r in rs])
         rng = np.random.default_rng(0)
         idx = _boot(rng, n)
-        wrong = _auroc_ci(scores, closed == 0, idx)
-        fixes = _auroc_ci(scores, opened > closed, idx)
+        wrong = _too_few(closed == 0, "wrong closed-book", "right closed-book") or _auroc_ci(scores, closed == 0, idx)
+        fixes = _too_few(opened > closed, "fixed by retrieval", "not fixed") or _auroc_ci(scores, opened > closed, idx)
         seconds = float(np.mean([r["gates"][gate].get("seconds", np.nan) for r in rs]))
         costed = [r["gates"][gate] for r in rs if "lm_calls" in r["gates"][gate]]  # sweeps since 2026-11-28
         cost = (
@@ -152,13 +156,25 @@ def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[d
             boots = diff[idx].mean(axis=1)
             low, high = np.percentile(boots, [2.5, 97.5])
             at[rho] = (float(got.mean()), rate, float(diff.mean()), float(low), float(high))
-        gap = _auroc_gap(records, gate, versus, metric, versus_aurocs)
+        gap = wrong if isinstance(wrong, str) else _auroc_gap(records, gate, versus, metric, versus_aurocs)
         row = {"gate": gate, "n": n, "wrong": wrong, "gap": gap, "fixes": fixes, "seconds": seconds, "cost": cost}
         rows.append(row | {"at": at})
     return rows
 
 
-def _ci(v: tuple[float | None, float, float], sign: str = "") -> str:
+def _too_few(y: np.ndarray, yes: str, no: str) -> str | None:
+    """The verdict rule's "too few": where the rarer class of a label has fewer than MIN_CLASS questions, an AUROC
+    (and its bootstrap, many of whose resamples hold one class only) says nothing; the cell says so, with the count."""
+    pos, n = int(y.sum()), len(y)
+    if min(pos, n - pos) >= MIN_CLASS:
+        return None
+    few, name = (pos, yes) if pos < n - pos else (n - pos, no)
+    return f"too few ({few} of {n} {name})"
+
+
+def _ci(v: tuple[float | None, float, float] | str, sign: str = "") -> str:
+    if isinstance(v, str):
+        return v
     return "n/a" if v[0] is None else f"{v[0]:{sign}.3f} [{v[1]:{sign}.3f}, {v[2]:{sign}.3f}]"
 
 
@@ -199,6 +215,8 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> None:
     for ax, run_dir in zip(axes[0], run_dirs, strict=True):
         config = json.loads((run_dir / "config.json").read_text())
         for row in gate_rows(run_dir, metric):
+            if isinstance(row["wrong"], str):  # too few of one class
+                continue
             point, low, high = row["wrong"]
             if point is None:
                 continue

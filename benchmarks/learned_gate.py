@@ -1,6 +1,6 @@
 """The learned gate against TARG's entropy gate and DTR's UGT on the same held-out questions.
 
-    .venv/bin/python benchmarks/learned_gate.py [--out docs/results/learned_gate.md]
+    .venv/bin/python benchmarks/learned_gate.py [--out FILE.md] [--blocks] [--write-gates DIR]
 
 For each dataset it fits :mod:`ragate.eval.learn`'s probe on the training sweep's questions only (labels from
 their records; hidden states from ``benchmarks/hidden_states.py``) and scores the test sweep's 300 questions,
@@ -17,6 +17,7 @@ expectation). The cascade's band is set on the training questions' cross-fitted 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -125,6 +126,7 @@ def question_signals_vector(question: str) -> list[float]:
     return list(signals(question, NAMES, None, None).vector(NAMES))
 
 
+@functools.cache  # one read of a sweep's records per gate (callers do not change the dict)
 def gate_scores(sweep: str, gate: str) -> dict[str, float]:
     out = {}
     for line in (RUNS / sweep / "sweep.jsonl").read_text().splitlines():
@@ -356,10 +358,6 @@ def _plain(v: tuple[float, float, float]) -> str:
     return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
 
 
-BEGIN = "<!-- begin generated: {name} (.venv/bin/python benchmarks/learned_gate.py --docs) -->"
-END = "<!-- end generated: {name} -->"
-
-
 def summary() -> str:
     return "\n".join(
         [
@@ -373,27 +371,14 @@ def summary() -> str:
     )
 
 
-def replace_block(path: Path, name: str, text: str) -> None:
-    """Put ``text`` between the two markers of ``name`` in ``path`` (which must hold them), atomically."""
-    from ragate.fileio import atomic_writer
-
-    doc = path.read_text()
-    begin, end = BEGIN.format(name=name), END.format(name=name)
-    if begin not in doc or end not in doc:
-        raise SystemExit(f"{path} has no block {begin!r} ... {end!r}")
-    head, rest = doc.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    with atomic_writer(path) as f:
-        f.write((head + begin + "\n" + text.rstrip("\n") + "\n" + end + tail).encode())
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument(
-        "--docs",
+        "--blocks",
         action="store_true",
-        help="also re-render the generated blocks of docs/methods.md and README.md",
+        help="print the tables framed as the generated blocks of docs/methods.md (learned-gate) and README.md "
+        "(learned-gate-summary), which scripts/render_docs.py writes",
     )
     ap.add_argument(
         "--write-gates",
@@ -405,15 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     text = run(args.out)
-    print(text, end="")
+    if args.blocks:
+        print(f"<!-- block: learned-gate -->\n{text.rstrip()}\n<!-- block: learned-gate-summary -->\n{summary()}")
+    else:
+        print(text, end="")
     if args.write_gates is not None:
         args.write_gates.mkdir(parents=True, exist_ok=True)
         for dataset, (_, test_sweep) in DATASETS.items():
             path = save_learned(GATES[test_sweep], args.write_gates / f"learned-{dataset}.json")
-            print(f"wrote {path}")
-    if args.docs:
-        replace_block(Path("docs/methods.md"), "learned-gate", text)
-        replace_block(Path("README.md"), "learned-gate-summary", summary())
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

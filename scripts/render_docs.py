@@ -1,0 +1,143 @@
+"""Re-render, or check, every generated block of the README and docs from the command that prints it.
+
+    .venv/bin/python scripts/render_docs.py            # run each block's command, write its output into the block
+    .venv/bin/python scripts/render_docs.py --check    # exit 1, with a diff, where a block differs from its command
+    .venv/bin/python scripts/render_docs.py --list     # the blocks and their commands
+
+A generated block is the text between
+
+    <!-- begin generated: NAME (COMMAND) -->
+    <!-- end generated: NAME -->
+
+in README.md or a Markdown file under docs/. COMMAND runs from the repository root (no shell; a leading
+``.venv/bin/python`` is this interpreter) and reads only committed records, so its output is the block. A command
+that prints several blocks frames each with a line ``<!-- block: NAME -->``; each distinct command runs once.
+Hand-written prose stays outside the markers; a number inside them that is edited by hand, or a record or default
+that changed without a re-render, fails ``--check`` (tests/test_generated_docs.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN = re.compile(r"^<!-- begin generated: (?P<name>[\w.-]+) \((?P<command>[^\n]*)\) -->$", re.MULTILINE)
+FRAME = re.compile(r"^<!-- block: (?P<name>[\w.-]+) -->$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    name: str
+    command: str
+    start: int  # offset of the block's text (after the begin line)
+    end: int  # offset of the end line
+    text: str
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def blocks(path: Path) -> Iterator[Block]:
+    """The generated blocks of one file; a begin without its end (or a name used twice) is an error naming it."""
+    doc = path.read_text(encoding="utf-8")
+    seen = set()
+    for m in BEGIN.finditer(doc):
+        name = m["name"]
+        end_line = f"<!-- end generated: {name} -->"
+        start = m.end() + 1
+        end = doc.find(end_line, start)
+        if end < 0:
+            raise SystemExit(f"{path}: the block {name!r} has no line {end_line!r}")
+        if name in seen:
+            raise SystemExit(f"{path}: two blocks are named {name!r}")
+        seen.add(name)
+        yield Block(path, name, m["command"], start, end, doc[start:end])
+
+
+def run(command: str, root: Path = ROOT) -> dict[str, str] | str:
+    """The command's output: one text, or the named blocks it frames."""
+    argv = shlex.split(command)
+    if argv and argv[0] in (".venv/bin/python", "python", "python3"):
+        argv[0] = sys.executable
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"`{command}` failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    out = done.stdout
+    frames = list(FRAME.finditer(out))
+    if not frames:
+        return _normal(out)
+    return {
+        m["name"]: _normal(out[m.end() + 1 : frames[i + 1].start() if i + 1 < len(frames) else len(out)])
+        for i, m in enumerate(frames)
+    }
+
+
+def _normal(text: str) -> str:
+    return text.strip("\n") + "\n"
+
+
+def expected(found: list[Block], root: Path = ROOT, workers: int = 2) -> dict[tuple[Path, str], str]:
+    """Each block's text as its command prints it (each distinct command run once, ``workers`` at a time)."""
+    commands = sorted({b.command for b in found})
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outputs = dict(zip(commands, pool.map(lambda c: run(c, root), commands), strict=True))
+    want = {}
+    for b in found:
+        out = outputs[b.command]
+        if isinstance(out, dict):
+            if b.name not in out:
+                raise SystemExit(f"{b.path}: `{b.command}` prints no block {b.name!r} (it prints {', '.join(out)})")
+            out = out[b.name]
+        want[b.path, b.name] = out
+    return want
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 where a block is stale")
+    ap.add_argument("--list", action="store_true", help="list the blocks and their commands")
+    ap.add_argument("--only", action="append", default=[], help="only the block NAME (repeatable)")
+    ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    found = [b for p in doc_files(args.root) for b in blocks(p) if not args.only or b.name in args.only]
+    if args.list:
+        for b in found:
+            print(f"{b.path.relative_to(args.root)}: {b.name}: {b.command}")
+        return 0
+    want = expected(found, args.root)
+    stale = [b for b in found if b.text != want[b.path, b.name]]
+    if args.check:
+        for b in stale:
+            where = f"{b.path.relative_to(args.root)} ({b.name})"
+            diff = difflib.unified_diff(
+                b.text.splitlines(), want[b.path, b.name].splitlines(), f"{where} as written",
+                f"{where} as `{b.command}` prints it", lineterm="", n=1,
+            )  # fmt: skip
+            print("\n".join(diff))
+        print(f"{len(found) - len(stale)} of {len(found)} generated blocks match their commands", file=sys.stderr)
+        return 1 if stale else 0
+    from ragate.fileio import atomic_writer
+
+    for path in {b.path for b in stale}:
+        doc = path.read_text(encoding="utf-8")
+        for b in sorted((b for b in stale if b.path == path), key=lambda b: -b.start):  # from the end: offsets hold
+            doc = doc[: b.start] + want[b.path, b.name] + doc[b.end :]
+        with atomic_writer(path) as f:
+            f.write(doc.encode("utf-8"))
+    print(f"re-rendered {len(stale)} of {len(found)} generated blocks", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

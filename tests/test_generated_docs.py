@@ -1,0 +1,54 @@
+"""Every generated block of the README and docs is what its command prints from the committed records
+(scripts/render_docs.py --check), and a number edited by hand inside a block fails the check."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "docs" / "results" / "runs"
+
+
+def _render_docs():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("render_docs", ROOT / "scripts" / "render_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("render_docs", module)  # its dataclass looks its module up
+    spec.loader.exec_module(sys.modules["render_docs"])
+    module = sys.modules["render_docs"]
+    return module
+
+
+def test_every_generated_block_is_what_its_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    render = _render_docs()
+    names = {b.name for p in render.doc_files() for b in render.blocks(p)}
+    assert {"learned-gate", "learned-gate-summary", "gate-table", "shadow-latency"} <= names
+    assert render.main(["--check"]) == 0, capsys.readouterr().out  # the diff of each stale block
+
+
+def test_a_number_edited_by_hand_fails_the_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    render = _render_docs()
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "service.md", tmp_path / "docs" / "service.md")
+    (tmp_path / "README.md").write_text("# no blocks here\n")
+    shutil.copytree(ROOT / "benchmarks", tmp_path / "benchmarks", ignore=shutil.ignore_patterns("*.jsonl"))
+    assert render.main(["--check", "--root", str(tmp_path), "--only", "shadow-latency"]) == 0
+    page = tmp_path / "docs" / "service.md"
+    text = page.read_text()
+    block = text[text.index("<!-- begin generated: shadow-latency") :]
+    row = next(line for line in block.splitlines() if line.startswith("| 10 s |"))
+    edited = row.replace(row.split(" | ")[1], "0.999")  # the p50 ratio, by hand
+    page.write_text(text.replace(row, edited))
+    capsys.readouterr()
+    assert render.main(["--check", "--root", str(tmp_path), "--only", "shadow-latency"]) == 1
+    printed = capsys.readouterr()
+    assert f"-{edited}" in printed.out and f"+{row}" in printed.out
+    assert "0 of 1 generated blocks match their commands" in printed.err
+    # re-rendering puts the command's numbers back
+    assert render.main(["--root", str(tmp_path), "--only", "shadow-latency"]) == 0
+    assert page.read_text() == text
