@@ -179,6 +179,7 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th question from the i-th (0-based)")
     parser.add_argument("--out", type=Path, default=None, help="JSONL of measurements; resumes if it exists")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only print the tables of FILEs")
+    parser.add_argument("--costs", default="cpu,seconds,tokens", help="with --report: the cost tables to print")
     args = parser.parse_args()
     arms = args.arms.split(",")
     gates = args.gates.split(",")
@@ -193,7 +194,7 @@ def main() -> None:
         )
     if args.report:
         rows = [r for path in args.report for r in read_records(path, fault=_row_fault)]
-        report(rows, args.questions, gates)
+        report(rows, args.questions, gates, tuple(args.costs.split(",")))
         return
     if not Path(args.data).exists() and args.data not in DATASETS:
         sys.exit(
@@ -275,7 +276,7 @@ COSTS = (
 )
 
 
-def report(rows: list[dict], n: int, gates: list[str]) -> None:  # type: ignore[type-arg]
+def report(rows: list[dict], n: int, gates: list[str], costs: tuple[str, ...] = ("cpu", "seconds", "tokens")) -> None:  # type: ignore[type-arg]
     head = next((r for r in rows if "thresholds" in r), {})
     taus = {g: t for r in rows if "thresholds" in r for g, t in r["thresholds"].items()}
     print(f"model {head.get('model')}; budget {head.get('budget')}; thresholds:")
@@ -286,8 +287,10 @@ def report(rows: list[dict], n: int, gates: list[str]) -> None:  # type: ignore[
         qs = [q for q in qs if all((q, arm, g) in done for g in gates)]
         if not qs:
             continue
-        print(f"\n## arm {arm}: {setting.what}; {len(qs)} questions")
+        print(f"\n**arm {arm}**: {setting.what}; {len(qs)} questions")
         for cost, what in COSTS:
+            if cost not in costs:
+                continue
             table(done, qs, arm, gates, cost, what)
     both = [q for q in range(n) if all((q, a, g) in done for a in ARMS for g in gates)]
     if both:

@@ -154,13 +154,13 @@ class LlamaCppBackend(Backend):
         kept state of an earlier prompt inside :meth:`exact_prefix_reuse`), and its state is kept: a generation of
         the same prompt right after starts from it and evaluates nothing again. Its last token is evaluated alone,
         with llama.cpp's embeddings output on for that one step: with embeddings on, llama.cpp outputs every token
-        of a batch, and the output head over a whole prompt costs about 20% more prompt work, where one more
-        single-token step costs about 5% of a 55-token prompt (Qwen2.5-Coder-1.5B, one core; measured by
-        ``benchmarks/gate_overhead.py --gates never,always,learned``). That step takes llama.cpp's single-token
-        kernels, so the last token's logits differ a little from a batch evaluation's (the greedy token is the
-        same as a rule, not always); the generation after this call reads them. The method that asks for a hidden
-        state asks before any other call of that prompt, so its outputs do not depend on the calls before it;
-        inside one :meth:`exact_prefix_reuse` block a later method's call of the same prompt reuses this state."""
+        of a batch, so the output head would run over the whole prompt, where one single-token step runs it once
+        (the learned gate's cost: ``benchmarks/gate_overhead.py --gates never,always,learned``). That step takes
+        llama.cpp's single-token kernels, so the last token's logits differ a little from a batch evaluation's
+        (the greedy token is the same as a rule, not always); the generation after this call reads them. The
+        method that asks for a hidden state asks before any other call of that prompt, so its outputs do not depend
+        on the calls before it; inside one :meth:`exact_prefix_reuse` block a later method's call of the same
+        prompt reuses this state."""
         ids = self.tokenize(prompt, assistant_prefix)
         check_prompt_fits(len(ids), self.max_context, "shorten the prompt or load with a larger n_ctx")
         self._hidden_from_state = None
