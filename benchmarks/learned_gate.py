@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -45,6 +44,7 @@ from ragate.eval.metrics import f1, paired_bootstrap_diff
 from ragate.eval.skr import sweep_questions
 from ragate.gates.learned import DRAFT_FEATURES, LearnedGateFile, save_learned
 from ragate.gates.signals import QUESTION_FEATURES
+from ragate.learning import question_digests
 
 RUNS = Path("docs/results/runs")
 MODEL = "qwen2.5-coder-1.5b"
@@ -332,7 +332,7 @@ def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, te
                 {
                     "label": "closed-wrong", "model": {"model": MODEL, "engine": "llama.cpp"},
                     "source": "benchmarks/learned_gate.py: " + " + ".join(s for s, _ in sweeps if (RUNS / s).is_dir()),
-                    "questions": sorted(question_digests(train.ids, sweeps)),
+                    "questions": question_digests(training_questions(train.ids, sweeps)),
                     "report": {"cascade_auroc_test": round(auroc_interval(p_cas, test.y)[0], 4),
                                "full_auroc_test": round(auroc_interval(p_full, test.y)[0], 4),
                                "drafted_share_test": round(float(drafted.mean()), 4)},
@@ -345,13 +345,13 @@ def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, te
     return out
 
 
-def question_digests(ids: tuple[str, ...], sweeps: tuple[tuple[str, str | None], ...]) -> set[str]:
-    """The sha256 prefix of each training question's text (the gate file's record of what it was fitted on)."""
+def training_questions(ids: tuple[str, ...], sweeps: tuple[tuple[str, str | None], ...]) -> list[str]:
+    """The training questions' text, by id, from their sweeps' records."""
     texts: dict[str, str] = {}
     for sweep, family in sweeps:
         if (RUNS / sweep).is_dir():
             texts |= _records(sweep, family)[1]
-    return {hashlib.sha256(texts[i].encode()).hexdigest()[:16] for i in ids}
+    return [texts[i] for i in ids]
 
 
 def _plain(v: tuple[float, float, float]) -> str:

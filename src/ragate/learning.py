@@ -116,6 +116,11 @@ def _rows_labelled(rows: Any, *, hidden: bool, draft: bool) -> Labelled:
     return _labelled(rows.ids, rows.features, rows.hidden, rows.y, use_hidden=hidden, draft=draft)
 
 
+def question_digests(questions: Sequence[str]) -> list[str]:
+    """The sorted sha256 prefixes of the questions a gate was fitted on (its file's record of them, no text)."""
+    return sorted({hashlib.sha256(q.encode()).hexdigest()[:16] for q in questions})
+
+
 def learn_labelled(
     data: Labelled,
     out: str | Path,
@@ -153,7 +158,7 @@ def learn_labelled(
         "source": source,
         "ragate": __version__,
         "hidden_dim": None if data.hidden is None else int(data.hidden.shape[1]),
-        "questions": sorted({hashlib.sha256(q.encode()).hexdigest()[:16] for q in questions}),
+        "questions": question_digests(questions),
     }
     gate, report = learn_gate(
         data, label=label, components=components, c=c, seed=seed, cascade_share=cascade, meta=meta
