@@ -99,7 +99,48 @@ def test_the_generator_answers_alone_or_from_the_documents_ragate_chose(
 def test_the_docs_snippets_run(smollm2_path: Path, tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
     namespace = run_doc_snippets("haystack", tmp_path, monkeypatch)
     out = capsys.readouterr().out.splitlines()
+    assert isinstance(namespace["gate"], RagateRouter)
     assert out[0] == str({"gate": {"skip": SKIP_QUESTION}})  # the router: skipped
     assert out[1].startswith("{'retriever': {'documents': [")  # the router: retrieved
     assert "'retrieved': True" in out[2] and "['p" in out[2]  # the answer, the documents read, the decision
-    assert isinstance(namespace["llm"], RagateGenerator)
+    assert out[3] == "['gate'] False True"  # skipped: the router's own reply, no generator ran
+    assert out[4] == "['gate', 'llm'] True True"  # retrieved: your generator read Haystack's documents
+
+
+def test_a_two_branch_pipeline_with_your_generator_answers_both_and_drafts_once(
+    store: InMemoryDocumentStore, smollm2_path: Path
+) -> None:
+    """Haystack's own Pipeline: ragate's router on top; its skip branch carries the model's own answer (the draft
+    continued), its retrieve branch runs Haystack's BM25 retriever, PromptBuilder and the user's generator
+    (ragate's generator type over the same SmolLM2, loaded once). The generator never runs on a skip."""
+    from haystack.components.builders import PromptBuilder
+
+    from ragate.integrations.haystack import RagateLLMGenerator
+
+    template = "{% for d in documents %}{{ d.content }}\n{% endfor %}\nQuestion: {{ query }}\nAnswer:"
+    with RagateLLMGenerator(model=str(smollm2_path), max_tokens=24) as llm:
+        gate = RagateRouter(model_of=llm.pipeline, method="targ-margin", calibration=CALIBRATION, answer_skipped=True)
+        with gate:
+            assert gate.pipeline.lm is llm.pipeline.lm  # one model in memory
+            rag = Pipeline()
+            rag.add_component("gate", gate)
+            rag.add_component("retriever", InMemoryBM25Retriever(document_store=store, top_k=K))
+            rag.add_component("prompt", PromptBuilder(template=template, required_variables=["query"]))
+            rag.add_component("llm", llm)
+            rag.connect("gate.retrieve", "retriever.query")
+            rag.connect("gate.retrieve", "prompt.query")
+            rag.connect("retriever.documents", "prompt.documents")
+            rag.connect("prompt.prompt", "llm.prompt")
+
+            skip = rag.run({"gate": {"query": SKIP_QUESTION}})
+            assert set(skip) == {"gate"}  # nothing behind the retrieve socket ran: no generator call
+            [reply] = skip["gate"]["replies"]
+            assert reply.strip() and reply == gate.pipeline.answer(SKIP_QUESTION).text  # the draft, continued
+            [meta] = skip["gate"]["meta"]
+            assert meta["ragate"]["retrieved"] is False and meta["ragate"]["reason"]
+            assert meta["ragate"]["savings"]["spent"]["tokens"] > 0
+
+            rag_out = rag.run({"gate": {"query": RAG_QUESTION}})
+            assert rag_out["gate"]["meta"][0]["ragate"]["retrieved"] is True
+            [answer] = rag_out["llm"]["replies"]
+            assert answer.strip() and rag_out["llm"]["meta"][0]["usage"]["completion_tokens"] > 0

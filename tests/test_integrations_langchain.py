@@ -129,3 +129,70 @@ def test_the_docs_snippets_run(smollm2_path: Path, tmp_path: Path, monkeypatch: 
     assert out[0] == f"{SKIP_QUESTION} []" and out[1].startswith(f"{RAG_QUESTION} [('p")
     assert out[2] == "dict_keys(['question', 'documents'])"  # the graph retrieved
     assert isinstance(namespace["router"], RagateRouter)
+    assert out[3].startswith("answer ") and out[3].endswith(" True")  # skipped: the state holds the answer
+    assert out[4].startswith("retrieve ") and out[4].endswith(" True")  # your chat model read the documents
+
+
+def test_a_langgraph_app_with_your_chat_model_answers_both_branches_and_drafts_once(
+    bm25: BM25Retriever, smollm2_path: Path
+) -> None:
+    """The adaptive-RAG graph with the user's own chat model (ragate's chat model type over SmolLM2, loaded once):
+    the gate node writes the route, decision and savings into the state; on a skip the state's answer is the
+    draft continued and the chat model is never called; on a retrieval the chat model reads the retriever's
+    documents. LangChain's own callbacks count the chat model's calls."""
+    pytest.importorskip("langgraph")
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.prompts import ChatPromptTemplate
+    from langgraph.graph import END, START, StateGraph
+
+    from ragate.integrations.langchain import RagateChatModel, RagateGateNode
+
+    class State(TypedDict, total=False):
+        question: str
+        route: str
+        ragate: dict[str, Any]
+        documents: list[Document]
+        answer: str
+
+    class Calls(BaseCallbackHandler):
+        chat = 0
+
+        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+            Calls.chat += 1
+
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer from the documents."), ("human", "{documents}\n\nQuestion: {question}")]
+    )
+    chat = RagateChatModel(model=str(smollm2_path), max_tokens=24)
+    with chat, RagateGateNode(model_of=chat.pipeline, method="targ-margin", calibration=CALIBRATION) as gate:
+        assert gate.pipeline.lm is chat.pipeline.lm  # one model in memory
+
+        def search(state: State) -> State:
+            return {"documents": bm25.invoke(state["question"])}
+
+        def read(state: State) -> State:
+            text = "\n\n".join(d.page_content for d in state["documents"])
+            reply = (prompt | chat).invoke({"documents": text, "question": state["question"]})
+            return {"answer": reply.text}
+
+        graph = StateGraph(State)
+        graph.add_node("gate", gate)
+        graph.add_node("search", search)
+        graph.add_node("read", read)
+        graph.add_edge(START, "gate")
+        graph.add_conditional_edges("gate", lambda s: s["route"], {"answer": END, "retrieve": "search"})
+        graph.add_edge("search", "read")
+        graph.add_edge("read", END)
+        app = graph.compile()
+
+        calls = Calls()
+        skip = app.invoke({"question": SKIP_QUESTION}, config={"callbacks": [calls]})
+        assert skip["route"] == "answer" and Calls.chat == 0  # no second call on a skip
+        assert skip["ragate"]["retrieved"] is False and skip["ragate"]["reason"]
+        assert skip["ragate"]["score"] <= skip["ragate"]["threshold"]
+        assert skip["ragate"]["savings"]["spent"]["tokens"] > 0
+        assert skip["answer"].strip() and skip["answer"] == gate.pipeline.answer(SKIP_QUESTION).text
+
+        rag = app.invoke({"question": RAG_QUESTION}, config={"callbacks": [calls]})
+        assert rag["route"] == "retrieve" and Calls.chat == 1 and len(rag["documents"]) == 5
+        assert rag["answer"].strip() and rag["ragate"]["retrieved"] is True

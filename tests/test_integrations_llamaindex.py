@@ -100,3 +100,83 @@ def test_the_docs_snippets_run(smollm2_path: Path, tmp_path: Path, monkeypatch: 
     assert out[0].startswith("False []")  # skipped: no nodes
     assert out[1].startswith("True ['p")  # retrieved: the nodes ragate chose
     assert out[2] == "[]" and isinstance(namespace["engine"], RagateQueryEngine)
+    assert out[3].startswith("False ") and out[3] != "False Empty Response"  # your LLM's skip: the draft, continued
+    assert out[4].startswith("ragate targ-margin: ") and out[4].endswith(" 0")  # routed to the model's knowledge
+    assert out[5].startswith("ragate targ-margin: ") and out[5].endswith(" 5")  # to your query engine's 5 nodes
+
+
+@pytest.fixture(scope="module")
+def own_llm(smollm2_path: Path) -> Iterator[Any]:
+    """SmolLM2 as the app's LLM (ragate's LLM type): loaded here, once, for the gate and the reading alike."""
+    from ragate.integrations.llamaindex import RagateLLM
+
+    with RagateLLM(model=str(smollm2_path), max_tokens=24) as llm:
+        yield llm
+
+
+def test_your_llm_answers_both_branches_and_the_draft_is_paid_once(
+    own_llm: Any, nodes: dict[str, TextNode]
+) -> None:
+    bm25 = BM25Retriever.from_defaults(nodes=list(nodes.values()), similarity_top_k=5)
+    with RagateQueryEngine(bm25, llm=own_llm, method="targ-margin", calibration=CALIBRATION, k=K) as engine:
+        assert engine.pipeline.lm is own_llm.pipeline.lm  # the gate drafts with the app's model: loaded once
+        skip = engine.query(SKIP_QUESTION)
+        meta = skip.metadata["ragate"]
+        assert meta["retrieved"] is False and meta["reason"] and meta["score"] <= meta["threshold"]
+        assert str(skip).strip() and str(skip) != "Empty Response" and skip.source_nodes == []
+        assert meta["savings"]["spent"]["tokens"] > 0
+        # the answer is the draft continued: the same text and tokens as ragate's own closed-book answer, and
+        # the stages are the gate's draft (and its continuation) only: no second call of the app's LLM
+        alone = engine.pipeline.answer(SKIP_QUESTION)
+        assert not alone.retrieved and str(skip) == alone.text
+        assert meta["savings"]["spent"]["tokens"] == alone.tokens
+        assert {s.name for s in alone.stages} <= {"draft", "continue"}
+
+        rag = engine.query(RAG_QUESTION)
+        assert rag.metadata["ragate"]["retrieved"] is True and rag.metadata["ragate"]["savings"] is None
+        chosen = engine.pipeline.retrieve(RAG_QUESTION)
+        assert [n.node_id for n in rag.source_nodes] == [d.id for d in chosen.documents]
+        assert str(rag).strip() and str(rag) != "Empty Response"  # the app's LLM read LlamaIndex's prompt
+
+
+def test_another_llm_answers_the_skipped_question(
+    llama_backend: Any, nodes: dict[str, TextNode], smollm2_path: Path
+) -> None:
+    pytest.importorskip("llama_index.llms.llama_cpp")
+    from llama_index.llms.llama_cpp import LlamaCPP
+
+    llm = LlamaCPP(model_path=str(smollm2_path), max_new_tokens=16, context_window=2048, verbose=False)
+    bm25 = BM25Retriever.from_defaults(nodes=list(nodes.values()), similarity_top_k=5)
+    options = {"method": "targ-margin", "calibration": CALIBRATION, "k": K, "lm": llama_backend}
+    with RagateQueryEngine(bm25, llm=llm, **options) as two:
+        skip = two.query(SKIP_QUESTION)
+    assert skip.metadata["ragate"]["retrieved"] is False
+    assert str(skip).strip() and str(skip) != "Empty Response"  # LlamaIndex's LLM answered the bare question
+
+
+def test_the_selector_routes_a_router_query_engine(own_llm: Any, nodes: dict[str, TextNode]) -> None:
+    from llama_index.core.query_engine import RouterQueryEngine
+    from llama_index.core.tools import QueryEngineTool
+
+    from ragate.integrations.llamaindex import RagateSelector
+
+    bm25 = BM25Retriever.from_defaults(nodes=list(nodes.values()), similarity_top_k=K)
+    with RagateSelector(model_of=own_llm.pipeline, method="targ-margin", calibration=CALIBRATION) as selector:
+        router = RouterQueryEngine(
+            selector=selector,
+            query_engine_tools=[
+                QueryEngineTool.from_defaults(selector.direct_engine(), description="the model's own knowledge"),
+                QueryEngineTool.from_defaults(RetrieverQueryEngine.from_args(bm25, llm=own_llm), description="docs"),
+            ],
+            llm=own_llm,
+        )
+        skip = router.query(SKIP_QUESTION)
+        [why] = skip.metadata["selector_result"].selections
+        assert why.index == 0 and why.reason.startswith("ragate targ-margin: ")
+        assert skip.metadata["ragate"]["retrieved"] is False and str(skip).strip()
+        assert str(skip) == selector.pipeline.answer(SKIP_QUESTION).text  # the draft, continued: paid once
+        assert len(selector.answers._kept) == 0  # taken by the branch that answered
+
+        rag = router.query(RAG_QUESTION)
+        [why] = rag.metadata["selector_result"].selections
+        assert why.index == 1 and rag.source_nodes and str(rag).strip()

@@ -373,3 +373,39 @@ def test_calibrating_on_too_few_or_tied_questions_warns(smollm2_path: Path, tmp_
     start = time.perf_counter()
     assert main(["calibrate", "--gate", "targ-margin", "--questions", str(questions), "--budget", "nan"]) == 2
     assert time.perf_counter() - start < 5  # refused before the model loads and scores anything
+
+
+def test_a_framework_reads_with_the_gates_own_model_and_never_pays_the_draft_twice(llama_backend: Any) -> None:
+    """Pipeline.retrieve(answer_skipped=True) gives the skipped question's answer (the draft, continued: the very
+    answer and stages of Pipeline.answer); select=False decides only; complete() is the model as a plain LLM;
+    model_of shares one loaded model."""
+    from test_integrations import CALIBRATION, RAG_QUESTION, SKIP_QUESTION
+
+    def nothing(query: str, k: int) -> list[dict[str, str]]:
+        return [{"id": "d1", "title": "T", "text": "The greasers live on the East Side of Tulsa."}]
+
+    with ragate.Pipeline(method="targ-margin", calibration=CALIBRATION, lm=llama_backend, search=nothing) as rag:
+        answered = rag.answer(SKIP_QUESTION)
+        routed = rag.retrieve(SKIP_QUESTION, answer_skipped=True)
+        assert not routed.retrieved and routed.answer == answered.text and answered.text.strip()
+        assert [(s.name, s.completion_tokens) for s in routed.stages] == [
+            (s.name, s.completion_tokens) for s in answered.stages
+        ]
+        assert rag.retrieve(SKIP_QUESTION).answer is None  # not asked for: nothing written
+        decided = rag.retrieve(RAG_QUESTION, answer_skipped=True, select=False)
+        assert decided.retrieved and decided.documents == () and decided.answer is None
+        assert rag.retrieve(RAG_QUESTION).documents  # selecting: the search's passage
+
+        text, stage = rag.complete("Say hello.", max_tokens=5)
+        assert text.strip() and 0 < stage.completion_tokens <= 5 and stage.name == "read"
+        with pytest.raises(RagateError, match="empty prompt"):
+            rag.complete("   ")
+        with pytest.raises(RagateError, match="role 'tool' is not one of system, user, assistant"):
+            rag.complete([("tool", "x")])
+
+        with ragate.Pipeline(method="no-retrieval", model_of=rag, search=nothing) as other:
+            assert other.lm is rag.lm and other.model_lock() is rag.model_lock()
+        with pytest.raises(RagateError, match="drop model="):
+            ragate.Pipeline(method="no-retrieval", model_of=rag, model="smollm2-135m", search=nothing)
+        saved = rag.savings(answered.trace)
+        assert saved.spent.tokens == answered.tokens and saved.how in ("unknown", "estimated")

@@ -77,7 +77,9 @@ class Answer:
 @dataclass(frozen=True)
 class Retrieval:
     """The gate's decision for one question and, when it retrieves, the documents the method chose, with no
-    answer written (:meth:`Pipeline.retrieve`: for a framework that reads them with its own model)."""
+    answer written (:meth:`Pipeline.retrieve`: for a framework that reads them with its own model). ``answer``
+    is the model's own answer where the gate skipped and it was asked for (``answer_skipped=True``: the draft,
+    continued), else None."""
 
     question: str
     method: str
@@ -86,11 +88,13 @@ class Retrieval:
     documents: tuple[Document, ...]
     stages: tuple[Stage, ...]
     trace: Trace
+    answer: str | None = None
 
     @classmethod
     def of(cls, trace: Trace) -> Retrieval:
         docs = tuple(Document.of(h) for h in trace.documents)
-        return cls(trace.question, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace)
+        answer = None if trace.retrieved or not trace.answer else trace.answer
+        return cls(trace.question, trace.method, trace.retrieved, trace.gate, docs, trace.stages, trace, answer)
 
 
 @dataclass(frozen=True)

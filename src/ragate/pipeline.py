@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from tqdm.auto import tqdm
 
@@ -46,10 +46,15 @@ from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.configure import configure_method
 from ragate.methods.needs import require, require_index
 from ragate.methods.runner import decide
+from ragate.methods.trace import Stage, Trace
 from ragate.paper_tau import TauHints
 from ragate.retrieval.types import Retriever
+from ragate.savings import AlwaysRetrieveCost, Savings
 from ragate.tracing import Tracing
 from ragate.traffic import TrafficLearning
+
+if TYPE_CHECKING:
+    from ragate.types import Role
 
 DEMO_INDEX = "the demo index (built on first use)"
 
@@ -67,7 +72,8 @@ class Pipeline(TrafficLearning):
     --budget``). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
     replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
     ``fallback`` names a gate to run where the backend cannot serve the method's.
-    ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close. Every answer is an OpenTelemetry
+    ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close. ``model_of``: another pipeline whose
+    loaded model this one uses (one model in memory, one call at a time over both; it stays that pipeline's). Every answer is an OpenTelemetry
     span with the gate, retrieval and generations as children (:mod:`ragate.tracing`), sent to ``tracer_provider``
     or the application's global one; ``trace_content=True`` puts the question, answer and documents in them.
     ``threads`` / ``batch_threads``: a local engine's threads for decoding / prompt evaluation (llama.cpp; torch's
@@ -124,6 +130,7 @@ class Pipeline(TrafficLearning):
         feedback_store: str | Path | Any = None,
         shadow: float = 0.0,
         shadow_queue: int = 64,
+        model_of: Pipeline | None = None,
     ) -> None:
         _check_arguments(
             method=method, model=model, backend=backend, threshold=threshold, budget=budget, window=window,
@@ -132,6 +139,14 @@ class Pipeline(TrafficLearning):
         )  # fmt: skip
         self._closed = False
         self.early_exit = bool(early_exit)
+        if model_of is not None:  # share another pipeline's loaded model, one call at a time over both
+            if not isinstance(model_of, Pipeline):
+                raise RagateError(f"model_of= takes a ragate.Pipeline, not {type(model_of).__name__}")
+            if given := [n for n, v in (("model", model), ("base_url", base_url), ("lm", lm)) if v is not None]:
+                raise RagateError(f"model_of= shares that pipeline's model: drop {', '.join(given)}=")
+            model_of._check_open()
+            shared: Pipeline = model_of
+            lm, backend = shared.lm, shared.lm.engine
         engine = backend or ("openai" if base_url else "llama.cpp")
         if base_url and engine != "openai":
             raise RagateError(f"base_url goes with backend='openai', not {engine!r}")
@@ -164,7 +179,8 @@ class Pipeline(TrafficLearning):
 
             check_state_path(Path(budget_state))
         self._owned: list[Any] = []
-        self._lock = threading.RLock()
+        self._lock = threading.RLock() if model_of is None else model_of._lock
+        self._savings = AlwaysRetrieveCost()
         self._tau_hints = (
             TauHints()
         )  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
@@ -343,11 +359,18 @@ class Pipeline(TrafficLearning):
         method: str | None = None,
         threshold: float | None = None,
         k: int | None = None,
+        answer_skipped: bool = False,
+        select: bool = True,
     ) -> Retrieval:
         """The gate's decision for ``question`` and, when it says "retrieve", the documents the method chooses
         (its selector over this pipeline's index or search: DPR-AIS for DTR and PAIRS, the question's top k for
         TARG), with no answer written. A budget controller counts it like an answer. Dynamic methods and
-        CRAG-lite decide while answering: use :meth:`answer`."""
+        CRAG-lite decide while answering: use :meth:`answer`.
+
+        ``answer_skipped=True``: where the gate says "no", also the model's own answer (``Retrieval.answer``: the
+        gate's draft continued, as :meth:`answer` writes it), so a framework reading with this pipeline's model
+        (:meth:`complete`) never pays the draft twice. ``select=False``: the gate alone, no documents where it
+        says "retrieve" (a router whose retrieving branch searches by itself)."""
         from ragate.methods.runner import select_documents
 
         question = check_question(question, self.max_question_chars)
@@ -358,8 +381,9 @@ class Pipeline(TrafficLearning):
                 with self.model_lock():
                     early = self.early_exit and not self.controls(method, threshold)
                     trace = select_documents(
-                        spec, question, self.lm, self.retriever, seed=self.seed, early_exit=early
-                    )
+                        spec, question, self.lm, self.retriever, seed=self.seed, early_exit=early,
+                        answer_skipped=answer_skipped, select=select,
+                    )  # fmt: skip
                 self.tracing.finish(span, trace, model=model, engine=engine)
         except ValueError as err:
             if isinstance(err, RagateError):
@@ -368,6 +392,35 @@ class Pipeline(TrafficLearning):
         if self.controls(method, threshold) and self.budget is not None:
             self.budget.observe(trace.gate.score, trace.retrieved)
         return Retrieval.of(trace)
+
+    def complete(
+        self, prompt: str | Sequence[tuple[str, str]], *, max_tokens: int | None = None
+    ) -> tuple[str, Stage]:
+        """This pipeline's model as a plain LLM: the greedy reply to ``prompt`` (a user message, or (role, text)
+        pairs rendered with the model's chat template), and its stage (tokens, seconds). What a framework's LLM
+        type calls (``ragate.integrations``), so the framework reads with the model the gate drafts with, loaded
+        once. ``max_tokens``: default the method's answer length."""
+        from ragate.types import GenerationRequest, Message
+
+        self._check_open()
+        if isinstance(prompt, str):
+            messages: tuple[Message, ...] = (Message("user", prompt),)
+        else:
+            if bad := [role for role, _ in prompt if role not in ("system", "user", "assistant")]:
+                raise RagateError(f"complete(): role {bad[0]!r} is not one of system, user, assistant")
+            messages = tuple(Message(cast("Role", role), text) for role, text in prompt)
+        if not messages or not any(m.content.strip() for m in messages):
+            raise RagateError("complete() got an empty prompt: give the text the model should answer")
+        request = GenerationRequest(messages, max_tokens=max_tokens or self.spec.max_tokens)
+        span = self.tracing.span("ragate.complete", self.spec.name, model=self.model_label, engine=self.lm.engine)
+        with span, self.model_lock():
+            gen = self.lm.generate([request])[0]
+        return gen.text, Stage.of("read", gen)
+
+    def savings(self, trace: Trace) -> Savings:
+        """What ``trace``'s gate saved against always retrieving, as ``ragate serve`` reports it per request
+        (:class:`ragate.savings.AlwaysRetrieveCost`, one running estimate per pipeline)."""
+        return self._savings.savings(trace)
 
     def decide(self, question: str, *, seed: int | None = None) -> GateDecision:
         """Only the gate's decision and score for ``question`` (no answer is written). Under a budget it is decided

@@ -9,12 +9,15 @@ import contextvars
 import difflib
 import inspect
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 
 from ragate.errors import RagateError
 
 if TYPE_CHECKING:
+    from ragate.answers import Answer, Retrieval
     from ragate.gates.base import GateDecision
     from ragate.pipeline import Pipeline
 
@@ -211,3 +214,37 @@ def question_of(value: Any, key: str) -> str:
             f"the question is a {type(value).__name__}: pass a str, or a state with a {key!r} str"
         )
     return value
+
+
+def result_record(pipeline: Pipeline, result: Answer | Retrieval, *, read_elsewhere: bool = False) -> dict[str, Any]:
+    """The decision and the savings of one answer, for a framework's result object: :func:`decision_record` and
+    ``savings`` (:meth:`ragate.Pipeline.savings`, what ``ragate serve`` reports per request). ``read_elsewhere``:
+    the framework's own LLM read the documents, outside ragate's trace, so a retrieved one's cost is not measured
+    (``savings`` None, and it does not feed the running estimate)."""
+    out = decision_record(result.method, result.decision)
+    if read_elsewhere and result.retrieved:
+        out["savings"] = None
+    else:
+        out["savings"] = pipeline.savings(result.trace).to_json()
+    return out
+
+
+class DirectAnswers:
+    """The model's own answers a router kept for the questions it routed away from retrieval, until the branch
+    that answers without retrieval takes them (by question; bounded: the oldest go first)."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self._kept: OrderedDict[str, tuple[Any, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def keep(self, question: str, result: Any, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._kept[question] = (result, record)
+            self._kept.move_to_end(question)
+            while len(self._kept) > self._limit:
+                self._kept.popitem(last=False)
+
+    def take(self, question: str) -> tuple[Any, dict[str, Any]] | None:
+        with self._lock:
+            return self._kept.pop(question, None)

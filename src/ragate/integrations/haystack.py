@@ -1,5 +1,11 @@
-"""ragate's gate in Haystack: a router component with the sockets ``retrieve`` and ``skip``, and a generator
-component that answers with ragate over your retriever component (``pip install 'ragate[haystack]'``).
+"""ragate's gate in Haystack (``pip install 'ragate[haystack]'``):
+
+- :class:`RagateRouter`: a router component with the sockets ``retrieve`` and ``skip`` (``ConditionalRouter``'s
+  style); with ``answer_skipped=True`` a skipped query also comes with the model's own answer on ``replies`` (the
+  gate's draft continued: the skip branch needs no generator and pays no second call) and the decision on ``meta``;
+- :class:`RagateLLMGenerator`: the model the gate drafts with as a Haystack generator (``prompt`` in, ``replies``
+  out), loaded once, for your retrieving branch's ``PromptBuilder``;
+- :class:`RagateGenerator`: both branches in one component, answered with ragate's method over your retriever.
 
 Haystack sends anonymous usage data unless ``HAYSTACK_TELEMETRY_ENABLED=False`` is set before it is imported."""
 
@@ -14,10 +20,10 @@ from ragate.integrations._common import (
     OwnsPipeline,
     collecting,
     decide,
-    decision_record,
     missing,
     open_pipeline,
     record,
+    result_record,
     router_search,
 )
 
@@ -92,20 +98,74 @@ class RagateRouter(OwnsPipeline):
         ``calibration`` or ``threshold`` or ``budget``, ``model`` or ``base_url`` (your model server), ...
     """
 
-    def __init__(self, *, retriever: Any = None, pipeline: Pipeline | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        retriever: Any = None,
+        pipeline: Pipeline | None = None,
+        answer_skipped: bool = False,
+        **options: Any,
+    ) -> None:
         search = as_search(retriever) if retriever is not None else None
         if pipeline is None:
             search = router_search(options, search)
         self.pipeline, self._owned = open_pipeline("RagateRouter", pipeline, options, search)
+        self.answer_skipped = answer_skipped
 
-    @component.output_types(retrieve=str, skip=str)
-    def run(self, query: str) -> dict[str, str]:
+    @component.output_types(retrieve=str, skip=str, replies=list[str], meta=list[dict[str, Any]])
+    def run(self, query: str) -> dict[str, Any]:
         """Route ``query``.
 
         :param query: the question.
-        :returns: ``{"retrieve": query}`` when the gate says the model should read, else ``{"skip": query}``.
+        :returns: ``{"retrieve": query}`` when the gate says the model should read, else ``{"skip": query}``;
+            with ``answer_skipped``, also ``meta`` (one dict, the decision and savings under ``"ragate"``) and, on a
+            skip, ``replies`` (the model's own answer, its draft continued).
         """
-        return {"retrieve" if decide(self.pipeline, query).retrieve else "skip": query}
+        if not self.answer_skipped:
+            return {"retrieve" if decide(self.pipeline, query).retrieve else "skip": query}
+        chosen = self.pipeline.retrieve(query, answer_skipped=True, select=False)
+        meta = [{"ragate": result_record(self.pipeline, chosen, read_elsewhere=True)}]
+        if chosen.retrieved:
+            return {"retrieve": query, "meta": meta}
+        return {"skip": query, "replies": [chosen.answer or ""], "meta": meta}
+
+
+@component
+class RagateLLMGenerator(OwnsPipeline):
+    """The model of a :class:`ragate.Pipeline` as a Haystack generator: ``prompt`` in, ``replies`` and ``meta``
+    (tokens) out; greedy, from the very model the gate drafts with, loaded once (:meth:`ragate.Pipeline.complete`).
+
+    Usage example::
+
+        from ragate.integrations.haystack import RagateLLMGenerator, RagateRouter
+
+        llm = RagateLLMGenerator(model="qwen2.5-coder-1.5b")
+        gate = RagateRouter(model_of=llm.pipeline, method="targ-margin", answer_skipped=True)
+
+    :param pipeline: a ready :class:`ragate.Pipeline` whose model answers (you close it).
+    :param max_tokens: the reply length (default: the pipeline's answer length).
+    :param options: :class:`ragate.Pipeline`'s keywords (``model``, ``backend``, ``base_url``, ...).
+    """
+
+    def __init__(self, *, pipeline: Pipeline | None = None, max_tokens: int | None = None, **options: Any):
+        from ragate.integrations._common import no_documents
+
+        if pipeline is None:
+            options.setdefault("method", "no-retrieval")  # it only generates: no gate to check or load
+        search = None if pipeline is not None or "index" in options else no_documents
+        self.pipeline, self._owned = open_pipeline("RagateLLMGenerator", pipeline, options, search)
+        self.max_tokens = max_tokens
+
+    @component.output_types(replies=list[str], meta=list[dict[str, Any]])
+    def run(self, prompt: str) -> dict[str, Any]:
+        """Generate the reply to ``prompt``.
+
+        :param prompt: the prompt (a user message, rendered with the model's chat template).
+        :returns: ``replies`` (one) and ``meta`` (its model and token counts).
+        """
+        text, stage = self.pipeline.complete(prompt, max_tokens=self.max_tokens)
+        usage = {"prompt_tokens": stage.prompt_tokens, "completion_tokens": stage.completion_tokens}
+        return {"replies": [text], "meta": [{"model": self.pipeline.model_label, "usage": usage}]}
 
 
 @component
@@ -159,5 +219,5 @@ class RagateGenerator(OwnsPipeline):
         """
         with collecting() as seen:
             answer = self.pipeline.answer(query)
-        meta = {"ragate": decision_record(answer.method, answer.decision)}
+        meta = {"ragate": result_record(self.pipeline, answer)}
         return {"replies": [answer.text], "documents": _documents(answer.documents, seen), "meta": [meta]}

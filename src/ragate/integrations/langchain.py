@@ -1,5 +1,14 @@
-"""ragate's gate in LangChain and LangGraph: a retriever that returns no documents when the model knows the answer,
-and a Runnable that routes a question to ``"retrieve"`` or ``"answer"`` (``pip install 'ragate[langchain]'``)."""
+"""ragate's gate in LangChain and LangGraph (``pip install 'ragate[langchain]'``):
+
+- :class:`RagateChatModel`: the model ragate's gate drafts with, as a LangChain chat model (loaded once);
+- :class:`RagateGateNode`: a LangGraph node that writes the route, the decision (score, τ, reason), the savings and,
+  where the gate skips, the model's own answer (its draft continued: never paid twice) into the graph's state;
+- :class:`RagateRetriever`: your retriever behind the gate (no documents when the model knows);
+- :class:`RagateRouter`: the gate as a Runnable returning ``"retrieve"`` or ``"answer"`` (a conditional edge).
+
+A document ragate returns is a copy of your retriever's with ``ragate_rank`` (its place in ragate's choice) and
+``ragate_score`` (ragate's score for it: the retriever's own score where it gives one, else 1/rank) in its
+metadata."""
 
 from __future__ import annotations
 
@@ -17,13 +26,17 @@ from ragate.integrations._common import (
     open_pipeline,
     question_of,
     record,
+    result_record,
     route,
     router_search,
 )
 
 try:
-    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.callbacks import CallbackManagerForLLMRun, CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.runnables import Runnable, RunnableConfig
     from pydantic import PrivateAttr
@@ -172,3 +185,126 @@ class RagateRouter(OwnsPipeline, Runnable[Any, str]):
         return self._call_with_config(
             lambda value: self.route(question_of(value, self.question_key)), input, config
         )
+
+
+ROLES = {"human": "user", "user": "user", "ai": "assistant", "assistant": "assistant", "system": "system"}
+
+
+class RagateChatModel(OwnsPipeline, BaseChatModel):
+    """The model of a :class:`ragate.Pipeline` as a LangChain chat model: greedy replies from the very model the
+    gate drafts with, loaded once (:meth:`ragate.Pipeline.complete`; the model's chat template renders the
+    messages, whose text never becomes template control tokens).
+
+    Usage example::
+
+        from ragate.integrations.langchain import RagateChatModel, RagateGateNode
+
+        chat = RagateChatModel(model="qwen2.5-coder-1.5b")    # or RagateChatModel(pipeline=your_pipeline)
+        gate = RagateGateNode(model_of=chat.pipeline, method="targ-margin", calibration="targ-margin.json")
+
+    :param pipeline: a ready :class:`ragate.Pipeline` whose model answers (you close it).
+    :param max_tokens: the reply length (default: the pipeline's answer length).
+    :param options: :class:`ragate.Pipeline`'s keywords (``model``, ``backend``, ``base_url``, ``threads``, ...)
+        when no pipeline is given; this chat model then owns it (``close()``).
+    """
+
+    pipeline: Any = None
+    max_tokens: int | None = None
+    _owned: bool = PrivateAttr(default=False)
+
+    def __init__(self, *, pipeline: Pipeline | None = None, max_tokens: int | None = None, **options: Any):
+        from ragate.integrations._common import no_documents
+
+        if pipeline is None:
+            options.setdefault("method", "no-retrieval")  # it only replies: no gate to check or load
+        search = None if pipeline is not None or "index" in options else no_documents
+        built, owned = open_pipeline("RagateChatModel", pipeline, options, search)
+        try:
+            fields: dict[str, Any] = {"pipeline": built, "max_tokens": max_tokens}
+            super().__init__(**fields)
+        except BaseException:
+            if owned:
+                built.close()
+            raise
+        self._owned = owned
+
+    @property
+    def _llm_type(self) -> str:
+        return "ragate"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self.pipeline.model_label, "engine": self.pipeline.lm.engine}
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        turns = []
+        for message in messages:
+            role = ROLES.get(message.type)
+            if role is None:
+                raise ValueError(f"RagateChatModel reads system, human and ai messages, not {message.type!r}")
+            turns.append((role, message.text if hasattr(message, "text") else str(message.content)))
+        text, stage = self.pipeline.complete(turns, max_tokens=self.max_tokens)
+        if stop:  # LangChain's stop words: cut at the first
+            cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+            text = text[:cut]
+        usage = {
+            "input_tokens": stage.prompt_tokens,
+            "output_tokens": stage.completion_tokens,
+            "total_tokens": stage.prompt_tokens + stage.completion_tokens,
+        }
+        message = AIMessage(content=text, usage_metadata=usage)  # type: ignore[arg-type]
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+class RagateGateNode(OwnsPipeline, Runnable[Any, dict[str, Any]]):
+    """ragate's gate as a LangGraph node: from a state holding the question it returns the update ``{route_key:
+    "retrieve" | "answer", "ragate": {method, retrieved, score, threshold, reason, savings}}`` and, where the gate
+    skips, ``{answer_key: the model's own answer}`` (the gate's draft, continued: the "answer" branch needs no
+    second call). Route on it with ``graph.add_conditional_edges("gate", lambda s: s["route"], {...})``.
+
+    Only the gate runs (no search): your graph's retrieving branch searches with your retriever and reads with your
+    chat model (:class:`RagateChatModel` of the same model: ``model_of=chat.pipeline`` loads it once).
+
+    :param pipeline: a ready :class:`ragate.Pipeline` (you close it).
+    :param question_key: where the state holds the question.
+    :param route_key: / :param answer_key: the state keys it writes.
+    :param options: :class:`ragate.Pipeline`'s keywords (``method``, ``calibration``, ``budget``, ``model_of``, ...).
+    """
+
+    name: str | None = "RagateGateNode"
+
+    def __init__(
+        self,
+        *,
+        pipeline: Pipeline | None = None,
+        question_key: str = "question",
+        route_key: str = "route",
+        answer_key: str = "answer",
+        **options: Any,
+    ) -> None:
+        search = router_search(options, None) if pipeline is None else None
+        self.pipeline, self._owned = open_pipeline("RagateGateNode", pipeline, options, search)
+        self.question_key, self.route_key, self.answer_key = question_key, route_key, answer_key
+
+    def update(self, question: str) -> dict[str, Any]:
+        """The state update for ``question``."""
+        chosen = self.pipeline.retrieve(question, answer_skipped=True, select=False)
+        out: dict[str, Any] = {
+            self.route_key: "retrieve" if chosen.retrieved else "answer",
+            "ragate": result_record(self.pipeline, chosen, read_elsewhere=True),
+        }
+        if not chosen.retrieved:
+            out[self.answer_key] = chosen.answer or ""
+        return out
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
+        return self._call_with_config(
+            lambda value: self.update(question_of(value, self.question_key)), input, config
+        )
+

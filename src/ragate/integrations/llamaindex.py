@@ -1,26 +1,48 @@
-"""ragate's gate in LlamaIndex: a retriever that returns no nodes when the model knows the answer, and a query
-engine that answers with ragate's decision over your retriever (``pip install 'ragate[llamaindex]'``)."""
+"""ragate's gate in LlamaIndex (``pip install 'ragate[llamaindex]'``):
+
+- :class:`RagateLLM`: the model ragate's gate drafts with, as a LlamaIndex LLM (loaded once; use it as your app's
+  ``llm`` and ``Settings.llm``);
+- :class:`RagateQueryEngine`: both branches answered over your retriever. With ``llm=`` your LLM reads the nodes
+  through LlamaIndex's response synthesizer; where the gate skips, the answer is the model's own (its draft
+  continued when ``llm`` is a :class:`RagateLLM`: the draft is never paid twice; else your LLM answers the bare
+  question). Never "Empty Response";
+- :class:`RagateSelector`: ragate's gate as a ``RouterQueryEngine`` selector (the reason in the response's
+  ``metadata["selector_result"]``), with :meth:`RagateSelector.direct_engine` for the branch that does not retrieve;
+- :class:`RagateRetriever`: your retriever behind the gate (no nodes when the model knows; inside
+  ``RetrieverQueryEngine`` that means LlamaIndex's "Empty Response": use :class:`RagateQueryEngine` there).
+
+Every response carries ``metadata["ragate"]``: the decision (``method``, ``retrieved``, ``score``, ``threshold``,
+``reason``) and ``savings`` (what the gate saved against always retrieving, as ``ragate serve`` reports it).
+A node's score is the retriever's own score where ragate kept your node, and ragate's where it made one."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ragate.integrations._common import (
+    DirectAnswers,
     FrameworkSearch,
     OwnsPipeline,
     collecting,
-    decision_record,
     missing,
     open_pipeline,
     record,
+    result_record,
 )
 
 try:
+    from llama_index.core import get_response_synthesizer
     from llama_index.core.base.base_retriever import BaseRetriever
+    from llama_index.core.base.base_selector import BaseSelector, SelectorResult, SingleSelection
+    from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseGen, LLMMetadata
     from llama_index.core.base.response.schema import Response
     from llama_index.core.bridge.pydantic import PrivateAttr
     from llama_index.core.callbacks import CallbackManager
+    from llama_index.core.llms import LLM
+    from llama_index.core.llms.callbacks import llm_completion_callback
+    from llama_index.core.llms.custom import CustomLLM
     from llama_index.core.query_engine import CustomQueryEngine
+    from llama_index.core.response_synthesizers import BaseSynthesizer
     from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 except ImportError as err:
     raise missing("LlamaIndex (llama-index-core)", "llamaindex", err) from err
@@ -101,30 +123,111 @@ class RagateRetriever(OwnsPipeline, BaseRetriever):
         return _nodes(chosen.documents, seen) if chosen.retrieved else []
 
 
-class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
-    """A query engine that answers with ragate over your retriever: the model's own answer (the gate's draft) when
-    the gate says it knows, else its answer from the nodes ragate chooses from your retriever's.
-
-    The response's ``source_nodes`` are the nodes read (your own, scored by ragate; none when it did not
-    retrieve) and ``metadata["ragate"]`` the gate's decision (``method``, ``retrieved``, ``score``, ``threshold``,
-    ``reason``).
+class RagateLLM(OwnsPipeline, CustomLLM):
+    """The model of a :class:`ragate.Pipeline` as a LlamaIndex LLM: greedy completions from the very model the gate
+    drafts with, loaded once (:meth:`ragate.Pipeline.complete`).
 
     Usage example::
 
-        from ragate.integrations.llamaindex import RagateQueryEngine
+        from ragate.integrations.llamaindex import RagateLLM, RagateQueryEngine
 
-        with RagateQueryEngine(bm25, method="targ-margin", base_url="http://localhost:8080/v1") as engine:
-            response = engine.query("Where do the greasers live in The Outsiders?")
+        llm = RagateLLM(model="qwen2.5-coder-1.5b")           # or RagateLLM(pipeline=your_pipeline)
+        engine = RagateQueryEngine(bm25, llm=llm, method="targ-margin", calibration="targ-margin.json")
+
+    :param pipeline: a ready :class:`ragate.Pipeline` whose model answers (you close it).
+    :param max_tokens: the completion length (default: the pipeline's answer length).
+    :param options: :class:`ragate.Pipeline`'s keywords (``model``, ``backend``, ``base_url``, ``threads``, ...)
+        when no pipeline is given; this LLM then owns it (``close()``).
+    """
+
+    pipeline: Any = None
+    max_tokens: int | None = None
+    _owned: bool = PrivateAttr(default=False)
+
+    def __init__(self, pipeline: Pipeline | None = None, *, max_tokens: int | None = None, **options: Any):
+        from ragate.integrations._common import no_documents
+
+        if pipeline is None:
+            options.setdefault("method", "no-retrieval")  # it only completes: no gate to check or load
+        built, owned = open_pipeline(
+            "RagateLLM", pipeline, options, None if pipeline is not None or "index" in options else no_documents
+        )
+        try:
+            super().__init__(pipeline=built, max_tokens=max_tokens)
+        except BaseException:
+            if owned:
+                built.close()
+            raise
+        self._owned = owned
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RagateLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        lm = self.pipeline.lm
+        return LLMMetadata(
+            context_window=int(getattr(lm, "max_context", 0) or 4096),
+            num_output=self.max_tokens or self.pipeline.spec.max_tokens,
+            model_name=self.pipeline.model_label,
+        )
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        text, stage = self.pipeline.complete(prompt, max_tokens=self.max_tokens)
+        usage = {"prompt_tokens": stage.prompt_tokens, "completion_tokens": stage.completion_tokens}
+        return CompletionResponse(text=text, additional_kwargs={"ragate": usage})
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        response = self.complete(prompt, formatted=formatted)
+
+        def one() -> CompletionResponseGen:
+            yield CompletionResponse(text=response.text, delta=response.text, additional_kwargs=response.additional_kwargs)
+
+        return one()
+
+
+def _own_model(llm: LLM | None, pipeline: Pipeline) -> bool:
+    """Whether ``llm`` is the model ``pipeline`` drafts with (so its skipped answer is the draft continued)."""
+    return isinstance(llm, RagateLLM) and llm.pipeline.lm is pipeline.lm
+
+
+class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
+    """A query engine that answers with ragate's gate over your retriever; both branches answer.
+
+    Without ``llm=``: ragate's method answers both branches with its own prompts (the gate's draft continued when it
+    skips; the nodes it chose from your retriever's when it retrieves). With ``llm=``: your LLM reads the nodes
+    through LlamaIndex's response synthesizer (``response_synthesizer=`` to choose one); where the gate skips, a
+    :class:`RagateLLM` of the same model gives the draft continued (no second call), another LLM answers the bare
+    question (the gate then needs a model of its own: ``model=``, or a gate that reads none, e.g.
+    ``method="corpus-coverage"``).
+
+    The response's ``source_nodes`` are the nodes read (none when it did not retrieve) and ``metadata["ragate"]``
+    the decision and the savings.
+
+    Usage example::
+
+        from ragate.integrations.llamaindex import RagateLLM, RagateQueryEngine
+
+        llm = RagateLLM(model="qwen2.5-coder-1.5b")
+        with RagateQueryEngine(bm25, llm=llm, method="targ-margin") as engine:
+            response = engine.query("What is the capital of Japan?")   # the model's own answer, no nodes
             print(response, response.metadata["ragate"], response.source_nodes)
 
     :param retriever: your LlamaIndex retriever.
     :param pipeline: a ready :class:`ragate.Pipeline` instead (you close it).
+    :param llm: the LLM that reads the nodes (and answers skipped questions when it is not ragate's model).
+    :param response_synthesizer: how ``llm`` reads them (default ``get_response_synthesizer(llm=llm)``).
     :param options: :class:`ragate.Pipeline`'s keywords (``method``, ``calibration``, ``budget``, ``base_url``,
-        ...).
+        ...); with a :class:`RagateLLM` and no ``model=``, the gate drafts with that LLM's model (loaded once).
     """
 
     retriever: BaseRetriever | None = None
     pipeline: Any = None
+    llm: Any = None
+    synthesizer: Any = None
     _owned: bool = PrivateAttr(default=False)
 
     def __init__(
@@ -132,14 +235,22 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
         retriever: BaseRetriever | None = None,
         *,
         pipeline: Pipeline | None = None,
+        llm: LLM | None = None,
+        response_synthesizer: BaseSynthesizer | None = None,
         callback_manager: CallbackManager | None = None,
         **options: Any,
     ) -> None:
         if retriever is None and pipeline is None:
             raise TypeError("RagateQueryEngine needs retriever= (your LlamaIndex retriever) or pipeline=")
+        if response_synthesizer is not None and llm is None:
+            raise TypeError("response_synthesizer= reads with your LLM: give llm= too")
+        if isinstance(llm, RagateLLM) and pipeline is None and not {"model", "base_url", "lm"} & set(options):
+            options["model_of"] = llm.pipeline  # the gate drafts with the LLM's model: loaded once
         search = as_search(retriever) if retriever is not None else None
         built, owned = open_pipeline("RagateQueryEngine", pipeline, options, search)
-        fields: dict[str, Any] = {"retriever": retriever, "pipeline": built}
+        fields: dict[str, Any] = {"retriever": retriever, "pipeline": built, "llm": llm}
+        if llm is not None:
+            fields["synthesizer"] = response_synthesizer or get_response_synthesizer(llm=llm)
         if callback_manager is not None:
             fields["callback_manager"] = callback_manager
         try:
@@ -151,8 +262,107 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
         self._owned = owned
 
     def custom_query(self, query_str: str) -> Response:
+        if self.llm is None:
+            with collecting() as seen:
+                answer = self.pipeline.answer(query_str)
+            meta = {"ragate": result_record(self.pipeline, answer)}
+            return Response(answer.text, source_nodes=_nodes(answer.documents, seen), metadata=meta)
+        own = _own_model(self.llm, self.pipeline)
         with collecting() as seen:
-            answer = self.pipeline.answer(query_str)
-        nodes = _nodes(answer.documents, seen)
-        meta = {"ragate": decision_record(answer.method, answer.decision)}
-        return Response(answer.text, source_nodes=nodes, metadata=meta)
+            chosen = self.pipeline.retrieve(query_str, answer_skipped=own)
+        meta = {"ragate": result_record(self.pipeline, chosen, read_elsewhere=True)}
+        if chosen.retrieved:
+            response = self.synthesizer.synthesize(query_str, nodes=_nodes(chosen.documents, seen))
+            response.metadata = (response.metadata or {}) | meta
+            return response  # type: ignore[no-any-return]
+        text = chosen.answer if own and chosen.answer is not None else self.llm.complete(query_str).text
+        return Response(text, source_nodes=[], metadata=meta)
+
+
+class RagateSelector(OwnsPipeline, BaseSelector):
+    """ragate's gate as a LlamaIndex selector: in a ``RouterQueryEngine`` of two tools, the one that answers from
+    the model's own knowledge where the gate skips, the retrieving one where it retrieves; the gate's reason is the
+    selection's (``response.metadata["selector_result"]``).
+
+    Only the gate runs to decide (no search); where it skips, it also writes the model's own answer (its draft
+    continued), which :meth:`direct_engine`'s engine returns, so the draft is paid once.
+
+    Usage example::
+
+        from llama_index.core.query_engine import RouterQueryEngine, RetrieverQueryEngine
+        from llama_index.core.tools import QueryEngineTool
+        from ragate.integrations.llamaindex import RagateLLM, RagateSelector
+
+        llm = RagateLLM(model="qwen2.5-coder-1.5b")
+        selector = RagateSelector(model_of=llm.pipeline, method="targ-margin", calibration="targ-margin.json")
+        router = RouterQueryEngine(
+            selector=selector,
+            query_engine_tools=[
+                QueryEngineTool.from_defaults(selector.direct_engine(), description="the model's own knowledge"),
+                QueryEngineTool.from_defaults(RetrieverQueryEngine.from_args(bm25, llm=llm), description="documents"),
+            ],
+            llm=llm,
+        )
+
+    :param pipeline: a ready :class:`ragate.Pipeline` (you close it).
+    :param direct: the index of the tool that answers without retrieval (default 0).
+    :param retrieve: the index of the retrieving tool (default 1).
+    :param options: :class:`ragate.Pipeline`'s keywords (``model_of=`` a :class:`RagateLLM`'s pipeline shares its
+        model).
+    """
+
+    def __init__(
+        self, pipeline: Pipeline | None = None, *, direct: int = 0, retrieve: int = 1, **options: Any
+    ) -> None:
+        from ragate.integrations._common import router_search
+
+        if direct == retrieve:
+            raise TypeError(f"direct= and retrieve= name the same tool ({direct}): give two different indices")
+        self.pipeline, self._owned = open_pipeline(
+            "RagateSelector", pipeline, options, router_search(options, None) if pipeline is None else None
+        )
+        self.direct, self.retrieve = direct, retrieve
+        self.answers = DirectAnswers()
+
+    def _get_prompts(self) -> dict[str, Any]:
+        return {}
+
+    def _update_prompts(self, prompts: Any) -> None:
+        pass
+
+    def _select(self, choices: Any, query: QueryBundle) -> SelectorResult:
+        if len(choices) <= max(self.direct, self.retrieve):
+            raise ValueError(
+                f"RagateSelector chooses between tool {self.direct} (no retrieval) and tool {self.retrieve} "
+                f"(retrieval); the router has {len(choices)}"
+            )
+        chosen = self.pipeline.retrieve(query.query_str, answer_skipped=True, select=False)
+        if not chosen.retrieved:
+            self.answers.keep(chosen.question, chosen, result_record(self.pipeline, chosen))
+        index = self.retrieve if chosen.retrieved else self.direct
+        reason = f"ragate {chosen.method}: {chosen.decision.reason}"
+        return SelectorResult(selections=[SingleSelection(index=index, reason=reason)])
+
+    async def _aselect(self, choices: Any, query: QueryBundle) -> SelectorResult:
+        return self._select(choices, query)
+
+    def direct_engine(self) -> RagateDirectEngine:
+        """The query engine of the tool that answers without retrieval: the answer this selector kept for the
+        question (the gate's draft continued), or, for a question it did not route, the model's own answer."""
+        return RagateDirectEngine(selector=self)
+
+
+class RagateDirectEngine(CustomQueryEngine):
+    """The no-retrieval branch of a :class:`RagateSelector`'s router (see :meth:`RagateSelector.direct_engine`)."""
+
+    selector: Any = None
+
+    def custom_query(self, query_str: str) -> Response:
+        selector: RagateSelector = self.selector
+        kept = selector.answers.take(query_str)
+        if kept is None:  # a question this selector did not route: the model answers it closed-book
+            chosen = selector.pipeline.retrieve(query_str, method="no-retrieval", answer_skipped=True, select=False)
+            kept = (chosen, result_record(selector.pipeline, chosen))
+        chosen, meta = kept
+        return Response(chosen.answer or "", source_nodes=[], metadata={"ragate": meta})
+

@@ -97,13 +97,13 @@ def run_method(
     )
 
 
-def _gate_and_select(run: QuestionRun) -> tuple[GateDecision, tuple[Hit, ...]]:
-    """The gate's decision and, when it says "retrieve", the documents the method's selector keeps (the gate's
-    generations then count as overhead: the reading answer reuses none of them)."""
+def _gate_and_select(run: QuestionRun, select: bool = True) -> tuple[GateDecision, tuple[Hit, ...]]:
+    """The gate's decision and, when it says "retrieve" (and ``select``), the documents the method's selector
+    keeps (the gate's generations then count as overhead: the reading answer reuses none of them)."""
     spec = run.spec
     decision = run_gate(run, spec)
     run.gate_stages = len(run.stages)
-    if not decision.retrieve:
+    if not decision.retrieve or not select:
         return decision, ()
     run.stages = [replace(s, overhead=True) for s in run.stages]
     return decision, tuple(_select(run, spec.selector, run.pseudo))
@@ -118,19 +118,29 @@ def select_documents(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     early_exit: bool = True,
+    answer_skipped: bool = False,
+    select: bool = True,
 ) -> Trace:
     """The gate and, when it says "retrieve", the method's selection, with no answer written: what a framework
     that reads the documents with its own model needs (``ragate.integrations``). The trace's ``answer`` is empty
-    and its documents are those ``run_method`` would read with the same ``seed`` (``early_exit`` as there)."""
+    and its documents are those ``run_method`` would read with the same ``seed`` (``early_exit`` as there).
+
+    ``answer_skipped``: when the gate says "no", write the closed-book answer as :func:`run_method` does (the
+    gate's draft, continued where it stopped), so a framework whose model is this one never pays the draft twice.
+    ``select=False``: the gate alone, no documents even where it says "retrieve" (a router whose other branch
+    searches by itself)."""
     _no_gate_alone(spec)
     require(spec, lm.capabilities, engine=lm.engine)
     if retriever is not None:
         require_index(spec, retriever)
     run = QuestionRun(spec, question, lm, retriever, seed=seed, progress=progress, early_exit=early_exit)
-    decision, documents = _gate_and_select(run)
+    decision, documents = _gate_and_select(run, select)
+    answer = ""
+    if answer_skipped and not decision.retrieve:
+        answer = spec.prompts.answer_text(run.closed_book_answer())
     return Trace(
-        spec.name, question, "", decision.retrieve, decision, tuple(run.queries), documents, tuple(run.stages),
-        gate_stages=run.gate_stages, draft=run.drafted,
+        spec.name, question, answer, decision.retrieve, decision, tuple(run.queries), documents,
+        tuple(run.stages), gate_stages=run.gate_stages, draft=run.drafted,
     )  # fmt: skip
 
 
