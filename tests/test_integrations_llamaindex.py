@@ -180,3 +180,34 @@ def test_the_selector_routes_a_router_query_engine(own_llm: Any, nodes: dict[str
         rag = router.query(RAG_QUESTION)
         [why] = rag.metadata["selector_result"].selections
         assert why.index == 1 and rag.source_nodes and str(rag).strip()
+
+
+def test_corpus_coverage_routes_over_llamaindexs_own_bm25_with_no_ragate_index() -> None:
+    """The private-documents benchmark's files read, split and searched by LlamaIndex's own components; ragate gets
+    the nodes' texts once (corpus=) and decides with no model and no ragate index: the document questions go to
+    retrieval, the general ones do not. Without corpus= the gate is refused before any model loads."""
+    import json
+
+    from llama_index.core import SimpleDirectoryReader
+    from llama_index.core.node_parser import SentenceSplitter
+
+    from ragate.errors import IndexNeedError
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "private_docs"
+    docs = SimpleDirectoryReader(str(root / "docs"), recursive=True).load_data()
+    found = SentenceSplitter(chunk_size=256, chunk_overlap=20).get_nodes_from_documents(docs)
+    bm25 = BM25Retriever.from_defaults(nodes=found, similarity_top_k=5)
+    with pytest.raises(IndexNeedError, match="counts terms in your corpus.*corpus=texts"):
+        RagateRetriever(bm25, method="corpus-coverage", model="/no/such/model.gguf")  # refused before it loads
+
+    questions = [json.loads(line) for line in (root / "questions.jsonl").read_text().splitlines()]
+    texts = [node.get_content() for node in found]
+    with RagateRetriever(bm25, method="corpus-coverage", corpus=texts) as gate:
+        routed = {
+            kind: [gate.pipeline.decide(q["question"]).retrieve for q in questions if q["category"] == kind]
+            for kind in ("docs", "general")
+        }
+        assert len(routed["docs"]) == 29 and sum(routed["docs"]) >= 24  # 25 of 29 here
+        assert len(routed["general"]) == 14 and sum(routed["general"]) == 0
+        [node] = gate.retrieve(questions[0]["question"])[:1]
+        assert "ffi_prep_cif_var" in node.node.get_content()  # the document question reads LlamaIndex's node

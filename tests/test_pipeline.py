@@ -409,3 +409,17 @@ def test_a_framework_reads_with_the_gates_own_model_and_never_pays_the_draft_twi
             ragate.Pipeline(method="no-retrieval", model_of=rag, model="smollm2-135m", search=nothing)
         saved = rag.savings(answered.trace)
         assert saved.spent.tokens == answered.tokens and saved.how in ("unknown", "estimated")
+
+
+def test_a_corpus_goes_with_a_search_function_and_is_checked() -> None:
+    def search(query: str, k: int) -> list[str]:
+        return ["Tulsa"]
+
+    with pytest.raises(RagateError, match="corpus= .* goes with search="):
+        ragate.Pipeline(method="corpus-coverage", corpus=["a text"], model="/no/such/model.gguf")
+    with pytest.raises(RagateError, match="corpus= is empty"):
+        ragate.Pipeline(method="corpus-coverage", search=search, corpus=[], model="/no/such/model.gguf")
+    with pytest.raises(RagateError, match=r"corpus= takes the documents' texts \(str\), not int"):
+        ragate.Pipeline(method="corpus-coverage", search=search, corpus=[1], model="/no/such/model.gguf")
+    with pytest.raises(IndexNeedError, match="'question-rarity' counts terms in your corpus"):
+        ragate.Pipeline(method="question-rarity", search=search, model="/no/such/model.gguf")

@@ -72,7 +72,9 @@ class Pipeline(TrafficLearning):
     --budget``). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
     replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
     ``fallback`` names a gate to run where the backend cannot serve the method's.
-    ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close. ``model_of``: another pipeline whose
+    ``corpus``: with ``search``, the texts of the documents it searches, handed over once: the gates that count
+    terms in the corpus (``corpus-coverage``, ``corpus-or-margin``, ``question-rarity``) then run over your search
+    with no ragate index. ``lm`` / ``retriever``: ready-made ones, which stay the caller's to close. ``model_of``: another pipeline whose
     loaded model this one uses (one model in memory, one call at a time over both; it stays that pipeline's). Every answer is an OpenTelemetry
     span with the gate, retrieval and generations as children (:mod:`ragate.tracing`), sent to ``tracer_provider``
     or the application's global one; ``trace_content=True`` puts the question, answer and documents in them.
@@ -100,6 +102,7 @@ class Pipeline(TrafficLearning):
         base_url: str | Sequence[str] | None = None,
         index: str | Path | None = None,
         search: Any = None,
+        corpus: Iterable[str] | None = None,
         encoder: Any = None,
         threshold: float | None = None,
         calibration: str | Path | None = None,
@@ -152,6 +155,10 @@ class Pipeline(TrafficLearning):
             raise RagateError(f"base_url goes with backend='openai', not {engine!r}")
         if sum(x is not None for x in (index, search, retriever)) > 1:
             raise RagateError("give one of index=, search= or retriever=")
+        if corpus is not None and search is None:
+            raise RagateError(
+                "corpus= (your documents' texts) goes with search=: an index counts its own passages"
+            )
         if threshold is not None and calibration is not None:
             raise RagateError(
                 "give threshold= or calibration=, not both: a calibration file sets the threshold"
@@ -186,7 +193,7 @@ class Pipeline(TrafficLearning):
         )  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
         self._encoder = encoder
         try:
-            self.index_name, self._retriever = self._open_retriever(index, search, retriever)
+            self.index_name, self._retriever = self._open_retriever(index, search, retriever, corpus)
             if self._retriever is not None:
                 require_index(spec, self._retriever, where=self.index_name)
             if lm is None:
@@ -240,7 +247,7 @@ class Pipeline(TrafficLearning):
         return wrapped  # type: ignore[no-any-return]
 
     def _open_retriever(
-        self, index: Any, search: Any, retriever: Retriever | None
+        self, index: Any, search: Any, retriever: Retriever | None, corpus: Iterable[str] | None = None
     ) -> tuple[str, Retriever | None]:
         """The index's name and the retriever; None for the demo index, which opens on first use."""
         from ragate.retrieval.serial import SerialRetriever
@@ -250,7 +257,7 @@ class Pipeline(TrafficLearning):
         if search is not None:
             from ragate.retrieval.function import FunctionRetriever
 
-            function = FunctionRetriever(search, encoder=self._encoder)
+            function = FunctionRetriever(search, encoder=self._encoder, corpus=corpus)
             self._owned.append(function)
             return f"search function {function.name!r}", SerialRetriever(function)
         if index is None:

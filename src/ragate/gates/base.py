@@ -183,6 +183,7 @@ class Gate:
     tau_source: ClassVar[str] = "ragate's choice, not a paper's: calibrate it to a budget"
     needs_embeddings: ClassVar[bool] = False  # reads the index's encoder (question or answer embeddings)
     reads_index: ClassVar[bool] = False  # searches the index or counts its passages to decide (gates/nomodel.py)
+    counts_terms: ClassVar[bool] = False  # counts terms in the corpus: an index's passages or Pipeline(corpus=)
     reads_weights: ClassVar[bool] = False  # reads a fitted weights file (GateSpec.weights, `ragate gate fit`)
     thresholded: ClassVar[bool] = True  # False: the decision ignores tau (never, always): nothing to sweep
     budget_control: ClassVar[bool] = True  # `serve --budget` can move its tau (a score that ranks questions)

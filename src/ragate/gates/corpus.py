@@ -29,8 +29,9 @@ the coverage, a lower bound, and the reason says so. Sweeps and calibration, whi
 
 What these gates cannot see: whether the passage that covers the terms *answers* the question (a manual that names
 every term of the question in an unrelated paragraph still scores high), nor anything about the model. The
-coverage needs an index with a passage store (``ragate index build``); a search function or Milvus has no
-document frequencies.
+coverage needs the corpus's document frequencies: an index with a passage store (``ragate index build``), or a
+search function given the corpus's texts once (``ragate.Pipeline(search=..., corpus=texts)``; the framework
+adapters forward it); Milvus has none.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class CorpusCoverage(Gate):
         "ragate's choice: half the question's idf weight found in one passage; calibrate it to a budget"
     )
     reads_index = True
+    counts_terms = True
     like = "targ-margin"
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
@@ -137,6 +139,7 @@ class CorpusOrMargin(TargMargin):
         "calibrate it to a budget"
     )
     reads_index = True
+    counts_terms = True
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         found = _evidence(ctx)

@@ -173,6 +173,7 @@ class QuestionRarity(_NoModelGate):
     default_tau = math.log(100)
     tau_source = "ragate's choice: the term is in fewer than 1 in 100 passages; calibrate it to a budget"
 
+    counts_terms = True
     def value(self, ctx: GateContext) -> tuple[float, str]:
         retriever = ctx.need_retriever()
         # the first question over an index without a BM25 side counts its passages (then cached)

@@ -8,7 +8,7 @@ import json
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,11 +242,15 @@ def doc_frequencies(retriever: Any) -> DocFrequencies:
     from ragate.retrieval.bm25 import BM25Retriever
 
     inner = _inner(retriever)
+    given = getattr(inner, "doc_freqs", None)  # a search function given the corpus (Pipeline(corpus=))
+    if isinstance(given, DocFrequencies):
+        return given
     root = index_root(retriever)
     if root is None:
         raise RagateError(
             f"the corpus-frequency signal counts terms in an index's passages, and this {getattr(retriever, 'kind', '?')} "
-            "retriever has no index directory: use an index built by `ragate index build`"
+            "retriever has no index directory: use an index built by `ragate index build`, or give a search "
+            "function the corpus's texts (ragate.Pipeline(search=..., corpus=texts))"
         )
     corpus = index_corpus(retriever) or {}
     key = (str(root.resolve()), corpus.get("passages_sha256"))
@@ -263,6 +267,42 @@ def doc_frequencies(retriever: Any) -> DocFrequencies:
             found = _passage_pass(root, corpus.get("passages_sha256"))
         _FREQS[key] = found
         return found
+
+
+def has_term_counts(retriever: Any) -> bool:
+    """Whether :func:`doc_frequencies` can count terms for ``retriever``: an index directory, or a search function
+    given the corpus."""
+    return index_root(retriever) is not None or isinstance(getattr(_inner(retriever), "doc_freqs", None), DocFrequencies)
+
+
+def frequencies_of(texts: Iterable[str], source: str) -> DocFrequencies:
+    """Document frequencies of BM25's terms (its default tokenizer) over ``texts``: a corpus handed over once."""
+    from ragate.retrieval.bm25 import BM25Params, _make_stemmer, tokenize_queries
+
+    params = BM25Params()
+    stemmer = _make_stemmer(params.stemmer)
+    df: dict[str, int] = {}
+    n = 0
+    batch: list[str] = []
+
+    def count(chunk: list[str]) -> None:
+        for terms in tokenize_queries(chunk, params, stemmer):
+            for term in set(terms):
+                df[term] = df.get(term, 0) + 1
+
+    for text in texts:
+        if not isinstance(text, str):
+            raise RagateError(f"corpus= takes the documents' texts (str), not {type(text).__name__}")
+        n += 1
+        batch.append(text)
+        if len(batch) == 4096:
+            count(batch)
+            batch = []
+    count(batch)
+    if n == 0:
+        raise RagateError("corpus= is empty: give the texts of the documents your search function searches")
+    vocab = {term: i for i, term in enumerate(df)}
+    return DocFrequencies(n, vocab, np.fromiter(df.values(), dtype=np.int64, count=len(df)), params, source)
 
 
 def _passage_pass(root: Path, sha: str | None) -> DocFrequencies:

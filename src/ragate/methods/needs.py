@@ -196,6 +196,16 @@ def require_index(spec: MethodSpec, retriever: Retriever, *, where: str = "") ->
     (DTR's and PAIRS's selection over a BM25 index, HyDE over a search that cannot take a vector)."""
     where = where or f"the {retriever.kind} index"
     require_reranker(spec)
+    if spec.dynamic is None and spec.crag is None and get_gate(spec.gate.kind).counts_terms:
+        from ragate.gates.signals import has_term_counts
+
+        if not has_term_counts(retriever):
+            raise IndexNeedError(
+                f"method {spec.name!r}: its gate {spec.gate.kind!r} counts terms in your corpus, and {where} has no "
+                "passages to count: give the search function your documents' texts once (ragate.Pipeline(search="
+                "..., corpus=texts); a framework adapter takes corpus= too), or build an index (`ragate index "
+                "build`)"
+            )
     for need, why in _index_needs(spec):
         if need == "embeddings" and not retriever.has_embeddings:
             raise IndexNeedError(

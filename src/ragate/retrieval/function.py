@@ -15,7 +15,7 @@ import hashlib
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,14 @@ class FunctionRetriever(Retriever):
 
     kind = "function"
 
-    def __init__(self, search: Any, *, encoder: Encoder | str | Path | None = None, name: str | None = None):
+    def __init__(
+        self,
+        search: Any,
+        *,
+        encoder: Encoder | str | Path | None = None,
+        name: str | None = None,
+        corpus: Iterable[str] | None = None,
+    ):
         if isinstance(search, Retriever):
             raise TypeError("this is already a ragate retriever: pass it as retriever=, not search=")
         fn = getattr(search, "search", None)
@@ -60,6 +67,11 @@ class FunctionRetriever(Retriever):
             )
         self._search: SearchFunction = fn
         self.name = name or getattr(search, "__name__", None) or type(search).__name__
+        self.doc_freqs = None  # the corpus's document frequencies, for the gates that count terms
+        if corpus is not None:
+            from ragate.gates.signals import frequencies_of
+
+            self.doc_freqs = frequencies_of(corpus, f"the corpus given with search function {self.name!r}")
         self._encoder_spec = encoder
         self._encoder: Encoder | None = encoder if isinstance(encoder, Encoder) else None
         self._passages: OrderedDict[str, Passage] = OrderedDict()
