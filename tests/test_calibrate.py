@@ -170,3 +170,38 @@ def test_cross_fitted_taus_never_use_the_questions_own_scores() -> None:
         assert cross_fitted_taus(changed, 0.5, half)[i] == taus[i]
     with pytest.raises(ValueError, match="both halves"):
         cross_fitted_taus([0.5], 0.3, halves(["q0"]))
+
+
+def test_a_budget_that_cuts_inside_one_of_two_modes_is_warned_with_both() -> None:
+    """A mix of two kinds of question (e.g. 30 general and 70 document questions) scores in two groups; a budget of
+    0.5 puts tau inside the document group, and the result says so, with both groups and the budget that routes
+    by kind. At that budget there is no warning; nor for one spread of scores (normal or uniform)."""
+    import numpy as np
+
+    from ragate.eval.thresholds import threshold_from_scores, two_modes
+
+    rng = np.random.default_rng(0)
+    mix = [*rng.normal(0.2, 0.05, 30), *rng.normal(0.8, 0.05, 70)]
+    warned = threshold_from_scores(mix, 0.5)["warning"]
+    assert "two groups, 30 around 0.194" in warned and "70 around 0.808" in warned
+    assert "cuts inside the upper one (70 questions)" in warned and "a budget of 0.70" in warned
+    found = threshold_from_scores(mix, 0.7)  # the budget that routes by kind: the upper group exactly
+    assert "warning" not in found and found["retrieval_rate"] == 0.7
+    for seed in range(20):
+        one = np.random.default_rng(seed)
+        assert two_modes(one.normal(0.5, 0.2, 200).tolist()) is None
+        assert threshold_from_scores(one.uniform(0, 1, 100).tolist(), 0.5).get("warning") is None
+
+
+def test_threshold_for_budget_takes_the_budget_as_written() -> None:
+    """1 - 0.7 is 0.30000000000000004 in floats: the quantile must not move one question up for it."""
+    scores = [i / 100 for i in range(100)]
+    assert retrieval_rate(scores, threshold_for_budget(scores, 0.7)) == 0.7
+
+
+def test_calibrate_takes_threads() -> None:
+    from ragate.cli.main import build_parser
+
+    args = build_parser().parse_args(["calibrate", "--gate", "targ-margin", "--questions", "q.txt", "--budget",
+                                      "0.3", "--threads", "1", "--batch-threads", "2"])  # fmt: skip
+    assert (args.threads, args.batch_threads) == ("1", "2")

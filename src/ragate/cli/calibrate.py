@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ragate.cli.ask import thread_arguments
 from ragate.cli.options import (
     BACKEND_CHOICES,
     base_urls,
@@ -107,6 +108,7 @@ def register(subparsers: Any) -> None:
         default="em",
         help="with --prefixes: the dev accuracy that chooses k (acc where answers come in sentences and EM is 0)",
     )
+    thread_arguments(cal)
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
     cal.add_argument("--quiet", action="store_true")
@@ -228,6 +230,7 @@ def _calibrate_prefixes(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace) -> Any:
+    from ragate.backends.threads import check_threads
     from ragate.eval.run import server_options
     from ragate.pipeline import Pipeline
 
@@ -239,6 +242,8 @@ def _pipeline(args: argparse.Namespace) -> Any:
         index=args.index,
         seed=args.seed,
         gate_weights=args.gate_weights,
+        threads=check_threads(args.threads, "--threads"),
+        batch_threads=check_threads(args.batch_threads, "--batch-threads"),
         backend_options=server_options(args.concurrency, args.extra_body, args.openai_timeout)
         if args.engine == "openai"
         else None,
