@@ -144,3 +144,52 @@ def test_a_two_branch_pipeline_with_your_generator_answers_both_and_drafts_once(
             assert rag_out["gate"]["meta"][0]["ragate"]["retrieved"] is True
             [answer] = rag_out["llm"]["replies"]
             assert answer.strip() and rag_out["llm"]["meta"][0]["usage"]["completion_tokens"] > 0
+
+
+def test_ragates_decision_is_a_span_of_the_apps_haystack_trace(generator: RagateGenerator) -> None:
+    """An app's own Haystack tracer (the interface Langfuse, Datadog and OpenTelemetry tracers implement) receives
+    ragate's span inside the component's span, with the decision as tags; no question text unless the app turned
+    content tracing on."""
+    import contextlib
+    import contextvars
+
+    from haystack import tracing
+
+    current: contextvars.ContextVar[Any] = contextvars.ContextVar("current", default=None)
+    finished: list[Any] = []
+
+    class Recorded(tracing.Span):
+        def __init__(self, name: str, parent: Any) -> None:
+            self.name, self.parent, self.tags = name, parent, {}
+
+        def set_tag(self, key: str, value: Any) -> None:
+            self.tags[key] = value
+
+    class AppTracer(tracing.Tracer):
+        @contextlib.contextmanager
+        def trace(self, operation_name: str, tags: Any = None, parent_span: Any = None) -> Iterator[Any]:
+            span = Recorded(operation_name, parent_span or current.get())
+            span.set_tags(tags or {})
+            token = current.set(span)
+            try:
+                yield span
+            finally:
+                current.reset(token)
+                finished.append(span)
+
+        def current_span(self) -> Any:
+            return current.get()
+
+    rag = Pipeline()
+    rag.add_component("gate", RagateRouter(pipeline=generator.pipeline))
+    tracing.enable_tracing(AppTracer())
+    try:
+        rag.run({"gate": {"query": SKIP_QUESTION}})
+    finally:
+        tracing.disable_tracing()
+    [ours] = [s for s in finished if s.name == "ragate.route"]
+    assert ours.parent is not None and ours.parent.name == "haystack.component.run"
+    assert ours.parent.tags["haystack.component.name"] == "gate"
+    assert ours.tags["ragate.retrieved"] is False and ours.tags["ragate.method"] == "targ-margin"
+    assert ours.tags["ragate.score"] <= ours.tags["ragate.threshold"] and ours.tags["ragate.reason"]
+    assert "ragate.query" not in ours.tags  # content tracing is off

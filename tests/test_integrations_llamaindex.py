@@ -211,3 +211,36 @@ def test_corpus_coverage_routes_over_llamaindexs_own_bm25_with_no_ragate_index()
         assert len(routed["general"]) == 14 and sum(routed["general"]) == 0
         [node] = gate.retrieve(questions[0]["question"])[:1]
         assert "ffi_prep_cif_var" in node.node.get_content()  # the document question reads LlamaIndex's node
+
+
+def test_ragates_decision_reaches_llamaindexs_instrumentation(engine: RagateQueryEngine) -> None:
+    """An app's event and span handlers on LlamaIndex's root dispatcher see ragate's decision as an event, inside a
+    span of ragate's engine that is inside LlamaIndex's own query span."""
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
+
+    from ragate.integrations.llamaindex import RagateDecisionEvent
+
+    seen: list[Any] = []
+
+    class AppEvents(BaseEventHandler):
+        def handle(self, event: Any, **kwargs: Any) -> None:
+            seen.append(event)
+
+    root = get_dispatcher()
+    events, spans = AppEvents(), SimpleSpanHandler()
+    root.add_event_handler(events)
+    root.add_span_handler(spans)
+    try:
+        engine.query(SKIP_QUESTION)
+    finally:
+        root.event_handlers.remove(events)
+        root.span_handlers.remove(spans)
+    [decision] = [e for e in seen if isinstance(e, RagateDecisionEvent)]
+    assert decision.retrieved is False and decision.method == "targ-margin" and decision.reason
+    assert decision.score <= decision.threshold and decision.savings is not None
+    ours = next(s for s in spans.completed_spans if s.id_ == decision.span_id)
+    assert ours.id_.startswith("RagateQueryEngine.custom_query")
+    parent = next(s for s in spans.completed_spans if s.id_ == ours.parent_id)
+    assert "query" in parent.id_  # LlamaIndex's own query span holds ragate's

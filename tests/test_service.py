@@ -390,6 +390,7 @@ def test_answers_carry_usage_and_what_the_gate_saved(http: httpx.Client, service
         n.startswith("chat ") for n in names
     )
     assert question not in (service_files / "spans.jsonl").read_text()  # no text unless --trace-content
+    assert {x["resource"]["attributes"]["service.name"] for x in spans} == {"ragate"}  # not unknown_service
 
 
 def test_metrics_have_decisions_scores_budget_and_savings_named_as_prometheus_asks(

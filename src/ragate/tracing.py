@@ -214,12 +214,14 @@ def _retrieve_span(
 
 def trace_to_file(path: str | Path) -> Any:
     """A tracer provider of the OpenTelemetry SDK that writes every span to ``path``, one JSON object a line
-    (appended; ``shutdown()`` flushes and closes it). Needs ``opentelemetry-sdk`` (``pip install "ragate[trace]"``).
+    (appended; ``shutdown()`` flushes and closes it), under the service name ``ragate`` (``OTEL_SERVICE_NAME`` to
+    change it). Needs ``opentelemetry-sdk`` (``pip install "ragate[trace]"``).
     It is this process's global provider too, so the spans of instrumented libraries land in the same file."""
     from ragate.errors import RagateError
 
     try:
         from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
     except ImportError:
@@ -234,7 +236,12 @@ def trace_to_file(path: str | Path) -> Any:
     except OSError as err:
         raise RagateError(f"--trace {path}: cannot open it for writing ({err.strerror})") from None
     exporter = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
-    provider = TracerProvider()
+    from ragate.version import __version__
+
+    # the service's name in every span's resource (else "unknown_service:python"); OTEL_SERVICE_NAME overrides it
+    named = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "ragate"}
+    resource = Resource.create({**named, "service.version": __version__})
+    provider = TracerProvider(resource=resource)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider

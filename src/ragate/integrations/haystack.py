@@ -11,8 +11,10 @@ Haystack sends anonymous usage data unless ``HAYSTACK_TELEMETRY_ENABLED=False`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ragate.integrations._common import (
@@ -20,6 +22,7 @@ from ragate.integrations._common import (
     OwnsPipeline,
     collecting,
     decide,
+    decision_record,
     missing,
     open_pipeline,
     record,
@@ -28,7 +31,7 @@ from ragate.integrations._common import (
 )
 
 try:
-    from haystack import Document, component
+    from haystack import Document, component, tracing
 except ImportError as err:
     raise missing("Haystack (haystack-ai)", "haystack", err) from err
 
@@ -71,6 +74,30 @@ def _documents(chosen: tuple[Chosen, ...], seen: dict[str, Any]) -> list[Documen
             meta = {"title": doc.title, **({"source": doc.source} if doc.source else {}), **scored}
             out.append(Document(id=doc.id, content=doc.text, meta=meta, score=doc.score))
     return out
+
+
+@contextlib.contextmanager
+def _span(name: str, query: str) -> Iterator[Any]:
+    """A span of the app's Haystack trace around ragate's work (whatever tracer the app enabled: its current span,
+    the component's, is the parent); None when tracing is off. The query's text is a tag only where the app turned
+    content tracing on."""
+    if not tracing.is_tracing_enabled():
+        yield None
+        return
+    with tracing.tracer.trace(name) as span:
+        span.set_content_tag("ragate.query", query)
+        yield span
+
+
+def _tag(span: Any, record: dict[str, Any]) -> None:
+    """The decision (and the tokens saved, where known) as the span's tags."""
+    if span is None:
+        return
+    tags: dict[str, Any] = {f"ragate.{k}": v for k, v in record.items() if k != "savings" and v is not None}
+    saved = (record.get("savings") or {}).get("saved")
+    if saved:
+        tags["ragate.saved_tokens"] = saved["tokens"]
+    span.set_tags(tags)
 
 
 @component
@@ -121,10 +148,14 @@ class RagateRouter(OwnsPipeline):
             with ``answer_skipped``, also ``meta`` (one dict, the decision and savings under ``"ragate"``) and, on a
             skip, ``replies`` (the model's own answer, its draft continued).
         """
-        if not self.answer_skipped:
-            return {"retrieve" if decide(self.pipeline, query).retrieve else "skip": query}
-        chosen = self.pipeline.retrieve(query, answer_skipped=True, select=False)
-        meta = [{"ragate": result_record(self.pipeline, chosen, read_elsewhere=True)}]
+        with _span("ragate.route", query) as span:
+            if not self.answer_skipped:
+                decision = decide(self.pipeline, query)
+                _tag(span, decision_record(self.pipeline.method, decision))
+                return {"retrieve" if decision.retrieve else "skip": query}
+            chosen = self.pipeline.retrieve(query, answer_skipped=True, select=False)
+            meta = [{"ragate": result_record(self.pipeline, chosen, read_elsewhere=True)}]
+            _tag(span, meta[0]["ragate"])
         if chosen.retrieved:
             return {"retrieve": query, "meta": meta}
         return {"skip": query, "replies": [chosen.answer or ""], "meta": meta}
@@ -217,7 +248,8 @@ class RagateGenerator(OwnsPipeline):
             ``ragate_score`` and ``ragate_rank`` in their meta; empty when the model answered alone) and ``meta``
             (one dict, with the gate's decision under ``"ragate"``).
         """
-        with collecting() as seen:
+        with _span("ragate.answer", query) as span, collecting() as seen:
             answer = self.pipeline.answer(query)
-        meta = {"ragate": result_record(self.pipeline, answer)}
+            meta = {"ragate": result_record(self.pipeline, answer)}
+            _tag(span, meta["ragate"])
         return {"replies": [answer.text], "documents": _documents(answer.documents, seen), "meta": [meta]}

@@ -38,6 +38,8 @@ try:
     from llama_index.core.base.response.schema import Response
     from llama_index.core.bridge.pydantic import PrivateAttr
     from llama_index.core.callbacks import CallbackManager
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.events import BaseEvent
     from llama_index.core.llms import LLM
     from llama_index.core.llms.callbacks import llm_completion_callback
     from llama_index.core.llms.custom import CustomLLM
@@ -50,6 +52,30 @@ except ImportError as err:
 if TYPE_CHECKING:
     from ragate.answers import Document
     from ragate.pipeline import Pipeline
+
+
+dispatcher = get_dispatcher(__name__)  # LlamaIndex's instrumentation: the app's span and event handlers see ragate
+
+
+class RagateDecisionEvent(BaseEvent):
+    """ragate's decision on one query, sent to LlamaIndex's instrumentation (``get_dispatcher().add_event_handler``)
+    inside the span of the engine, selector or retriever that made it: method, retrieved, score, threshold, reason
+    and savings (None where your LLM read the nodes)."""
+
+    method: str
+    retrieved: bool
+    score: float
+    threshold: float
+    reason: str
+    savings: dict[str, Any] | None = None
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RagateDecisionEvent"
+
+
+def _announce(record: dict[str, Any]) -> None:
+    dispatcher.event(RagateDecisionEvent(**record))
 
 
 def as_search(retriever: BaseRetriever) -> FrameworkSearch[NodeWithScore]:
@@ -117,9 +143,11 @@ class RagateRetriever(OwnsPipeline, BaseRetriever):
         self.pipeline, self._owned = open_pipeline("RagateRetriever", pipeline, options, search)
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
+    @dispatcher.span
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         with collecting() as seen:
             chosen = self.pipeline.retrieve(query_bundle.query_str)
+        _announce(result_record(self.pipeline, chosen, read_elsewhere=True))
         return _nodes(chosen.documents, seen) if chosen.retrieved else []
 
 
@@ -261,16 +289,19 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
             raise
         self._owned = owned
 
+    @dispatcher.span
     def custom_query(self, query_str: str) -> Response:
         if self.llm is None:
             with collecting() as seen:
                 answer = self.pipeline.answer(query_str)
             meta = {"ragate": result_record(self.pipeline, answer)}
+            _announce(meta["ragate"])
             return Response(answer.text, source_nodes=_nodes(answer.documents, seen), metadata=meta)
         own = _own_model(self.llm, self.pipeline)
         with collecting() as seen:
             chosen = self.pipeline.retrieve(query_str, answer_skipped=own)
         meta = {"ragate": result_record(self.pipeline, chosen, read_elsewhere=True)}
+        _announce(meta["ragate"])
         if chosen.retrieved:
             response = self.synthesizer.synthesize(query_str, nodes=_nodes(chosen.documents, seen))
             response.metadata = (response.metadata or {}) | meta
@@ -330,6 +361,7 @@ class RagateSelector(OwnsPipeline, BaseSelector):
     def _update_prompts(self, prompts: Any) -> None:
         pass
 
+    @dispatcher.span
     def _select(self, choices: Any, query: QueryBundle) -> SelectorResult:
         if len(choices) <= max(self.direct, self.retrieve):
             raise ValueError(
@@ -337,8 +369,10 @@ class RagateSelector(OwnsPipeline, BaseSelector):
                 f"(retrieval); the router has {len(choices)}"
             )
         chosen = self.pipeline.retrieve(query.query_str, answer_skipped=True, select=False)
+        record = result_record(self.pipeline, chosen, read_elsewhere=True)
+        _announce(record)
         if not chosen.retrieved:
-            self.answers.keep(chosen.question, chosen, result_record(self.pipeline, chosen))
+            self.answers.keep(chosen.question, chosen, record)
         index = self.retrieve if chosen.retrieved else self.direct
         reason = f"ragate {chosen.method}: {chosen.decision.reason}"
         return SelectorResult(selections=[SingleSelection(index=index, reason=reason)])
