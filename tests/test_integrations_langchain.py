@@ -72,6 +72,8 @@ def test_an_lcel_chain_reads_nothing_or_the_documents_ragate_chose(
             doc.page_content == original.page_content and doc.metadata["title"] == original.metadata["title"]
         )
         assert doc.metadata["ragate_rank"] == rank and "ragate_score" not in original.metadata  # a copy
+        decision = doc.metadata["ragate"]  # the decision travels with each document
+        assert decision["retrieved"] is True and decision["score"] > decision["threshold"] and decision["reason"]
 
 
 def test_a_langgraph_conditional_edge_retrieves_only_when_ragate_says_so(

@@ -61,12 +61,16 @@ def as_search(retriever: Any) -> FrameworkSearch[Document]:
     return FrameworkSearch(fetch, convert, type(retriever).__name__)
 
 
-def _documents(chosen: tuple[Chosen, ...], seen: dict[str, Any]) -> list[Document]:
-    """ragate's chosen documents as copies of your retriever's own, with ``ragate_score`` and ``ragate_rank`` added
-    to their ``meta`` (a new ``Document`` for one that came from the pipeline's own index)."""
+def _documents(
+    chosen: tuple[Chosen, ...], seen: dict[str, Any], decision: dict[str, Any] | None = None
+) -> list[Document]:
+    """ragate's chosen documents as copies of your retriever's own, with ``ragate_score`` (the score ragate's method
+    ranked it by: your retriever's own, else 1/rank, for a top-k method; the AIS score for DTR and PAIRS),
+    ``ragate_rank`` and the decision (``ragate``) added to their ``meta`` (a new ``Document`` for one that came from
+    the pipeline's own index)."""
     out = []
     for doc in chosen:
-        scored = {"ragate_score": doc.score, "ragate_rank": doc.rank}
+        scored = {"ragate_score": doc.score, "ragate_rank": doc.rank, **({"ragate": decision} if decision else {})}
         original = seen.get(doc.id)
         if isinstance(original, Document):
             out.append(dataclasses.replace(original, meta={**original.meta, **scored}))
@@ -252,4 +256,5 @@ class RagateGenerator(OwnsPipeline):
             answer = self.pipeline.answer(query)
             meta = {"ragate": result_record(self.pipeline, answer)}
             _tag(span, meta["ragate"])
-        return {"replies": [answer.text], "documents": _documents(answer.documents, seen), "meta": [meta]}
+        documents = _documents(answer.documents, seen, decision_record(answer.method, answer.decision))
+        return {"replies": [answer.text], "documents": documents, "meta": [meta]}

@@ -6,9 +6,10 @@
 - :class:`RagateRetriever`: your retriever behind the gate (no documents when the model knows);
 - :class:`RagateRouter`: the gate as a Runnable returning ``"retrieve"`` or ``"answer"`` (a conditional edge).
 
-A document ragate returns is a copy of your retriever's with ``ragate_rank`` (its place in ragate's choice) and
-``ragate_score`` (ragate's score for it: the retriever's own score where it gives one, else 1/rank) in its
-metadata."""
+A document ragate returns is a copy of your retriever's with ``ragate_rank`` (its place in ragate's choice),
+``ragate_score`` (the score ragate's method ranked it by: your retriever's own score where it gives one, else 1/rank,
+for a method that keeps the question's top k; the AIS score s(d) = cos(θ1 + θ2) for DTR and PAIRS) and ``ragate``
+(the decision: method, retrieved, score, threshold, reason) in its metadata."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ragate.integrations._common import (
     Route,
     collecting,
     decide,
+    decision_record,
     missing,
     open_pipeline,
     question_of,
@@ -71,12 +73,15 @@ def as_search(retriever: BaseRetriever) -> FrameworkSearch[Document]:
     return FrameworkSearch(lambda query, k: retriever.invoke(query), convert, type(retriever).__name__)
 
 
-def _documents(chosen: tuple[Chosen, ...], seen: dict[str, Any]) -> list[Document]:
-    """ragate's chosen documents as copies of your retriever's own, with ``ragate_score`` and ``ragate_rank`` added
-    to their metadata (a new ``Document`` for one that came from the pipeline's own index)."""
+def _documents(
+    chosen: tuple[Chosen, ...], seen: dict[str, Any], decision: dict[str, Any] | None = None
+) -> list[Document]:
+    """ragate's chosen documents as copies of your retriever's own, with ``ragate_score``, ``ragate_rank`` and the
+    decision (``ragate``) added to their metadata (a new ``Document`` for one that came from the pipeline's own
+    index)."""
     out = []
     for doc in chosen:
-        scored = {"ragate_score": doc.score, "ragate_rank": doc.rank}
+        scored = {"ragate_score": doc.score, "ragate_rank": doc.rank, **({"ragate": decision} if decision else {})}
         original = seen.get(doc.id)
         if isinstance(original, Document):
             out.append(original.model_copy(update={"metadata": {**original.metadata, **scored}}))
@@ -134,7 +139,9 @@ class RagateRetriever(OwnsPipeline, BaseRetriever):
     ) -> list[Document]:
         with collecting() as seen:
             chosen = self.pipeline.retrieve(query)
-        return _documents(chosen.documents, seen) if chosen.retrieved else []
+        if not chosen.retrieved:
+            return []
+        return _documents(chosen.documents, seen, decision_record(chosen.method, chosen.decision))
 
 
 class RagateRouter(OwnsPipeline, Runnable[Any, str]):

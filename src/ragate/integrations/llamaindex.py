@@ -13,7 +13,8 @@
 
 Every response carries ``metadata["ragate"]``: the decision (``method``, ``retrieved``, ``score``, ``threshold``,
 ``reason``) and ``savings`` (what the gate saved against always retrieving, as ``ragate serve`` reports it).
-A node's score is the retriever's own score where ragate kept your node, and ragate's where it made one."""
+A node's score (``NodeWithScore.score``) is the score ragate's method ranked it by: your retriever's own (else 1/rank)
+for a method that keeps the question's top k, the AIS score for DTR and PAIRS (docs/integrations.md)."""
 
 from __future__ import annotations
 
