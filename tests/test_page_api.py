@@ -19,6 +19,7 @@ for _module in ("fastapi", "uvicorn", "prometheus_client"):
 
 from fastapi.testclient import TestClient
 
+import ragate
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.retrieval.index import open_index
 from ragate.service.app import create_app
@@ -165,3 +166,21 @@ def test_budget_endpoint_gives_the_controllers_state_and_its_history(index: Any,
     assert state["window_retrieved"] == sum(a["retrieved"] for a in answers)
     assert state["window_rate"] == state["history"][-1]["rate"] == state["window_retrieved"] / 3
     assert state["tau"] == state["history"][-1]["tau"] == answers[-1]["budget"]["next_threshold"]
+
+
+def test_the_page_gets_a_plain_reason_the_served_tau_and_a_grouped_menu(http: TestClient) -> None:
+    body = _answer(http, question="who wrote hamlet", options={"threshold": 1e9, "max_tokens": 8})
+    assert body["gate"]["summary"] == "the model was sure of its first words: answered from what it knows"
+    body = _answer(http, question="who wrote hamlet", options={"threshold": -1.0, "max_tokens": 8, "k": 1})
+    assert body["gate"]["summary"] == "the model was unsure of its first words: retrieved"
+    info = http.get("/healthz").json()
+    assert info["method"] == "targ-margin" and info["threshold"] == 0.25
+    assert info["method_description"].startswith("TARG: ")
+    assert http.get("/v1/methods").status_code == 401  # like /v1/models: behind the key
+    groups = http.get("/v1/methods", headers=AUTH).json()["groups"]
+    names = {g["group"]: [m["name"] for m in g["methods"]] for g in groups}
+    assert "targ-margin" in names["TARG (a draft's uncertainty) and its §5.1 baselines"]
+    assert "etc" in names["dynamic retrieval while writing: ETC and its baselines"]
+    assert "corpus-coverage" in names["ragate's own gates (no model, your corpus, a proxy model, learned)"]
+    assert sum(len(v) for v in names.values()) == len(ragate.all_methods())
+    assert all(m["description"] for g in groups for m in g["methods"])

@@ -293,6 +293,7 @@ def test_a_wrong_key_shows_the_services_error_and_the_right_one_answers(
     _ask(page, SKIP_QUESTION, max_tokens="8")
     error = _column(page).locator(".error").text_content()
     assert error.startswith("401 authentication_error: wrong API key"), error
+    assert page.text_content("#status") == "no answer: the error is shown below the question"  # no time
     _set_key(page, KEY)
     page.wait_for_selector("#compare option[value='no-retrieval']", state="attached")  # the key lists methods
     (body,) = _ask(page, SKIP_QUESTION, max_tokens="8")
@@ -304,7 +305,16 @@ def test_the_question_the_gate_skips_shows_its_draft_tokens_and_a_compare_view(
     servers: dict[str, Server], page: Any
 ) -> None:
     _open(page, servers["demo"], KEY)
+    served = page.text_content("#served")  # before any answer: the served method, its tau and what it does
+    tau = json.loads(CALIBRATION.read_text())["tau"]
+    assert served.startswith("method targ-margin, τ ") and f"{tau:.4g}"[:5] in served, served
+    assert "targ-margin: TARG: " in served
+    page.wait_for_selector("#method optgroup", state="attached")  # the menu, grouped, once the key lists methods
+    groups = page.locator("#method optgroup")
+    assert groups.count() >= 5 and "TARG" in " ".join(groups.evaluate_all("gs => gs.map(g => g.label)"))
     gated, plain = _ask(page, SKIP_QUESTION, compare="no-retrieval", max_tokens="16")
+    why = _column(page, 0).locator(".summary").text_content()
+    assert why == f"Why: {gated['gate']['summary']}." == "Why: the model was sure of its first words: answered from what it knows."
     assert gated["method"] == "targ-margin" and gated["decision"] == "skip"
     assert gated["gate"]["threshold"] == json.loads(CALIBRATION.read_text())["tau"]
     _check_answer_shown(_column(page, 0), gated)
@@ -366,9 +376,12 @@ def test_markup_in_a_passage_its_title_and_its_file_name_is_shown_as_text(
     column = _column(page)
     assert column.locator(".doc-source").text_content() == source
     assert "<b>Brewmaster</b>" in column.locator(".doc-title").text_content()
-    assert XSS_SCRIPT in column.locator(".passage").text_content()
+    shown = column.locator(".passage").text_content()  # the markup's text, for reading
+    assert "Brewmaster" in shown and "<script" not in shown and "window.__pwned" not in shown
+    assert XSS_SCRIPT in column.locator(".passage-raw").text_content()  # the markup itself, as text
     assert page.locator("#results script, #results img, #results b").count() == 0
     page.locator(".doc-title").click()  # open the passage: still text
+    page.locator(".raw summary").click()  # and its markup
     page.wait_for_timeout(300)
     assert page.evaluate("window.__pwned") is None
     assert page.problems == []

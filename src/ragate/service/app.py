@@ -7,6 +7,7 @@
 - ``POST /v1/search``: ``{"query", "k"?}`` → the index's hits
 - ``POST /v1/chat/completions`` and ``GET /v1/models``: OpenAI's API over the pipeline (see ``openai_api``)
 - ``GET /healthz`` (never needs the key) and ``GET /metrics`` (Prometheus)
+- ``GET /v1/methods``: every method grouped by its paper (or ragate's own gates), with its one-line description
 - ``GET /v1/budget``: with ``--budget``, the controller's target, window, rate and tau, and their history
 - ``GET /``: the service's own web page (``page``; its files need no key, the data it asks for does)
 
@@ -63,7 +64,8 @@ from ragate.version import __version__
 log = logging.getLogger("ragate.service")
 
 ENDPOINT_LIST = (
-    "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, POST /v1/feedback, GET /v1/models, GET /v1/budget, "
+    "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, POST /v1/feedback, GET /v1/models, GET /v1/methods, "
+    "GET /v1/budget, "
     "GET /healthz, "
     "GET /metrics, GET / (the web page)"
 )
@@ -337,6 +339,12 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
     @app.get("/v1/models")
     async def models() -> Response:
         return JSONResponse(openai_api.model_list(list(all_methods()), int(rt.started)))
+
+    @app.get("/v1/methods")
+    async def methods() -> Response:
+        from ragate.service.plain import method_menu
+
+        return JSONResponse({"groups": method_menu(all_methods())})
 
     @app.get("/healthz")
     async def healthz(request: Request) -> Response:

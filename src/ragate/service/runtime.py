@@ -276,6 +276,7 @@ class Runtime:
                 "threshold": trace.gate.threshold,
                 "retrieve": trace.gate.retrieve,
                 "reason": trace.gate.reason,
+                "summary": self.plain(trace),
             },
             "documents": [_hit(h) for h in trace.documents],
             "model": self.lm.model,
@@ -284,6 +285,25 @@ class Runtime:
             "savings": savings.to_json(),
             **({"budget": self.budget_info()} if self.budget is not None else {}),
         }
+
+    def plain(self, trace: Trace) -> str:
+        """The decision in plain words (:func:`ragate.service.plain.plain_reason`), for the page."""
+        from ragate.service.plain import plain_reason
+
+        spec = self.served if trace.method == self.served.name else get_method(trace.method)
+        return plain_reason(spec.gate.kind, trace.retrieved, dynamic=spec.dynamic is not None)
+
+    def served_threshold(self) -> float | None:
+        """The tau the served method decides at now: the budget controller's, else the set or default one (None
+        for a method without a threshold of its own: never, always, a dynamic trigger)."""
+        from ragate.gates.registry import get_gate
+
+        if self.budget is not None:
+            return float(self.budget.tau)
+        gate = self.served.gate
+        if gate.kind in ("never", "always") or self.served.dynamic is not None:
+            return None
+        return float(gate.threshold if gate.threshold is not None else get_gate(gate.kind).default_tau)
 
     def learning(self) -> dict[str, Any]:
         """The learned gate in force (its file and when it was written), the store's label counts, the shadow
@@ -321,8 +341,10 @@ class Runtime:
         what the balancer believes of each (up or down, since when, why, the next probe), after probing those up
         and those down whose probe is due (docs/service.md, "Fleet health"): 200 while one is up, 503 when none
         is."""
-        info = {
-            "status": "ok", "version": __version__, "method": self.served.name, "model": self.lm.model,
+        info: dict[str, Any] = {
+            "status": "ok", "version": __version__, "method": self.served.name,
+            "method_description": self.served.description, "threshold": self.served_threshold(),
+            "model": self.lm.model,
             "engine": self.lm.engine, "index": self.index_name, "passages": self.passages,
             "in_progress": self.slots.used, "max_concurrency": self.slots.n,
             "capabilities": capability_summary(self.lm),

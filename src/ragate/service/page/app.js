@@ -92,27 +92,38 @@
       const response = await fetch("healthz", { headers: headers(false), cache: "no-store", credentials: "omit" });
       served = await response.json();
       const parts = [
-        `method ${served.method}`,
+        `method ${served.method}` + (typeof served.threshold === "number" ? `, τ ${num(served.threshold)}` : ""),
         `model ${served.model} (${served.engine})`,
         `index ${served.index} (${served.passages} passages)`,
         `ragate ${served.version}`,
       ];
       if (served.status !== "ok") parts.push(`status ${served.status}`);
       $("served").textContent = parts.join(" · ");
+      if (served.method_description) $("served").append(el("br"), `${served.method}: ${served.method_description}`);
       if (served.fallback) $("served").append(el("br"), served.fallback);
     } catch (err) {
       $("served").textContent = `the service did not answer /healthz (${err.message})`;
     }
   }
 
-  function fillSelect(select, names, first) {
+  function shortLine(text) {
+    return text.length > 70 ? `${text.slice(0, 69)}…` : text;
+  }
+
+  function fillSelect(select, groups, first) {
     const keep = select.value;
     select.replaceChildren();
     if (first) select.append(first);
-    for (const name of names) {
-      const option = el("option", null, name);
-      option.value = name;
-      select.append(option);
+    for (const group of groups) {
+      const box = el("optgroup");
+      box.label = group.group;
+      for (const m of group.methods) {
+        const option = el("option", null, m.description ? `${m.name} — ${shortLine(m.description)}` : m.name);
+        option.value = m.name;
+        option.title = m.description || m.name;
+        box.append(option);
+      }
+      if (box.children.length) select.append(box);
     }
     if ([...select.options].some((o) => o.value === keep)) select.value = keep;
   }
@@ -121,10 +132,9 @@
     const servedName = served ? served.method : "";
     const defaultOption = el("option", null, servedName ? `${servedName} (served)` : "(the server's method)");
     defaultOption.value = "";
-    let names = [];
+    let groups = [];
     try {
-      const models = await api("v1/models");
-      names = models.data.map((m) => m.id).filter((id) => id !== servedName);
+      groups = (await api("v1/methods")).groups;
     } catch (err) {
       if (err.status === 401) {
         $("status").textContent = "This server needs an API key: enter it to list its methods and ask.";
@@ -132,10 +142,11 @@
         showError(err);
       }
     }
-    fillSelect($("method"), names, defaultOption);
+    const others = groups.map((g) => ({ ...g, methods: g.methods.filter((m) => m.name !== servedName) }));
+    fillSelect($("method"), others, defaultOption);
     const none = el("option", null, "(nothing)");
     none.value = "";
-    fillSelect($("compare"), servedName && !servedName.includes(":") ? [servedName, ...names] : names, none);
+    fillSelect($("compare"), servedName && !servedName.includes(":") ? groups : others, none);
   }
 
   // -- one answer ---------------------------------------------------------------------------------------------
@@ -217,10 +228,32 @@
     return el("table", cls, thead, tbody);
   }
 
+  // A passage that holds HTML is shown as its text: the tags cut out as a string (never parsed into a document,
+  // so nothing of it runs, loads or enters the page as markup), with the markup itself one click away, as text.
+  const ENTITIES = { amp: "&", lt: "<", gt: ">", quot: '"', "#39": "'", nbsp: " " };
+
+  function passageText(text) {
+    if (!/<\/?[a-zA-Z][^>]*>/.test(text)) return null;
+    return text
+      .replace(/<(script|style|template)\b[\s\S]*?<\/\1\s*>/gi, "")
+      .replace(/<(br|\/p|\/div|\/li|\/h[1-6]|\/tr)\b[^>]*>/gi, "\n")
+      .replace(/<[^>]*>/g, "")
+      .replace(/&(amp|lt|gt|quot|#39|nbsp);/g, (_, name) => ENTITIES[name])
+      .replace(/\n{3,}/g, "\n\n")
+      .trim();
+  }
+
+  function passageNodes(text) {
+    const shown = passageText(text);
+    if (shown === null) return [el("p", "passage", text)];
+    const raw = el("details", "raw", el("summary", "muted", "as indexed, with its markup"), el("pre", "passage-raw", text));
+    return [el("p", "passage", shown), raw];
+  }
+
   function documents(docs) {
     if (!docs.length) return el("p", "muted", "No documents read.");
     const rows = docs.map((d) => {
-      const passage = el("details", null, el("summary", "doc-title", d.title || d.id), el("p", "passage", d.text));
+      const passage = el("details", null, el("summary", "doc-title", d.title || d.id), ...passageNodes(d.text));
       return [String(d.rank), passage, el("span", "doc-source", d.source || "–"), num(d.score, 3)];
     });
     return table(["#", "title (open for the passage)", "source", "score"], rows, "docs");
@@ -277,10 +310,12 @@
     col.replaceChildren(el("h2", null, data.method));
     const decision = el("p", `decision ${data.decision}`, decisionText(data));
     decision.dataset.decision = data.decision;
+    const exact = el("details", "exact", el("summary", "muted", "the gate's own words"), el("p", "reason", data.gate.reason));
     col.append(
       el("p", "answer", data.answer),
       decision,
-      el("p", "reason", data.gate.reason),
+      el("p", "summary", data.gate.summary ? `Why: ${data.gate.summary}.` : ""),
+      exact,
       scoreBar(data.gate),
     );
     if (data.budget && data.controlled) {
@@ -310,15 +345,25 @@
     $("ask-button").disabled = true;
     $("status").textContent = methods.length > 1 ? "asking both methods…" : "asking…";
     const started = performance.now();
+    let answered = 0;
     await Promise.all(
       methods.map((method, i) =>
         api("v1/answer", { question, method, options: opts, draft_tokens: true })
-          .then((data) => fill(columns[i], { ...data, controlled: !method && opts.threshold === undefined }))
+          .then((data) => {
+            fill(columns[i], { ...data, controlled: !method && opts.threshold === undefined });
+            answered += 1;
+          })
           .catch((err) => failed(columns[i], err)),
       ),
     );
     $("ask-button").disabled = false;
-    $("status").textContent = `answered in ${((performance.now() - started) / 1000).toFixed(1)} s`;
+    const took = `${((performance.now() - started) / 1000).toFixed(1)} s`;
+    $("status").textContent =
+      answered === methods.length
+        ? `answered in ${took}`
+        : answered
+          ? `one method answered, one failed (${took})`
+          : "no answer: the error is shown below the question";
     pollBudget();
   }
 
