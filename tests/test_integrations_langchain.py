@@ -193,7 +193,9 @@ def test_a_langgraph_app_with_your_chat_model_answers_both_branches_and_drafts_o
         assert skip["ragate"]["retrieved"] is False and skip["ragate"]["reason"]
         assert skip["ragate"]["score"] <= skip["ragate"]["threshold"]
         assert skip["ragate"]["savings"]["spent"]["tokens"] > 0
-        assert skip["answer"].strip() and skip["answer"] == gate.pipeline.answer(SKIP_QUESTION).text
+        alone = gate.pipeline.answer(SKIP_QUESTION)  # ragate's own closed-book answer: the draft, continued
+        assert skip["answer"].strip() and skip["answer"] == alone.text
+        assert skip["ragate"]["savings"]["spent"]["tokens"] == alone.tokens  # the same tokens: no second call
 
         rag = app.invoke({"question": RAG_QUESTION}, config={"callbacks": [calls]})
         assert rag["route"] == "retrieve" and Calls.chat == 1 and len(rag["documents"]) == 5
