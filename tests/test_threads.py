@@ -126,3 +126,22 @@ def test_llama_cpp_computes_the_same_with_any_thread_count(llama_backend: Any) -
     assert outs[0].token_ids == outs[1].token_ids
     assert outs[0].logprobs == outs[1].logprobs and outs[0].entropies == outs[1].entropies
     assert lm.thread_counts["policy"] == "auto"
+
+
+def test_thread_counts_past_what_the_machine_can_use_are_refused_before_anything_loads() -> None:
+    """`ask --threads 100000` used to crash llama.cpp (a segfault), `--threads 4096` spun thousands of threads."""
+    import os
+    import subprocess
+    import sys
+
+    from ragate.backends.threads import max_threads
+
+    most = max_threads()
+    assert most == max(8, 4 * (os.cpu_count() or 1)) and check_threads(most) == most
+    with pytest.raises(ValueError, match=rf"--threads 4096 is more than this machine can use: at most {most}"):
+        check_threads(4096, "--threads")
+    out = subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "ask", "--threads", "100000", "who wrote hamlet"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and f"at most {most}" in out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import tempfile
 import zlib
@@ -132,6 +133,20 @@ def parse_json(text: str, where: str, error: type[Exception], fix: str) -> Any:
     except (ValueError, RecursionError) as err:
         why = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(";")[0]
         raise error(f"{where}: not valid JSON ({why}); {fix}") from None
+
+
+def finite_json(value: Any) -> tuple[Any, int]:
+    """``value`` with every NaN or infinity replaced by None (JSON has neither: Python's ``json`` would write
+    ``Infinity``, which no JSON parser reads), and how many were replaced."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, 1
+    if isinstance(value, dict):
+        pairs = [(k, finite_json(v)) for k, v in value.items()]
+        return {k: v for k, (v, _) in pairs}, sum(n for _, (_, n) in pairs)
+    if isinstance(value, list | tuple):
+        items = [finite_json(v) for v in value]
+        return [v for v, _ in items], sum(n for _, n in items)
+    return value, 0
 
 
 def lone_surrogate(value: Any) -> str | None:

@@ -11,7 +11,9 @@ of the last answers of the same method that did retrieve (:class:`AlwaysRetrieve
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -22,6 +24,8 @@ from typing import Any
 
 from ragate.errors import RunFormatError
 from ragate.methods.trace import Stage, Trace
+
+log = logging.getLogger("ragate.service")
 
 LOG_KIND = "ragate.answer-log"
 WINDOW = 100  # retrieved answers per method the estimate averages
@@ -132,30 +136,66 @@ def log_entry(trace: Trace, savings: Savings, *, model: str, at: float | None = 
     }
 
 
-class AnswerLog:
-    """Appends :func:`log_entry` lines to a file, one write and flush a line, from any thread."""
+class AnswerLogError(OSError):
+    """A required answer log could not be written (``AnswerLog(required=True)``)."""
 
-    def __init__(self, path: str | Path) -> None:
+
+class AnswerLog:
+    """Appends :func:`log_entry` lines to a file, one unbuffered write a line, from any thread.
+
+    A side channel: a line that cannot be written (a full or failing disk) is counted (``failures``), kept as
+    ``error`` until a write succeeds again, and logged once a minute; the answer it describes is not touched. With
+    ``required=True`` (an audit trail) a failed write raises :class:`AnswerLogError` instead, which the service
+    turns into a 503 before the answer leaves. A FIFO or a socket (a writer would block on it) is refused at start."""
+
+    LOG_EVERY = 60.0  # seconds between two warnings of the same failing log
+
+    def __init__(self, path: str | Path, *, required: bool = False) -> None:
         from ragate.errors import RagateError
 
         self.path = Path(path)
+        self.required = required
         if self.path.is_dir():
             raise RagateError(f"answer log {path}: that is a directory; name a file to append to")
+        if self.path.is_fifo() or self.path.is_socket():  # a writer would block on it, or lose the lines
+            raise RagateError(f"answer log {path}: that is a FIFO or a socket; name a file to append to")
         try:
-            self._file = self.path.open("a", encoding="utf-8")
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
         except OSError as err:
             raise RagateError(f"answer log {path}: cannot open it for appending ({err.strerror})") from None
         self._lock = threading.Lock()
+        self.failures = 0
+        self.error: str | None = None
+        self._logged = -math.inf
 
-    def write(self, entry: dict[str, Any]) -> None:
-        line = json.dumps(entry, ensure_ascii=False, allow_nan=False) + "\n"
+    def write(self, entry: dict[str, Any]) -> bool:
+        """Append one line; False (counted, logged, ``error`` set) where it could not be written."""
+        data = (json.dumps(entry, ensure_ascii=False, allow_nan=False) + "\n").encode()
         with self._lock:
-            self._file.write(line)
-            self._file.flush()
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as err:
+                self.failures += 1
+                self.error = f"answer log: {err.strerror or err}"
+                now = time.monotonic()
+                if now - self._logged >= self.LOG_EVERY:
+                    self._logged = now
+                    log.warning("%s (%s; %d line(s) lost so far)", self.error, self.path, self.failures)
+                if self.required:
+                    raise AnswerLogError(err.errno, f"the required answer log {self.path} cannot be written: "
+                                                    f"{err.strerror or err}") from None  # fmt: skip
+                return False
+            self.error = None
+            return True
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
 
 
 def read_log(path: str | Path) -> Iterator[dict[str, Any]]:

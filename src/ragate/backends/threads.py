@@ -61,7 +61,19 @@ def check_threads(value: int | str | None, name: str = "threads") -> int | None:
             raise ValueError(f"{name} must be a whole number >= 1 or 'auto', not {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a whole number >= 1 or 'auto', not {value!r}")
+    most = max_threads()
+    if value > most:
+        raise ValueError(
+            f"{name} {value} is more than this machine can use: at most {most} (4 per CPU of its "
+            f"{os.cpu_count() or 1}); 'auto' picks the CPUs other processes leave free"
+        )
     return value
+
+
+def max_threads() -> int:
+    """The most threads an engine may be given: 4 per CPU (at least 8). More only spin: a llama.cpp thread per
+    core is its best, and thousands of them stall the machine (and llama.cpp crashes past some count)."""
+    return max(8, 4 * (os.cpu_count() or 1))
 
 
 def busy_seconds(cpus: list[int], stat: str | None = None) -> float | None:

@@ -367,7 +367,15 @@ def run(args: argparse.Namespace) -> int:
             if provider is not None:
                 provider.shutdown()
         out = {**Answer.of(trace).to_json(), "capabilities": capabilities}  # documents with text and source
-        print(json.dumps(out, ensure_ascii=False) if args.json else render_trace(trace))
+        if args.json:
+            from ragate.fileio import finite_json
+
+            out, replaced = finite_json(out)
+            if replaced:  # strict JSON: a gate score of +inf is null, and said so
+                out["notes"] = [f"{replaced} non-finite number(s) (NaN or infinity) written as null"]
+            print(json.dumps(out, ensure_ascii=False, allow_nan=False))
+        else:
+            print(render_trace(trace))
         return 0
     if args.index:
         raise RagateError(

@@ -66,6 +66,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             early_exit=not args.no_early_exit,
             prompts=args.prompts,
             answer_log=str(args.answer_log) if args.answer_log else None,
+            answer_log_required=args.answer_log_required,
             trace_file=str(args.trace) if args.trace else None,
             trace_content=args.trace_content,
             feedback_store=str(args.feedback_store) if args.feedback_store else None,
@@ -300,7 +301,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="FILE",
         help="append each answer's decision, cost and savings against always retrieving to FILE (JSON lines, no "
-        "question text); `ragate report FILE` adds them up",
+        "question text); `ragate report FILE` adds them up. Best effort: a line that cannot be written (a full "
+        "disk) is counted in /metrics and reported in /healthz, and the answer still goes out",
+    )
+    p.add_argument(
+        "--answer-log-required",
+        action="store_true",
+        help="with --answer-log: an audit trail; an answer whose line cannot be written is a 503, not returned",
     )
     p.add_argument(
         "--feedback-store", type=Path, default=None, metavar="FILE",

@@ -222,7 +222,7 @@ def create_app(
     answer_log = None
     if settings.answer_log is not None:
         try:
-            answer_log = AnswerLog(settings.answer_log)
+            answer_log = AnswerLog(settings.answer_log, required=settings.answer_log_required)
         except BaseException:
             for closer in closers:
                 closer()

@@ -54,6 +54,10 @@ class Guard:
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
+                    headers.append((b"x-content-type-options", b"nosniff"))  # every answer, JSON included
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

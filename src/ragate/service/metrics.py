@@ -66,6 +66,7 @@ class ServiceMetrics:
     retrieval_rate: Gauge
     stages: Histogram
     errors: Counter
+    side_failures: Counter
     in_progress: Gauge
     budget: Gauge
     budget_tau: Gauge
@@ -111,6 +112,10 @@ class ServiceMetrics:
                 registry=r,
             ),
             errors=Counter("ragate_errors", "error answers (4xx/5xx) by type", ["type"], registry=r),
+            side_failures=Counter(
+                "ragate_side_channel_failures", "writes of a side channel (the answer log) that failed; the "
+                "answers went on", ["channel"], registry=r,
+            ),
             in_progress=Gauge(
                 "ragate_requests_in_progress", "requests holding a concurrency slot", registry=r
             ),
@@ -150,6 +155,10 @@ class ServiceMetrics:
         endpoint = path if path in ENDPOINTS else "other"
         self.requests.labels(endpoint, str(status)).inc()
         self.latency.labels(endpoint).observe(seconds)
+
+    def observe_side_failure(self, channel: str) -> None:
+        """A side channel's write failed (the answer was not touched)."""
+        self.side_failures.labels(channel=channel).inc()
 
     def observe_error(self, error_type: str) -> None:
         self.errors.labels(error_type).inc()

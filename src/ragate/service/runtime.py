@@ -5,7 +5,6 @@ bodies it accepts."""
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from ragate.methods.trace import Trace
 from ragate.pipeline import Pipeline
 from ragate.retrieval.function import SearchError
 from ragate.retrieval.types import Hit, Retriever
-from ragate.savings import AlwaysRetrieveCost, AnswerLog, Savings, log_entry
+from ragate.savings import AlwaysRetrieveCost, AnswerLog, AnswerLogError, Savings, log_entry
 from ragate.service.admission import Slots, Ticket
 from ragate.service.guard import ApiError
 from ragate.service.metrics import ServiceMetrics
@@ -246,7 +245,12 @@ class Runtime:
         self.metrics.observe_trace(trace)
         self.metrics.observe_savings(trace, savings)
         if self.answer_log is not None:
-            self.answer_log.write(_finite(log_entry(trace, savings, model=self.pipeline.model_label)))
+            try:
+                if not self.answer_log.write(_finite(log_entry(trace, savings, model=self.pipeline.model_label))):
+                    self.metrics.observe_side_failure("answer_log")
+            except AnswerLogError as err:  # required (an audit trail): no answer leaves without its line
+                self.metrics.observe_side_failure("answer_log")
+                raise ApiError(503, f"{err.strerror}; the answer was not returned", {"Retry-After": "30"}) from None
         if self.budget is not None and self.controls(method, options):  # the pipeline observed it
             self.metrics.observe_budget(self.budget.budget, self.budget.tau, self.budget.rate())
         stage = {s.name: 0.0 for s in trace.stages}
@@ -352,6 +356,9 @@ class Runtime:
         learning = self.learning()
         if learning:
             info["learning"] = learning
+        problems = [e for e in (self.answer_log.error if self.answer_log is not None else None,) if e]
+        if problems:  # a side channel fails; the answers go on (docs/service.md, "Degraded")
+            info["status"] = "degraded: " + "; ".join(problems)
         states = self.pipeline.prompt_states
         if states is not None:  # what the kept prompt states hold, against their bound (--prompt-state-mb)
             info["prompt_states"] = states
@@ -401,11 +408,7 @@ def _hit(h: Hit) -> dict[str, Any]:
 
 
 def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such scores become null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+    """JSON has no NaN or infinity: such scores become null (:func:`ragate.fileio.finite_json`)."""
+    from ragate.fileio import finite_json
+
+    return finite_json(value)[0]

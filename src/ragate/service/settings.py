@@ -71,6 +71,7 @@ class ServiceSettings:
     early_exit: bool = True  # TARG's entropy/margin drafts stop once "retrieve" is settled (ragate.gates.targ)
     prompts: str | None = None  # another prompt set for the served method (e.g. targ: its documents first)
     answer_log: str | None = None  # a file each answer's decision, cost and savings are appended to (JSON lines)
+    answer_log_required: bool = False  # an audit trail: an answer whose line cannot be written is a 503
     trace_file: str | None = None  # a file the OpenTelemetry spans are appended to (else the global provider's)
     trace_content: bool = False  # spans carry the question, answer and documents
     feedback_store: str | None = None  # a SQLite file each answer's features and labels go to (ragate.feedback)
