@@ -24,7 +24,9 @@ model server), and ``POST /v1/mode`` with ``{"mode": "..."}`` switches it while 
 - ``flood``: HTTP 200 and a chunked JSON body that never ends (``--flood-mb N``: it stops after N MiB and then
   sends nothing more, keeping the connection open);
 - ``not-json``: HTTP 200 with ``Content-Type: application/json`` and a body cut in the middle of the JSON;
-- ``no-choices``: HTTP 200 with valid JSON that has no ``choices``.
+- ``no-choices``: HTTP 200 with valid JSON that has no ``choices``;
+- ``nan-logprobs``, ``inf-logprobs``, ``positive-logprobs``: the normal answer with its second token's logprob
+  NaN, -infinity or +5 (Python's JSON writes ``NaN`` and ``-Infinity``, as some servers do).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ WORDS = (
     "river", "king", "song", "team", "born", "french", "american", "north",
 )  # fmt: skip
 VOCAB = tuple(f" {w}" for w in WORDS) + (".",)
-MODES = ("ok", "slow-headers", "flood", "not-json", "no-choices")
+MODES = ("ok", "slow-headers", "flood", "not-json", "no-choices", "nan-logprobs", "inf-logprobs", "positive-logprobs")
+POISON = {"nan-logprobs": math.nan, "inf-logprobs": -math.inf, "positive-logprobs": 5.0}  # a token's logprob
 
 
 def request_seed(body: dict[str, Any]) -> int:
@@ -219,6 +222,8 @@ def make_server(
                 answered = completion(body, path, model, top_k, logprobs)
             except (ValueError, TypeError, AttributeError) as e:
                 return self.send(400, {"error": {"message": f"bad request: {e}"}})
+            if state["mode"] in POISON:
+                _poison(answered, POISON[state["mode"]])
             with lock:
                 counts["in_flight"] += 1
                 counts["most_in_flight"] = max(counts["most_in_flight"], counts["in_flight"])
@@ -283,6 +288,15 @@ def _no_choices(handler: BaseHTTPRequestHandler, flood_mb: int) -> None:
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
+
+
+def _poison(answer: dict[str, Any], value: float) -> None:
+    """The answer's second token (the first where there is one) given the logprob ``value``."""
+    lp = answer["choices"][0].get("logprobs") or {}
+    if lp.get("content"):
+        lp["content"][min(1, len(lp["content"]) - 1)]["logprob"] = value
+    elif lp.get("token_logprobs"):
+        lp["token_logprobs"][min(1, len(lp["token_logprobs"]) - 1)] = value
 
 
 HOSTILE: MappingProxyType[str, Callable[[BaseHTTPRequestHandler, int], None]] = MappingProxyType(

@@ -185,7 +185,17 @@ def test_an_endless_body_stops_at_the_reply_cap(tmp_path: Path) -> None:
 
 
 # -- a reply that is not an answer --------------------------------------------------------------------------------
-@pytest.mark.parametrize(("mode", "said"), [("not-json", "not JSON"), ("no-choices", "choices")])
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("not-json", "not JSON"),
+        ("no-choices", "choices"),
+        # a logprob that is not one: it used to fail every answer with a 500 blaming the targ-margin gate
+        ("nan-logprobs", "= nan, which is not a log-probability"),
+        ("inf-logprobs", "= -inf, which is not a log-probability"),
+        ("positive-logprobs", "= 5.0, which is not a log-probability"),
+    ],
+)
 def test_a_malformed_reply_fails_over_and_puts_its_server_down(mode: str, said: str) -> None:
     """HTTP 200 with a body that is no completion is a failure of that server: the call goes on to another, and
     after two such failures the server is down and gets no more calls (its probes, one-token calls, fail the

@@ -20,6 +20,7 @@ text (the stop string, which the text leaves out) are dropped. ``completion_toke
 from __future__ import annotations
 
 import codecs
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -334,28 +335,52 @@ def parse_text(choice: Mapping[str, Any]) -> str:
     return str(choice.get("text") or "")
 
 
+LOGPROB_SLACK = 1e-4  # a server's rounding may put a sure token's log-probability a hair above 0
+
+
+def logprob(value: Any, field: str) -> float:
+    """A log-probability from a reply: a finite number <= 0 (within :data:`LOGPROB_SLACK`). NaN, an infinity or a
+    positive value is a malformed reply (:class:`~ragate.backends.upstream.BadAnswer`: the server failed, not the
+    gate reading it), which fails over to another server of a fleet and marks this one."""
+    number = float(value)
+    if not math.isfinite(number) or number > LOGPROB_SLACK:
+        raise BadAnswer(f"sent {field} = {value!r}, which is not a log-probability (a finite number <= 0)")
+    return min(number, 0.0)
+
+
 def parse_steps(choice: Mapping[str, Any]) -> list[Step] | None:
-    """Per-token (token, logprob, alternatives, bytes) of one choice; ``None`` when the server sent no logprobs."""
+    """Per-token (token, logprob, alternatives, bytes) of one choice; ``None`` when the server sent no logprobs.
+    A logprob that is not one (NaN, an infinity, above 0) makes the reply malformed (:func:`logprob`)."""
     lp = choice.get("logprobs")
     if "message" in choice:
         content = lp.get("content") if isinstance(lp, Mapping) else None
         if content is None:
             return None if parse_text(choice) else []
+        where = "choices[0].logprobs.content"
         return [
             (
                 str(c["token"]),
-                float(c["logprob"]),
-                [(str(t["token"]), float(t["logprob"])) for t in c.get("top_logprobs") or []],
+                logprob(c["logprob"], f"{where}[{i}].logprob"),
+                [
+                    (str(t["token"]), logprob(t["logprob"], f"{where}[{i}].top_logprobs[{j}].logprob"))
+                    for j, t in enumerate(c.get("top_logprobs") or [])
+                ],
                 bytes(c["bytes"]) if c.get("bytes") is not None else None,
             )
-            for c in content
+            for i, c in enumerate(content)
         ]
     if not isinstance(lp, Mapping) or lp.get("tokens") is None:
         return None if parse_text(choice) else []
     tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
+    where = "choices[0].logprobs"
     return [
-        (str(t), float(p), [(str(a), float(b)) for a, b in (top or {}).items()], None)
-        for t, p, top in zip(lp["tokens"], lp["token_logprobs"], tops, strict=True)
+        (
+            str(t),
+            logprob(p, f"{where}.token_logprobs[{i}]"),
+            [(str(a), logprob(b, f"{where}.top_logprobs[{i}][{a!r}]")) for a, b in (top or {}).items()],
+            None,
+        )
+        for i, (t, p, top) in enumerate(zip(lp["tokens"], lp["token_logprobs"], tops, strict=True))
     ]
 
 
