@@ -111,3 +111,26 @@ def test_serve_refuses_a_fifo_answer_log_before_loading_anything(tmp_path: Path)
         check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode != 0 and ("FIFO" in out.stderr or "no/such.gguf" in out.stderr), out.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("spent", {"tokens": "12", "seconds": 1.0}, "spent.tokens is '12', not a whole number of tokens"),
+        ("spent", {"tokens": 12, "seconds": float("nan")}, "spent.seconds is nan, not a finite number"),
+        ("saved", {"tokens": 3, "seconds": "x"}, "saved.seconds is 'x', not a finite number"),
+        ("retrieved", "yes", "retrieved is 'yes', not true or false"),
+    ],
+)
+def test_report_names_a_mistyped_field_of_an_answer_log(tmp_path: Path, field: str, value: Any, said: str) -> None:
+    """A token count of "12" ended in a TypeError traceback; a NaN count printed as `nan`."""
+    entry = {"kind": "ragate.answer-log", "time": 1.0, "method": "targ-margin", "model": "m", "retrieved": False,
+             "spent": {"tokens": 10, "seconds": 0.5}, "always_retrieve": None, "saved": None}  # fmt: skip
+    log = tmp_path / "answers.jsonl"
+    log.write_text(json.dumps(entry) + "\n" + json.dumps(entry | {field: value}) + "\n" + json.dumps(entry) + "\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "report", str(log)],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"line 2: not an answer-log entry ({said})" in out.stderr

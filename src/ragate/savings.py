@@ -214,8 +214,7 @@ def read_log(path: str | Path) -> Iterator[dict[str, Any]]:
             entry = json.loads(line)
             if not isinstance(entry, dict) or entry.get("kind") != LOG_KIND:
                 raise ValueError(f"not a {LOG_KIND} line")
-            float(entry["time"]), bool(entry["retrieved"]), str(entry["method"])
-            Cost(**entry["spent"])
+            _check_entry(entry)
         except (ValueError, KeyError, TypeError) as err:
             if i == last and not line.endswith("}"):
                 return  # a write cut short by a kill
@@ -224,6 +223,35 @@ def read_log(path: str | Path) -> Iterator[dict[str, Any]]:
                 "writes has one JSON object a line"
             ) from None
         yield entry
+
+
+def _check_entry(entry: dict[str, Any]) -> None:
+    """A ValueError or TypeError naming the first field of an answer-log entry that is not of its type: ``time`` a finite
+    number, ``retrieved`` true or false, ``method`` a string, ``spent`` a cost, ``always_retrieve`` and ``saved``
+    a cost or null (a cost: whole ``tokens`` and finite ``seconds``; ``saved`` may be negative)."""
+    from ragate.eval.records import is_count, is_number
+
+    def cost(name: str, signed: bool = False) -> None:
+        value = entry.get(name)
+        if not isinstance(value, dict):
+            raise TypeError(f"{name} is {value!r}, not a cost (tokens and seconds)")
+        tokens, seconds = value.get("tokens"), value.get("seconds")
+        whole = isinstance(tokens, int) and not isinstance(tokens, bool) and (signed or is_count(tokens))
+        if not whole:
+            raise ValueError(f"{name}.tokens is {tokens!r}, not a whole number of tokens")
+        if not is_number(seconds) or isinstance(seconds, bool):
+            raise ValueError(f"{name}.seconds is {seconds!r}, not a finite number")
+
+    if not is_number(entry.get("time")) or isinstance(entry.get("time"), bool):
+        raise ValueError(f"time is {entry.get('time')!r}, not a finite number")
+    if not isinstance(entry.get("retrieved"), bool):
+        raise TypeError(f"retrieved is {entry.get('retrieved')!r}, not true or false")
+    if not isinstance(entry.get("method"), str):
+        raise TypeError(f"method is {entry.get('method')!r}, not a string")
+    cost("spent")
+    for name in ("always_retrieve", "saved"):
+        if entry.get(name) is not None:
+            cost(name, signed=name == "saved")
 
 
 def savings_report(entries: Iterable[dict[str, Any]], *, periods: int = 10) -> str:
