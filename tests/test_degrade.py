@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -134,3 +135,19 @@ def test_report_names_a_mistyped_field_of_an_answer_log(tmp_path: Path, field: s
     )  # fmt: skip
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
     assert f"line 2: not an answer-log entry ({said})" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("keywords", "said"),
+    [
+        ({"method": None}, "method must be a method's name"),  # was: 'NoneType' object is not iterable
+        ({"index": 123}, "index must be a path (str or pathlib.Path), not int"),  # was: expected str, bytes or ...
+        ({"base_url": 123}, "base_url must be a server's URL"),  # was: 'int' object is not iterable
+    ],
+)
+def test_pipeline_arguments_of_the_wrong_type_are_named(keywords: dict[str, Any], said: str) -> None:
+    from ragate.errors import ArgumentTypeError
+
+    with pytest.raises(ArgumentTypeError, match=re.escape(said)) as err:
+        ragate.Pipeline(**keywords)
+    assert isinstance(err.value, TypeError) and isinstance(err.value, RagateError)

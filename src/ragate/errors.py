@@ -67,3 +67,8 @@ class RunFormatError(RagateError, ValueError):
 class CallCacheError(RagateError):
     """The call cache cannot be used (damaged, not ragate's, in a path that cannot be a file): it stops a run
     rather than being recorded as every question's error."""
+
+
+class ArgumentTypeError(RagateError, TypeError):
+    """An argument of the wrong type (``ragate.Pipeline(method=None)``), named with what it takes: a
+    :class:`RagateError` for ragate's handlers and a ``TypeError`` for everyone else's."""

@@ -40,7 +40,7 @@ from ragate.answers import (  # noqa: F401 (ragate.Answer, ragate.Document, ... 
 )
 from ragate.backends import Backend, load_backend
 from ragate.backends.threads import thread_options
-from ragate.errors import RagateError
+from ragate.errors import ArgumentTypeError, RagateError
 from ragate.gates.base import GateDecision
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.configure import configure_method
@@ -135,6 +135,22 @@ class Pipeline(TrafficLearning):
         shadow_queue: int = 64,
         model_of: Pipeline | None = None,
     ) -> None:
+        if not isinstance(method, str) or not method.strip():
+            raise ArgumentTypeError(
+                f"method must be a method's name (a non-empty string, e.g. 'targ-margin'; ragate.all_methods() "
+                f"lists them), not {method!r:.60}"
+            )
+        for name, value in (("index", index), ("calibration", calibration), ("budget_state", budget_state)):
+            if value is not None and not isinstance(value, str | Path):
+                raise ArgumentTypeError(f"{name} must be a path (str or pathlib.Path), not {type(value).__name__}")
+        urls = [base_url] if isinstance(base_url, str) else base_url
+        if base_url is not None and (
+            not isinstance(urls, Sequence) or not urls or not all(isinstance(u, str) and u for u in urls)
+        ):
+            raise ArgumentTypeError(
+                "base_url must be a server's URL (a str like 'http://127.0.0.1:8080/v1') or a list of them, not "
+                f"{base_url!r:.60}"
+            )
         _check_arguments(
             method=method, model=model, backend=backend, threshold=threshold, budget=budget, window=window,
             budget_gain=budget_gain, max_tokens=max_tokens, k=k, seed=seed, max_question_chars=max_question_chars,
