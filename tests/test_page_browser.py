@@ -87,7 +87,7 @@ XSS_DOC = f"""# The <b>Brewmaster</b> kettle <img src=x onerror="window.__pwned=
 
 The Brewmaster 3000 kettle has a warranty of two years. {XSS_SCRIPT} Its warranty covers the heating element,
 the lid and the switch, and is honoured by every shop that sells Brewmaster kettles. Keep the receipt: the
-warranty of the Brewmaster 3000 kettle starts on the day it was bought.
+warranty of the Brewmaster 3000 kettle starts on the day it was bought. \u202eSpoofed text\u202c after it.
 """
 OTHER_DOCS = {
     "desk.txt": "The service desk is open from nine to five on weekdays and from ten to two on Sundays. It "
@@ -386,6 +386,8 @@ def test_markup_in_a_passage_its_title_and_its_file_name_is_shown_as_text(
     shown = column.locator(".passage").text_content()  # the markup's text, for reading
     assert "Brewmaster" in shown and "<script" not in shown and "window.__pwned" not in shown
     assert XSS_SCRIPT in column.locator(".passage-raw").text_content()  # the markup itself, as text
+    # a right-to-left override in the text is shown by name, and reorders nothing after it
+    assert "⟨RLO⟩Spoofed text⟨PDF⟩ after it." in shown and "\u202e" not in column.text_content()
     assert page.locator("#results script, #results img, #results b").count() == 0
     page.locator(".doc-title").click()  # open the passage: still text
     page.locator(".raw summary").click()  # and its markup

@@ -12,11 +12,21 @@
   let budgetOff = false;
 
   // -- small helpers ------------------------------------------------------------------------------------------
+  // Bidirectional controls in untrusted text (an answer, a passage, a title) would reorder what follows them on the
+  // page (a right-to-left override reverses the rest of the line): each is shown as its name instead.
+  const BIDI = /[\u202A-\u202E\u2066-\u2069\u200E\u200F\u061C]/g;
+  const BIDI_NAMES = {
+    "\u202A": "LRE", "\u202B": "RLE", "\u202C": "PDF", "\u202D": "LRO", "\u202E": "RLO", "\u2066": "LRI",
+    "\u2067": "RLI", "\u2068": "FSI", "\u2069": "PDI", "\u200E": "LRM", "\u200F": "RLM", "\u061C": "ALM",
+  };
+  const visible = (text) => text.replace(BIDI, (c) => `⟨${BIDI_NAMES[c]}⟩`);
+
   function el(tag, cls, ...children) {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
     for (const child of children) {
-      if (child !== null && child !== undefined) node.append(child); // a string becomes a text node
+      if (child === null || child === undefined) continue;
+      node.append(typeof child === "string" ? visible(child) : child); // a string becomes a text node
     }
     return node;
   }
@@ -82,7 +92,7 @@
 
   function showError(err) {
     const box = $("error");
-    box.textContent = err ? String(err) : "";
+    box.textContent = err ? visible(String(err)) : "";
     box.hidden = !err;
   }
 
@@ -98,7 +108,7 @@
         `ragate ${served.version}`,
       ];
       if (served.status !== "ok") parts.push(`status ${served.status}`);
-      $("served").textContent = parts.join(" · ");
+      $("served").textContent = visible(parts.join(" · "));
       if (served.method_description) $("served").append(el("br"), `${served.method}: ${served.method_description}`);
       if (served.fallback) $("served").append(el("br"), served.fallback);
     } catch (err) {
