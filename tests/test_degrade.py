@@ -151,3 +151,15 @@ def test_pipeline_arguments_of_the_wrong_type_are_named(keywords: dict[str, Any]
     with pytest.raises(ArgumentTypeError, match=re.escape(said)) as err:
         ragate.Pipeline(**keywords)
     assert isinstance(err.value, TypeError) and isinstance(err.value, RagateError)
+
+
+def test_a_huge_search_result_is_refused_before_anything_tokenises_it() -> None:
+    """A search function returning 10 MB of text tokenised for 30 s before the context-window error; now the
+    search itself refuses it, naming the cap (no model, no tokenizer involved)."""
+    from ragate.retrieval.function import MAX_RESULT_CHARS, FunctionRetriever, SearchError
+
+    def whole_library(query: str, k: int) -> list[str]:
+        return ["word " * 2_000_000]  # 10 MB
+
+    with pytest.raises(SearchError, match=f"more than the {MAX_RESULT_CHARS:,}-character cap on one search result"):
+        FunctionRetriever(whole_library).search("anything", 3)

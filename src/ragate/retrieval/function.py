@@ -29,6 +29,9 @@ SearchFunction = Callable[[str, int], Sequence[Any]]
 MAX_KEPT = 100_000  # passages (and their embeddings) remembered by id, oldest dropped first
 
 
+MAX_RESULT_CHARS = 200_000  # one search result's title and text: far past any model's context, cheap to refuse
+
+
 class SearchError(RagateError):
     """The user's search function failed or returned something that is not a list of documents."""
 
@@ -132,6 +135,12 @@ class FunctionRetriever(Retriever):
                 raise SearchError(f"{where}: 'score' must be a finite number, not {score!r}")
         else:
             raise SearchError(f"{where} is a {type(result).__name__}; return a str or a dict with 'text'")
+        if len(text) + len(title) > MAX_RESULT_CHARS:  # before anything tokenises it (10 MB took 30 s to refuse)
+            raise SearchError(
+                f"{where} holds {len(text) + len(title):,} characters, more than the {MAX_RESULT_CHARS:,}-character "
+                "cap on one search result (MAX_RESULT_CHARS): return passages, not whole documents (ragate index "
+                "build cuts documents into passages)"
+            )
         try:
             text.encode("utf-8")
             title.encode("utf-8")
