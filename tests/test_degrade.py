@@ -163,3 +163,22 @@ def test_a_huge_search_result_is_refused_before_anything_tokenises_it() -> None:
 
     with pytest.raises(SearchError, match=f"more than the {MAX_RESULT_CHARS:,}-character cap on one search result"):
         FunctionRetriever(whole_library).search("anything", 3)
+
+
+def test_damaged_gate_weights_are_refused_at_start_and_a_digest_mismatch_names_both(tmp_path: Path) -> None:
+    """`serve --method no-model-lr --gate-weights BAD.json` (a NaN coefficient) started, said ok, and answered every
+    request with a 400 that blamed the client; a tampered model digest was refused naming the same model twice."""
+    from ragate.gates.weights import check_weights, load_weights
+
+    good = Path(__file__).resolve().parents[1] / "calibration" / "no-model-lr-hotpotqa-qwen2.5-coder-1.5b-train50.json"
+    weights = json.loads(good.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(weights | {"coef": [float("nan"), *weights["coef"][1:]]}))
+    with pytest.raises(RagateError, match="damaged gate weights: coef holds NaN or infinity"):
+        ragate.Pipeline(method="no-model-lr", gate_weights=bad, model="/no/such/model.gguf")  # before the model
+    fitted = load_weights(good)
+    model = dict(fitted.meta["model"]) | {"sha256": "0" * 64}  # the same name, other bytes
+    with pytest.raises(RagateError) as err:
+        check_weights(fitted, model=model, encoder=None, corpus=None, score_kind=None)
+    said = str(err.value)
+    assert f"its file's sha256 {fitted.meta['model']['sha256'][:16]}, this one's {'0' * 16}" in said

@@ -179,6 +179,10 @@ class Pipeline(TrafficLearning):
             raise RagateError(
                 "give threshold= or calibration=, not both: a calibration file sets the threshold"
             )
+        if gate_weights is not None:  # a damaged weights file (a NaN coefficient) is refused now, not per request
+            from ragate.gates.weights import load_weights
+
+            load_weights(gate_weights)
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
         self.tracing = Tracing(tracer_provider, trace_content)

@@ -180,10 +180,15 @@ def check_weights(
     else:
         same = (fitted.get("engine"), fitted.get("model")) == (model.get("engine"), model.get("model"))
     if not same:
+        digests = ""
+        if fitted.get("sha256") or model.get("sha256"):  # the same name with other bytes: say which differ
+            digests = (
+                f"; its file's sha256 {str(fitted.get('sha256'))[:16]}, this one's {str(model.get('sha256'))[:16]}"
+            )
         raise RagateError(
             f"the gate weights were fitted on what model {fitted.get('model')!r} ({fitted.get('engine')}) got "
-            f"wrong, but {where} uses {model.get('model')!r} ({model.get('engine')}): a sweep of this model gives "
-            "its labels (`ragate sweep ... --model M` then `ragate gate fit`)"
+            f"wrong, but {where} uses {model.get('model')!r} ({model.get('engine')}){digests}: a sweep of this "
+            "model gives its labels (`ragate sweep ... --model M` then `ragate gate fit`)"
         )
     if not weights.reads_corpus:
         return
