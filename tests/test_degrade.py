@@ -182,3 +182,39 @@ def test_damaged_gate_weights_are_refused_at_start_and_a_digest_mismatch_names_b
         check_weights(fitted, model=model, encoder=None, corpus=None, score_kind=None)
     said = str(err.value)
     assert f"its file's sha256 {fitted.meta['model']['sha256'][:16]}, this one's {'0' * 16}" in said
+
+
+def test_a_span_processor_that_raises_costs_a_warning_not_the_answer(index: Any, caplog: Any) -> None:
+    """A span processor that raised failed the answer."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    class Broken(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            raise RuntimeError("the exporter's disk is gone")
+
+        def on_end(self, span: Any) -> None:
+            raise RuntimeError("the exporter's disk is gone")
+
+    provider = TracerProvider()
+    provider.add_span_processor(Broken())
+    lm = ScriptedBackend(lambda _: make_generation(TOKENS, LOGPROBS, TOPS, entropies=ENTROPIES))
+    with ragate.Pipeline(method="targ-margin", lm=lm, retriever=index, tracer_provider=provider, threshold=-1.0,
+                         max_tokens=4, k=1) as rag:  # fmt: skip
+        for _ in range(2):
+            answer = rag.answer("Who wrote Hamlet?")
+            assert answer.retrieved and answer.text
+    warned = [r.getMessage() for r in caplog.records if r.name == "ragate.tracing"]
+    assert warned and "the exporter's disk is gone" in warned[0] and "the answer goes on without it" in warned[0]
+    assert len(warned) <= 2  # once a minute per kind, not once per span
+
+
+def test_a_fifo_as_trace_file_is_refused_at_once(tmp_path: Path) -> None:
+    """`serve --trace FIFO` with nobody reading hung at start without a word."""
+    pytest.importorskip("opentelemetry.sdk")
+    from ragate.tracing import trace_to_file
+
+    fifo = tmp_path / "spans.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(RagateError, match="that is a FIFO or a socket; name a file to append the spans to"):
+        trace_to_file(fifo)

@@ -17,15 +17,18 @@ variable ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ragate.methods.trace import Stage, Trace
+
+log = logging.getLogger("ragate.tracing")
 
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 SCOPE = "ragate"
@@ -46,6 +49,7 @@ class Tracing:
 
     provider: Any = None
     content: bool | None = None
+    _warned: dict[str, float] = field(default_factory=dict, compare=False, repr=False)  # what failed, and when
 
     def tracer(self) -> Any:
         """The tracer, or None without ``opentelemetry-api``."""
@@ -73,19 +77,48 @@ class Tracing:
             KIND: "CHAIN", "gen_ai.operation.name": "invoke_workflow", "gen_ai.workflow.name": name,
             "ragate.method": method, "gen_ai.request.model": model, "ragate.engine": engine,
         }  # fmt: skip
-        with tracer.start_as_current_span(name, attributes=attributes, record_exception=False) as span:
+        # a side channel: a tracer or span processor that raises costs a warning, never the answer
+        try:
+            opened = tracer.start_as_current_span(name, attributes=attributes, record_exception=False)
+            span = opened.__enter__()
+        except Exception as err:  # noqa: BLE001 (any failure of the tracing side channel)
+            self._failed("start a span", err)
+            yield None
+            return
+        try:
+            yield span
+        except BaseException as err:
             try:
-                yield span
-            except BaseException as err:
                 span.set_status(Status(StatusCode.ERROR, type(err).__name__))
                 span.set_attribute("error.type", type(err).__name__)
-                raise
+                opened.__exit__(type(err), err, err.__traceback__)
+            except Exception as other:  # noqa: BLE001
+                if other is not err:
+                    self._failed("end a span", other)
+            raise
+        try:
+            opened.__exit__(None, None, None)
+        except Exception as err:  # noqa: BLE001
+            self._failed("end a span", err)
 
     def finish(self, span: Any, trace: Trace, *, model: str, engine: str) -> None:
-        """Give the answer span its attributes and its children from ``trace`` (a no-op when ``span`` is None)."""
-        if span is None or not span.is_recording():
+        """Give the answer span its attributes and its children from ``trace`` (a no-op when ``span`` is None); a
+        tracer that raises costs a warning, not the answer."""
+        if span is None:
             return
-        _fill(self.tracer(), span, trace, model, engine, capture_content(self.content))
+        try:
+            if span.is_recording():
+                _fill(self.tracer(), span, trace, model, engine, capture_content(self.content))
+        except Exception as err:  # noqa: BLE001
+            self._failed("record the answer's spans", err)
+
+    def _failed(self, what: str, err: BaseException) -> None:
+        """Log a tracing failure, once a minute per kind (the answers go on)."""
+        key = f"{what}: {type(err).__name__}"
+        now = time.monotonic()
+        if now - self._warned.get(key, -math.inf) >= 60.0:
+            self._warned[key] = now
+            log.warning("tracing failed to %s (%s: %s); the answer goes on without it", what, type(err).__name__, err)
 
 
 def _fill(tracer: Any, span: Any, trace: Trace, model: str, engine: str, content: bool) -> None:
@@ -231,6 +264,8 @@ def trace_to_file(path: str | Path) -> Any:
     target = Path(path)
     if target.is_dir():
         raise RagateError(f"--trace {path}: that is a directory; name a file to append the spans to")
+    if target.is_fifo() or target.is_socket():  # opening it would wait for a reader, without a word
+        raise RagateError(f"--trace {path}: that is a FIFO or a socket; name a file to append the spans to")
     try:
         out = target.open("a", encoding="utf-8")
     except OSError as err:
