@@ -218,3 +218,21 @@ def test_a_fifo_as_trace_file_is_refused_at_once(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(RagateError, match="that is a FIFO or a socket; name a file to append the spans to"):
         trace_to_file(fifo)
+
+
+def test_two_processes_started_together_on_an_empty_cache_share_the_demo_index(tmp_path: Path) -> None:
+    """`make demo` failed at its second question: two ragate processes started together on a fresh machine, and
+    the second errored ("index directory .../indexes/demo (another build into it) is in use by another ragate
+    process") instead of waiting for the first to finish the shared demo index."""
+    code = "from ragate.retrieval.demo import demo_index; print(demo_index(progress=False))"
+    env = os.environ | {"RAGATE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", code]
+    procs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    built = tmp_path / "home" / "indexes" / "demo"
+    assert [out.strip() for out, _ in outs] == [str(built)] * 2 and (built / "manifest.json").is_file()
+    assert any("waiting for another ragate process" in err for _, err in outs), outs  # one waited, and said so
+    assert not any("Loading weights" in err for _, err in outs)  # a dependency's progress bar stays quiet

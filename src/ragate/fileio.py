@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import tempfile
 import zlib
 from collections.abc import Iterator
@@ -169,11 +170,13 @@ def lone_surrogate(value: Any) -> str | None:
 
 
 @contextmanager
-def exclusive_lock(lock_path: Path | str, what: str) -> Iterator[None]:
+def exclusive_lock(lock_path: Path | str, what: str, *, wait: bool = False) -> Iterator[None]:
     """Hold an advisory lock (``flock``) on ``lock_path`` for the block, so one process at a time works on
     ``what`` (a run directory, an index's --out); a second gets a :class:`~ragate.errors.RagateError` naming the
-    holder's PID. The lock goes with the process, so a killed holder never leaves it taken (only its file,
-    which the next holder reuses); the file is removed when the block ends."""
+    holder's PID, or with ``wait`` says on stderr that it waits for that process and then takes the lock (a
+    shared first-run artefact, the demo index: the second process then uses what the first built). The lock
+    goes with the process, so a killed holder never leaves it taken (only its file, which the next holder
+    reuses); the file is removed when the block ends."""
     import fcntl
 
     from ragate.errors import RagateError
@@ -186,6 +189,16 @@ def exclusive_lock(lock_path: Path | str, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            if wait:
+                print(f"ragate: waiting for another ragate process (pid {holder}) to finish {what}", file=sys.stderr)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                        break
+                except FileNotFoundError:
+                    pass
+                os.close(fd)
+                continue
             os.close(fd)
             raise RagateError(
                 f"{what} is in use by another ragate process (pid {holder}): wait for it to finish or stop "

