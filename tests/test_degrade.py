@@ -236,3 +236,27 @@ def test_two_processes_started_together_on_an_empty_cache_share_the_demo_index(t
     assert [out.strip() for out, _ in outs] == [str(built)] * 2 and (built / "manifest.json").is_file()
     assert any("waiting for another ragate process" in err for _, err in outs), outs  # one waited, and said so
     assert not any("Loading weights" in err for _, err in outs)  # a dependency's progress bar stays quiet
+
+
+def test_admission_takes_only_what_can_finish_within_the_deadline() -> None:
+    """Under 50 clients on a slow machine all 8 admitted requests ended in 504 after 600 s (a local model answers
+    one at a time: the 8th waited for 7 others) while 42 clients heard `Retry-After: 1` thousands of times."""
+    from ragate.service.admission import Slots
+
+    now = [0.0]
+    slots = Slots(8, lambda used: None, clock=lambda: now[0], deadline=300.0, parallel=1)
+    assert slots.take()  # no measured time yet: admitted
+    slots.give(75.0)  # an answer takes 75 s here
+    taken = 0
+    while slots.take():
+        taken += 1
+    assert taken == 4  # 4 x 75 s = 300 s: a fifth would finish at 375 s, past the deadline
+    assert slots.used == 4 < slots.n  # refused with slots free: what was admitted can finish
+    assert slots.retry_after() == 75  # when the first finishes, one more fits
+    now[0] = 76.0
+    slots.give(76.0)
+    assert slots.take()  # a lane freed: admitted again
+    wide = Slots(8, lambda used: None, clock=lambda: now[0], deadline=300.0, parallel=4)  # a fleet of 4 lanes
+    wide.take()
+    wide.give(75.0)
+    assert sum(wide.take() for _ in range(20)) == 8  # the concurrency limit binds first

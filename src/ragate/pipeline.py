@@ -179,10 +179,6 @@ class Pipeline(TrafficLearning):
             raise RagateError(
                 "give threshold= or calibration=, not both: a calibration file sets the threshold"
             )
-        if gate_weights is not None:  # a damaged weights file (a NaN coefficient) is refused now, not per request
-            from ragate.gates.weights import load_weights
-
-            load_weights(gate_weights)
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
         self.tracing = Tracing(tracer_provider, trace_content)
@@ -199,6 +195,10 @@ class Pipeline(TrafficLearning):
             check_calibration(self.calibration, calibration, method, model, engine)
             threshold = float(self.calibration["tau"])
         spec = spec.with_threshold(threshold)
+        if gate_weights is not None and spec.gate.kind == "no-model-lr":
+            from ragate.gates.weights import load_weights
+
+            load_weights(gate_weights)  # a damaged file (a NaN coefficient) is refused now, not per request
         if (
             budget is not None and budget_state is not None
         ):  # before the model loads: a state it could not keep

@@ -236,7 +236,10 @@ def create_app(
         pipeline=pipeline,
         index_name=index_name,
         metrics=metrics,
-        slots=Slots(settings.max_concurrency, metrics.in_progress.set),
+        slots=Slots(
+            settings.max_concurrency, metrics.in_progress.set, deadline=settings.request_timeout,
+            parallel=1 if pipeline.lm.engine != "openai" else None,
+        ),
         passages=len(pipeline.retriever),
         owned=owned,
         started=time.time(),

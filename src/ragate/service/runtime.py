@@ -122,13 +122,13 @@ class Runtime:
         ones. ``wanted()`` turns false once the request gave up: check it after waiting for a lock. ``kind``
         groups requests of like duration for the Retry-After estimate."""
         if not self.slots.take(kind):
-            wait = self.slots.retry_after()
-            raise ApiError(
-                429,
-                f"the server is busy: {self.slots.n} requests are being answered (its concurrency limit); "
-                f"retry after {wait} s",
-                {"Retry-After": str(wait)},
+            wait = self.slots.retry_after(kind)
+            why = (
+                f"{self.slots.n} requests are being answered (its concurrency limit)"
+                if self.slots.used >= self.slots.n
+                else f"the requests ahead would keep this one past its limit of {self.settings.request_timeout:g} s"
             )
+            raise ApiError(429, f"the server is busy: {why}; retry after {wait} s", {"Retry-After": str(wait)})
         ticket = Ticket(self.slots, kind)
 
         def run() -> T:
