@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("traces and savings", ("tracing.py", "savings.py")),
     ("budget", ("budget.py",)),
     ("learning", ("feedback.py", "shadow.py", "learning.py", "traffic.py")),
-    ("pipeline", ("pipeline.py", "answers.py", "paper_tau.py")),
+    ("pipeline", ("pipeline.py", "answers.py", "arguments.py", "paper_tau.py")),
     ("framework adapters", ("integrations/",)),
     ("service", ("service/",)),
     ("command line", ("cli/",)),

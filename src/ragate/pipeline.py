@@ -20,8 +20,6 @@ depend on the questions before it and equals ``ragate eval``'s. The kept states 
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,9 +36,10 @@ from ragate.answers import (  # noqa: F401 (ragate.Answer, ragate.Document, ... 
     Retrieval,
     check_question,
 )
+from ragate.arguments import check_arguments, check_types
 from ragate.backends import Backend, load_backend
 from ragate.backends.threads import thread_options
-from ragate.errors import ArgumentTypeError, RagateError
+from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.configure import configure_method
@@ -135,23 +134,9 @@ class Pipeline(TrafficLearning):
         shadow_queue: int = 64,
         model_of: Pipeline | None = None,
     ) -> None:
-        if not isinstance(method, str) or not method.strip():
-            raise ArgumentTypeError(
-                f"method must be a method's name (a non-empty string, e.g. 'targ-margin'; ragate.all_methods() "
-                f"lists them), not {method!r:.60}"
-            )
-        for name, value in (("index", index), ("calibration", calibration), ("budget_state", budget_state)):
-            if value is not None and not isinstance(value, str | Path):
-                raise ArgumentTypeError(f"{name} must be a path (str or pathlib.Path), not {type(value).__name__}")
-        urls = [base_url] if isinstance(base_url, str) else base_url
-        if base_url is not None and (
-            not isinstance(urls, Sequence) or not urls or not all(isinstance(u, str) and u for u in urls)
-        ):
-            raise ArgumentTypeError(
-                "base_url must be a server's URL (a str like 'http://127.0.0.1:8080/v1') or a list of them, not "
-                f"{base_url!r:.60}"
-            )
-        _check_arguments(
+        check_types(method=method, index=index, calibration=calibration, budget_state=budget_state,
+                    base_url=base_url)  # fmt: skip
+        check_arguments(
             method=method, model=model, backend=backend, threshold=threshold, budget=budget, window=window,
             budget_gain=budget_gain, max_tokens=max_tokens, k=k, seed=seed, max_question_chars=max_question_chars,
             gate=gate, selector=selector, fallback=fallback, prompts=prompts,
@@ -316,7 +301,7 @@ class Pipeline(TrafficLearning):
         """The method a call runs: this pipeline's (``method`` None or its name) or another, with the call's
         threshold, number of documents and answer length; checked against the backend and the index."""
         self._check_open()
-        _check_arguments(method=method, threshold=threshold, k=k, max_tokens=max_tokens)
+        check_arguments(method=method, threshold=threshold, k=k, max_tokens=max_tokens)
         if method is None or method == self.method:
             spec = self.spec
             if threshold is None and self.budget is not None:
@@ -574,35 +559,6 @@ class Pipeline(TrafficLearning):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_TEXT = ("method", "model", "backend", "gate", "selector", "fallback", "prompts")
-_COUNTS = {"window": 1, "max_tokens": 1, "k": 1, "seed": 0, "max_question_chars": 1}  # the least each may be
-
-
-def _check_arguments(**given: Any) -> None:
-    """Refuse a Pipeline argument of the wrong type or value, naming it (None means "not given")."""
-    for name, value in given.items():
-        if value is None:
-            continue
-        if name in _TEXT:
-            if not isinstance(value, str) or not value.strip():
-                raise RagateError(f"{name} must be a non-empty string, not {value!r:.60}")
-        elif name in _COUNTS:
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise RagateError(
-                    f"{name} must be a whole number, not {value!r:.60} ({type(value).__name__})"
-                )
-            if value < _COUNTS[name]:
-                raise RagateError(f"{name} must be at least {_COUNTS[name]}, got {value}")
-        else:  # threshold, budget, budget_gain: finite real numbers
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise RagateError(f"{name} must be a number, not {value!r:.60} ({type(value).__name__})")
-            if not math.isfinite(value):
-                raise RagateError(
-                    f"{name} must be a finite number, got {value}" + (" (a NaN threshold never retrieves)"
-                    if name == "threshold" and math.isnan(value) else "")
-                )  # fmt: skip
 
 
 def _exact_calls(lm: Backend) -> Backend:

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +233,7 @@ def index_corpus(retriever: Any) -> dict[str, Any] | None:
 
 
 _FREQS: dict[tuple[str, str | None], DocFrequencies] = {}
+_GIVEN: weakref.WeakKeyDictionary[Any, DocFrequencies] = weakref.WeakKeyDictionary()  # per search function
 _FREQS_LOCK = threading.Lock()
 
 
@@ -242,9 +244,14 @@ def doc_frequencies(retriever: Any) -> DocFrequencies:
     from ragate.retrieval.bm25 import BM25Retriever
 
     inner = _inner(retriever)
-    given = getattr(inner, "doc_freqs", None)  # a search function given the corpus (Pipeline(corpus=))
-    if isinstance(given, DocFrequencies):
-        return given
+    texts = getattr(inner, "corpus", None)  # a search function given the corpus (Pipeline(corpus=))
+    if isinstance(texts, tuple) and texts:
+        with _FREQS_LOCK:
+            counted = _GIVEN.get(inner)
+            if counted is None:
+                name = getattr(inner, "name", "?")
+                counted = _GIVEN[inner] = frequencies_of(texts, f"the corpus given with search function {name!r}")
+            return counted
     root = index_root(retriever)
     if root is None:
         raise RagateError(
@@ -272,7 +279,8 @@ def doc_frequencies(retriever: Any) -> DocFrequencies:
 def has_term_counts(retriever: Any) -> bool:
     """Whether :func:`doc_frequencies` can count terms for ``retriever``: an index directory, or a search function
     given the corpus."""
-    return index_root(retriever) is not None or isinstance(getattr(_inner(retriever), "doc_freqs", None), DocFrequencies)
+    texts = getattr(_inner(retriever), "corpus", None)
+    return index_root(retriever) is not None or (isinstance(texts, tuple) and bool(texts))
 
 
 def frequencies_of(texts: Iterable[str], source: str) -> DocFrequencies:

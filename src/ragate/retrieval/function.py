@@ -70,11 +70,14 @@ class FunctionRetriever(Retriever):
             )
         self._search: SearchFunction = fn
         self.name = name or getattr(search, "__name__", None) or type(search).__name__
-        self.doc_freqs = None  # the corpus's document frequencies, for the gates that count terms
+        self.corpus: tuple[str, ...] | None = None  # the texts it searches, for the gates that count terms
         if corpus is not None:
-            from ragate.gates.signals import frequencies_of
-
-            self.doc_freqs = frequencies_of(corpus, f"the corpus given with search function {self.name!r}")
+            texts = tuple(corpus)
+            if bad := next((t for t in texts if not isinstance(t, str)), None):
+                raise RagateError(f"corpus= takes the documents' texts (str), not {type(bad).__name__}")
+            if not texts:
+                raise RagateError("corpus= is empty: give the texts of the documents your search function searches")
+            self.corpus = texts
         self._encoder_spec = encoder
         self._encoder: Encoder | None = encoder if isinstance(encoder, Encoder) else None
         self._passages: OrderedDict[str, Passage] = OrderedDict()
