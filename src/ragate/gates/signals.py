@@ -283,11 +283,10 @@ def has_term_counts(retriever: Any) -> bool:
     return index_root(retriever) is not None or (isinstance(texts, tuple) and bool(texts))
 
 
-def frequencies_of(texts: Iterable[str], source: str) -> DocFrequencies:
-    """Document frequencies of BM25's terms (its default tokenizer) over ``texts``: a corpus handed over once."""
-    from ragate.retrieval.bm25 import BM25Params, _make_stemmer, tokenize_queries
+def _count_terms(texts: Iterable[str], params: Any) -> tuple[int, dict[str, int]]:
+    """How many ``texts``, and in how many of them each BM25 term occurs (``params``' tokenizer), in batches."""
+    from ragate.retrieval.bm25 import _make_stemmer, tokenize_queries
 
-    params = BM25Params()
     stemmer = _make_stemmer(params.stemmer)
     df: dict[str, int] = {}
     n = 0
@@ -299,25 +298,34 @@ def frequencies_of(texts: Iterable[str], source: str) -> DocFrequencies:
                 df[term] = df.get(term, 0) + 1
 
     for text in texts:
-        if not isinstance(text, str):
-            raise RagateError(f"corpus= takes the documents' texts (str), not {type(text).__name__}")
         n += 1
         batch.append(text)
         if len(batch) == 4096:
             count(batch)
             batch = []
     count(batch)
-    if n == 0:
-        raise RagateError("corpus= is empty: give the texts of the documents your search function searches")
+    return n, df
+
+
+def _frequencies(n: int, df: dict[str, int], params: Any, source: str) -> DocFrequencies:
     vocab = {term: i for i, term in enumerate(df)}
     return DocFrequencies(n, vocab, np.fromiter(df.values(), dtype=np.int64, count=len(df)), params, source)
+
+
+def frequencies_of(texts: Iterable[str], source: str) -> DocFrequencies:
+    """Document frequencies of BM25's terms (its default tokenizer) over ``texts``: a corpus handed over once
+    (checked where it was given: ``FunctionRetriever(corpus=)``)."""
+    from ragate.retrieval.bm25 import BM25Params
+
+    params = BM25Params()
+    return _frequencies(*_count_terms(texts, params), params, source)
 
 
 def _passage_pass(root: Path, sha: str | None) -> DocFrequencies:
     """Document frequencies from one pass over ``root/passages.jsonl`` (BM25's default tokenizer), read from or
     written to the cache file (atomically; plain JSON)."""
     from ragate.models import ragate_home
-    from ragate.retrieval.bm25 import BM25Params, _make_stemmer, tokenize_queries
+    from ragate.retrieval.bm25 import BM25Params
     from ragate.retrieval.store import PASSAGES, iter_passage_file
 
     params = BM25Params()
@@ -328,23 +336,7 @@ def _passage_pass(root: Path, sha: str | None) -> DocFrequencies:
         cached = _read_doc_freq(place, sha, params)
         if cached is not None:
             return cached
-    stemmer = _make_stemmer(params.stemmer)
-    df: dict[str, int] = {}
-    n = 0
-    batch: list[str] = []
-
-    def count(texts: list[str]) -> None:
-        for terms in tokenize_queries(texts, params, stemmer):
-            for term in set(terms):
-                df[term] = df.get(term, 0) + 1
-
-    for passage in iter_passage_file(root / PASSAGES):
-        n += 1
-        batch.append(passage.contents)
-        if len(batch) == 4096:
-            count(batch)
-            batch = []
-    count(batch)
+    n, df = _count_terms((p.contents for p in iter_passage_file(root / PASSAGES)), params)
     record = {"format": DOC_FREQ_FORMAT, "format_version": 1, "passages_sha256": sha, "passages": n,
               "tokenizer": params.to_json(), "df": df}  # fmt: skip
     data = json.dumps(record, ensure_ascii=False, sort_keys=True).encode()
@@ -358,9 +350,7 @@ def _passage_pass(root: Path, sha: str | None) -> DocFrequencies:
             continue
     else:
         where = "not cached: no writable place"
-    vocab = {term: i for i, term in enumerate(df)}
-    return DocFrequencies(n, vocab, np.fromiter(df.values(), dtype=np.int64, count=len(df)), params,
-                          f"passages.jsonl pass ({where})")  # fmt: skip
+    return _frequencies(n, df, params, f"passages.jsonl pass ({where})")
 
 
 def _read_doc_freq(path: Path, sha: str | None, params: Any) -> DocFrequencies | None:

@@ -168,6 +168,29 @@ def check_keywords(adapter: str, options: Mapping[str, Any]) -> None:
             )
 
 
+def open_model_pipeline(
+    adapter: str, pipeline: Pipeline | None, options: dict[str, Any]
+) -> tuple[Pipeline, bool]:
+    """The pipeline a framework LLM type (``RagateLLM``, ``RagateChatModel``, ``RagateLLMGenerator``) answers
+    with: ``pipeline`` as it is, else one built from ``options`` with method ``no-retrieval`` unless told (it only
+    generates: no gate to check or load) and, without ``index=``, a search that finds nothing."""
+    if pipeline is not None:
+        return open_pipeline(adapter, pipeline, options)
+    options = {"method": "no-retrieval", **options}
+    return open_pipeline(adapter, None, options, None if "index" in options else no_documents)
+
+
+@contextlib.contextmanager
+def closed_on_error(pipeline: Pipeline, owned: bool) -> Iterator[None]:
+    """Close the pipeline an adapter built (``owned``) when the framework's own constructor fails after it."""
+    try:
+        yield
+    except BaseException:
+        if owned:
+            pipeline.close()
+        raise
+
+
 def router_search(options: Mapping[str, Any], search: Any) -> Any:
     """The search a router's pipeline is built with: the user's retriever, or, when neither it nor an index or
     search keyword is given, one that finds nothing (so deciding never builds the demo index)."""

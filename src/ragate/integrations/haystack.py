@@ -24,6 +24,7 @@ from ragate.integrations._common import (
     decide,
     decision_record,
     missing,
+    open_model_pipeline,
     open_pipeline,
     record,
     result_record,
@@ -183,12 +184,7 @@ class RagateLLMGenerator(OwnsPipeline):
     """
 
     def __init__(self, *, pipeline: Pipeline | None = None, max_tokens: int | None = None, **options: Any):
-        from ragate.integrations._common import no_documents
-
-        if pipeline is None:
-            options.setdefault("method", "no-retrieval")  # it only generates: no gate to check or load
-        search = None if pipeline is not None or "index" in options else no_documents
-        self.pipeline, self._owned = open_pipeline("RagateLLMGenerator", pipeline, options, search)
+        self.pipeline, self._owned = open_model_pipeline("RagateLLMGenerator", pipeline, options)
         self.max_tokens = max_tokens
 
     @component.output_types(replies=list[str], meta=list[dict[str, Any]])

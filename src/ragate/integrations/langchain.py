@@ -21,10 +21,12 @@ from ragate.integrations._common import (
     FrameworkSearch,
     OwnsPipeline,
     Route,
+    closed_on_error,
     collecting,
     decide,
     decision_record,
     missing,
+    open_model_pipeline,
     open_pipeline,
     question_of,
     record,
@@ -125,13 +127,9 @@ class RagateRetriever(OwnsPipeline, BaseRetriever):
         own: dict[str, Any] = {key: options.pop(key) for key in ("tags", "metadata") if key in options}
         search = as_search(retriever) if retriever is not None else None
         built, owned = open_pipeline("RagateRetriever", pipeline, options, search)
-        try:
+        with closed_on_error(built, owned):
             fields: dict[str, Any] = {"retriever": retriever, "pipeline": built, **own}
             super().__init__(**fields)
-        except BaseException:
-            if owned:
-                built.close()
-            raise
         self._owned = owned
 
     def _get_relevant_documents(
@@ -220,19 +218,10 @@ class RagateChatModel(OwnsPipeline, BaseChatModel):
     _owned: bool = PrivateAttr(default=False)
 
     def __init__(self, *, pipeline: Pipeline | None = None, max_tokens: int | None = None, **options: Any):
-        from ragate.integrations._common import no_documents
-
-        if pipeline is None:
-            options.setdefault("method", "no-retrieval")  # it only replies: no gate to check or load
-        search = None if pipeline is not None or "index" in options else no_documents
-        built, owned = open_pipeline("RagateChatModel", pipeline, options, search)
-        try:
+        built, owned = open_model_pipeline("RagateChatModel", pipeline, options)
+        with closed_on_error(built, owned):
             fields: dict[str, Any] = {"pipeline": built, "max_tokens": max_tokens}
             super().__init__(**fields)
-        except BaseException:
-            if owned:
-                built.close()
-            raise
         self._owned = owned
 
     @property

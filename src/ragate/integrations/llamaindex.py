@@ -24,8 +24,10 @@ from ragate.integrations._common import (
     DirectAnswers,
     FrameworkSearch,
     OwnsPipeline,
+    closed_on_error,
     collecting,
     missing,
+    open_model_pipeline,
     open_pipeline,
     record,
     result_record,
@@ -174,19 +176,9 @@ class RagateLLM(OwnsPipeline, CustomLLM):
     _owned: bool = PrivateAttr(default=False)
 
     def __init__(self, pipeline: Pipeline | None = None, *, max_tokens: int | None = None, **options: Any):
-        from ragate.integrations._common import no_documents
-
-        if pipeline is None:
-            options.setdefault("method", "no-retrieval")  # it only completes: no gate to check or load
-        built, owned = open_pipeline(
-            "RagateLLM", pipeline, options, None if pipeline is not None or "index" in options else no_documents
-        )
-        try:
+        built, owned = open_model_pipeline("RagateLLM", pipeline, options)
+        with closed_on_error(built, owned):
             super().__init__(pipeline=built, max_tokens=max_tokens)
-        except BaseException:
-            if owned:
-                built.close()
-            raise
         self._owned = owned
 
     @classmethod
@@ -282,12 +274,8 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
             fields["synthesizer"] = response_synthesizer or get_response_synthesizer(llm=llm)
         if callback_manager is not None:
             fields["callback_manager"] = callback_manager
-        try:
+        with closed_on_error(built, owned):
             super().__init__(**fields)
-        except BaseException:
-            if owned:
-                built.close()
-            raise
         self._owned = owned
 
     @dispatcher.span
