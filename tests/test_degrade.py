@@ -260,3 +260,28 @@ def test_admission_takes_only_what_can_finish_within_the_deadline() -> None:
     wide.take()
     wide.give(75.0)
     assert sum(wide.take() for _ in range(20)) == 8  # the concurrency limit binds first
+
+
+def test_the_demo_questions_sit_clear_of_the_shipped_tau() -> None:
+    """`make demo`'s two questions score at least 0.05 from the shipped tau over their whole drafts, in the
+    committed sweep the calibration file was computed from (issue 66: the retrieved one was read as 0.0009 above
+    tau; that was the early-exit bound, but the old file's tau came from scores in the old, present-token form)."""
+    from ragate.eval.calibrate import calibrate_from_sweep
+    from ragate.eval.datasets import load_dataset
+    from ragate.eval.sweep import compact, method_records
+
+    root = Path(__file__).resolve().parents[1]
+    make = (root / "Makefile").read_text(encoding="utf-8")
+    asked = {k: re.search(rf"^DEMO_{k}_QUESTION \?= (.+)$", make, re.MULTILINE) for k in ("SKIP", "RAG")}
+    calibration = re.search(r"^DEMO_CALIBRATION \?= (.+)$", make, re.MULTILINE)
+    assert calibration and all(asked.values())
+    shipped = json.loads((root / calibration.group(1)).read_text(encoding="utf-8"))
+    sweep = root / shipped["dev"]
+    assert json.loads((sweep / "config.json").read_text(encoding="utf-8")).get("targ_mean") == "k"
+    assert calibrate_from_sweep(sweep, "targ-margin", 0.5)["tau"] == shipped["tau"]
+    question = {ex.id: ex.question for ex in load_dataset("demo")}
+    records = method_records(compact(sweep / "sweep.jsonl"), "targ-margin")
+    scores = {question[r["id"]]: r["gates"]["targ-margin"]["score"] for r in records}
+    tau = shipped["tau"]
+    assert scores[asked["SKIP"].group(1)] <= tau - 0.05  # type: ignore[union-attr]
+    assert scores[asked["RAG"].group(1)] >= tau + 0.05  # type: ignore[union-attr]
