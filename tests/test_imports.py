@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("method runner", ("methods/__init__.py", "methods/question.py", "methods/runner.py", "methods/crag_lite.py")),
     ("evaluation", ("eval/",)),
     ("traces and savings", ("tracing.py", "savings.py")),
-    ("budget", ("budget.py",)),
+    ("budget", ("budget.py", "shared.py")),
     ("learning", ("feedback.py", "shadow.py", "learning.py", "traffic.py")),
     ("pipeline", ("pipeline.py", "answers.py", "arguments.py", "paper_tau.py")),
     ("framework adapters", ("integrations/",)),

@@ -39,6 +39,7 @@ from ragate.eval.thresholds import threshold_for_budget
 from ragate.fileio import atomic_writer
 from ragate.gates.registry import gate_names, get_gate
 from ragate.methods import MethodSpec
+from ragate.shared import Link, SharedWindow, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class BudgetController:
         *,
         model: str = "",
         gain: float = DEFAULT_GAIN,
+        shared: SharedWindow | None = None,
     ) -> None:
         check_budget(budget, window, spec, gain)
         self.budget, self.window, self.method, self.path, self.model = budget, window, spec.name, state, model
@@ -155,6 +157,25 @@ class BudgetController:
             check_state_path(state)
             if state.exists():
                 self._load(state)
+        self.shared = shared  # the fleet's window in a Valkey/Redis store (ragate.shared), else None
+        self._link = Link(shared.url.shown) if shared is not None else None
+        self._pending: deque[tuple[float | None, bool]] = deque(maxlen=window)  # observed while the store was down
+        if shared is not None:
+            scores, decisions, tau = shared.read()  # at start the store answered (connect pinged it)
+            if decisions:
+                self._set_window(scores, decisions)
+                self._tau = tau if tau is not None else self._tau
+
+    @property
+    def shared_error(self) -> str | None:
+        """Why the shared store is not in use now (None: it is, or there is none): /healthz says degraded."""
+        return self._link.error if self._link is not None else None
+
+    def _set_window(self, scores: list[float], decisions: list[bool]) -> None:
+        self._scores.clear()
+        self._scores.extend(scores[-self.window :])
+        self._decisions.clear()
+        self._decisions.extend(decisions[-self.window :])
 
     def _load(self, path: Path) -> None:
         data = read_state(path)
@@ -186,8 +207,34 @@ class BudgetController:
 
     @property
     def tau(self) -> float:
+        """The threshold for the next request: with a shared store, the fleet's (read from it; while the store is
+        down, this replica's own from its last view of the window and what it observed since)."""
         with self._lock:
+            if self.shared is not None and self._link is not None and self._link.due():
+                try:
+                    if self._link.error is not None:
+                        self._rejoin()
+                    tau = self.shared.tau()
+                except StoreUnavailable as err:
+                    self._link.failed(err)
+                else:
+                    self._link.ok()
+                    if tau is not None:
+                        self._tau = tau
             return self._tau
+
+    def _rejoin(self) -> None:
+        """Back from an outage: push what this replica observed meanwhile, then set tau from the fleet's window."""
+        assert self.shared is not None
+        scores, decisions = self.shared.push(list(self._pending))
+        self._pending.clear()
+        if decisions:
+            self._set_window(scores, decisions)
+            self._tau = threshold_for_budget(list(self._scores), self._level()) if self._scores else self._tau
+            self.shared.set_tau(self._tau)
+
+    def _level(self) -> float:
+        return control_level(self.budget, sum(self._decisions) / len(self._decisions), self.gain)
 
     def rate(self) -> float | None:
         """The share of the last W answered requests that retrieved (None before the first)."""
@@ -197,13 +244,19 @@ class BudgetController:
     def observe(self, score: float | None, retrieved: bool) -> float:
         """Record one answered request's gate score and decision; returns the new tau."""
         with self._lock:
-            self._decisions.append(retrieved)
-            if score is not None and math.isfinite(score):  # NaN or inf says nothing about the distribution
-                self._scores.append(float(score))
-                rate = sum(self._decisions) / len(self._decisions)
-                self._tau = threshold_for_budget(
-                    list(self._scores), control_level(self.budget, rate, self.gain)
-                )
+            finite = score is not None and math.isfinite(score)  # NaN or inf says nothing about the distribution
+            if not self._observe_shared(float(score) if finite else None, retrieved):  # type: ignore[arg-type]
+                self._decisions.append(retrieved)
+                if finite:
+                    self._scores.append(float(score))  # type: ignore[arg-type]
+            if finite and self._scores:
+                self._tau = threshold_for_budget(list(self._scores), self._level())
+                if self.shared is not None and self.shared_error is None:
+                    try:
+                        self.shared.set_tau(self._tau)
+                    except StoreUnavailable as err:
+                        assert self._link is not None
+                        self._link.failed(err)
             self._observed += 1
             kept = float(score) if score is not None and math.isfinite(score) else None
             self._history.append({
@@ -214,6 +267,25 @@ class BudgetController:
             if self.path is not None:  # under the lock: states are written in the order they were reached
                 self._save()
             return self._tau
+
+    def _observe_shared(self, score: float | None, retrieved: bool) -> bool:
+        """Push one observation to the shared window and take the fleet's window back; False where there is no
+        store or it is down (the observation is then kept to push on re-joining)."""
+        if self.shared is None or self._link is None:
+            return False
+        if self._link.due():
+            try:
+                if self._link.error is not None:
+                    self._rejoin()
+                scores, decisions = self.shared.push([(score, retrieved)])
+            except StoreUnavailable as err:
+                self._link.failed(err)
+            else:
+                self._link.ok()
+                self._set_window(scores, decisions)
+                return True
+        self._pending.append((score, retrieved))
+        return False
 
     def snapshot(self) -> dict[str, Any]:
         """What the controller holds now, for a page to draw: the target, the window, the rate over it and tau,
@@ -227,7 +299,13 @@ class BudgetController:
                 "window_requests": len(decisions), "window_retrieved": sum(decisions),
                 "observed": self._observed, "history": list(self._history),
                 **({"state_write_error": self.write_error} if self.write_error else {}),
+                **({"shared": self.shared.url.shown} if self.shared is not None else {}),
+                **({"shared_error": self.shared_error} if self.shared_error else {}),
             }  # fmt: skip
+
+    def close(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
 
     def _state(self) -> dict[str, Any]:
         return {

@@ -68,7 +68,8 @@ class Pipeline(TrafficLearning):
     (ragate embeds what DTR/PAIRS selection needs with ``encoder``); neither: the demo index. ``threshold`` or
     ``calibration`` (a ``ragate calibrate`` file) set the gate's tau; ``budget`` holds the share of calls that
     retrieve at that rate over the last ``window`` answers instead (the live controller of ``ragate serve
-    --budget``). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
+    --budget``); ``state`` (``redis://HOST:PORT/DB``, Valkey or Redis) keeps that window in a store that several
+    replicas share, so that they hold one rate between them (:mod:`ragate.shared`). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
     replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
     ``fallback`` names a gate to run where the backend cannot serve the method's.
     ``corpus``: with ``search``, the texts of the documents it searches, handed over once: the gates that count
@@ -109,6 +110,7 @@ class Pipeline(TrafficLearning):
         window: int = 200,
         budget_gain: float = 16.0,
         budget_state: str | Path | None = None,
+        state: str | None = None,
         max_tokens: int | None = None,
         k: int | None = None,
         gate: str | None = None,
@@ -190,6 +192,12 @@ class Pipeline(TrafficLearning):
             from ragate.budget import check_state_path
 
             check_state_path(Path(budget_state))
+        if state is not None:  # before the model loads: a URL that is wrong or a store that does not answer
+            from ragate.shared import connect, parse_state_url
+
+            if budget is None:
+                raise RagateError("state= shares the live budget's window among replicas: give budget= too")
+            connect(parse_state_url(state)).close()
         self._owned: list[Any] = []
         self._lock = threading.RLock() if model_of is None else model_of._lock
         self._savings = AlwaysRetrieveCost()
@@ -222,7 +230,9 @@ class Pipeline(TrafficLearning):
                     Path(budget_state) if budget_state is not None else None,
                     model=str(lm.model),
                     gain=budget_gain,
+                    shared=self._shared_window(state, budget, window),
                 )
+                self._owned.append(self.budget)
         except BaseException:
             self.close()
             raise
@@ -238,6 +248,16 @@ class Pipeline(TrafficLearning):
             raise
 
     # -- set-up -------------------------------------------------------------------------------------------------
+
+    def _shared_window(self, state: str | None, budget: float, window: int) -> Any:
+        """The fleet's budget window in a Valkey/Redis store (``state=``; :mod:`ragate.shared`), else None."""
+        if state is None:
+            return None
+        from ragate.shared import SharedWindow, parse_state_url
+
+        return SharedWindow(
+            parse_state_url(state), method=self.spec.name, model=str(self.lm.model), budget=budget, window=window
+        )
     def _with_proxy(self, lm: Backend, spec: MethodSpec, threads: int | str | None) -> Backend:
         """``lm`` with the small proxy model opened beside it when the gate drafts with one (ragate.gates.proxy)."""
         from ragate.methods.proxy import attach_proxy

@@ -56,6 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             budget_window=args.window,
             budget_gain=args.budget_gain,
             budget_state=str(args.budget_state) if args.budget_state else None,
+            state=args.state,
             request_timeout=args.timeout,
             read_timeout=args.read_timeout,
             backend_timeout=args.openai_timeout,
@@ -279,6 +280,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         help="where the budget keeps its window and threshold across restarts "
         "(default RAGATE_HOME/service/budget-METHOD.json)",
+    )
+    p.add_argument(
+        "--state",
+        default=None,
+        metavar="URL",
+        help="redis://HOST:PORT/DB (Valkey or Redis): the budget window that replicas behind one load balancer "
+        "share, so that they hold one retrieval rate; without it each replica keeps its own",
     )
     p.add_argument(
         "--read-timeout",

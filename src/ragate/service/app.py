@@ -182,6 +182,7 @@ def load_pipeline(
             window=settings.budget_window,
             budget_gain=settings.budget_gain,
             budget_state=state,
+            state=settings.state,
             fallback=settings.fallback,
             skr_labels=settings.skr_labels,
             gate_weights=settings.gate_weights,

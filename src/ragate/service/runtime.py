@@ -357,6 +357,8 @@ class Runtime:
         if learning:
             info["learning"] = learning
         problems = [e for e in (self.answer_log.error if self.answer_log is not None else None,) if e]
+        if self.budget is not None and self.budget.shared_error:  # the replicas' shared window; tau is local now
+            problems.append(f"shared state: {self.budget.shared_error}")
         if problems:  # a side channel fails; the answers go on (docs/service.md, "Degraded")
             info["status"] = "degraded: " + "; ".join(problems)
         states = self.pipeline.prompt_states

@@ -60,6 +60,7 @@ class ServiceSettings:
     budget_window: int = 200
     budget_gain: float = 16.0  # feedback of the windowed rate error on the quantile level (0: plain quantile)
     budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)
+    state: str | None = None  # redis://HOST:PORT/DB: the budget window replicas share (ragate.shared)
     fallback: str | None = None  # the gate served where the backend cannot serve the method's own
     openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate votes with
@@ -111,10 +112,12 @@ class ServiceSettings:
             raise ValueError("the openai engine needs openai_base_url (e.g. http://127.0.0.1:8080/v1)")
         if self.index and self.milvus_uri:
             raise ValueError("serve an index directory or a Milvus collection, not both")
-        if self.budget is not None and self.workers > 1:
+        if self.state is not None and self.budget is None:
+            raise ValueError("--state shares the live budget's window among replicas: give --budget too")
+        if self.budget is not None and self.workers > 1 and self.state is None:
             raise ValueError(
                 "--budget keeps one window of recent requests per server: use --workers 1 with it (one process "
-                "answers a local model at a time anyway)"
+                "answers a local model at a time anyway), or share the window with --state redis://HOST:PORT/DB"
             )
         if self.openai_logprobs not in ("auto", "on", "off"):
             raise ValueError(f"openai_logprobs must be auto, on or off, got {self.openai_logprobs!r}")

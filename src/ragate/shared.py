@@ -1,0 +1,221 @@
+"""Service state shared by replicas in a Redis-protocol store (Valkey or Redis): ``ragate serve --state
+redis://HOST:PORT/DB``, ``Pipeline(state=URL)``.
+
+N replicas of ``ragate serve`` behind a load balancer each hold their own live budget controller; without a shared
+window the fleet's retrieval rate is only the average of N independent controllers. With ``--state`` the
+controller's window (the last W gate scores and decisions, over all replicas) and its tau live in the store:
+each answered request pushes its score and decision and reads the window back in one transaction, and each request
+reads tau from it, so every replica sets its threshold from the fleet's traffic.
+
+The store is a side channel: when it cannot be reached, the replica keeps answering, sets tau from its own copy of
+the last window it read plus what it observed since (the controller reports ``shared_error``; ``/healthz`` says
+"degraded: shared state: ..."), tries the store again at most once per :data:`RETRY_SECONDS`, and on re-joining
+pushes what it observed meanwhile. A URL that is wrong or a store that cannot be reached is refused at start.
+
+Keys, under ``ragate:budget:<digest of method and model>:``: ``scores`` and ``decisions`` (lists, newest first,
+trimmed to W), ``tau`` (a string), ``meta`` (a hash: method, model, budget, window). Replicas that share a key must
+share ``--budget`` and ``--window`` (checked at start). Values read back are checked: an entry that is not a
+finite number (or 0/1) is skipped, so a damaged key cannot put NaN into tau.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ragate.errors import RagateError
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("redis", "rediss", "valkey", "valkeys")
+RETRY_SECONDS = 1.0  # while the store is down, one try per this long (a request never waits on a dead store twice)
+TIMEOUT_SECONDS = 0.5  # connect and socket timeout of one store command
+
+
+class StoreUnavailable(RagateError):
+    """The shared store did not answer (or answered with an error); the caller falls back to local state."""
+
+
+@dataclass(frozen=True)
+class StateURL:
+    """A checked ``--state`` URL: ``redis://[user:password@]host:port/db`` (``valkey://`` the same; ``rediss://``
+    and ``valkeys://`` over TLS)."""
+
+    url: str
+    host: str
+    port: int
+    db: int
+    tls: bool
+
+    @property
+    def shown(self) -> str:
+        """The URL without its password, for messages and /healthz."""
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{self.host}:{self.port}/{self.db}"
+
+
+def parse_state_url(text: str) -> StateURL:
+    """Check a ``--state`` value, naming what is wrong and the form it takes."""
+    form = "give --state redis://HOST:PORT/DB (or valkey://...), e.g. redis://127.0.0.1:6379/0"
+    if not isinstance(text, str) or not text.strip():
+        raise RagateError(f"--state is empty; {form}")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as err:
+        raise RagateError(f"--state {text!r} is not a URL ({err}); {form}") from None
+    if parts.scheme not in SCHEMES:
+        raise RagateError(f"--state {text!r}: the scheme must be one of {', '.join(SCHEMES)}; {form}")
+    if not parts.hostname:
+        raise RagateError(f"--state {text!r} names no host; {form}")
+    path = parts.path.strip("/") or "0"
+    if not path.isdigit() or int(path) > 15:
+        raise RagateError(f"--state {text!r}: the database must be a number 0-15, got {path!r}; {form}")
+    if parts.query or parts.fragment:
+        raise RagateError(f"--state {text!r}: no query or fragment is read; {form}")
+    return StateURL(text, parts.hostname, port or 6379, int(path), parts.scheme in ("rediss", "valkeys"))
+
+
+def connect(url: StateURL) -> Any:
+    """A client of the store (the ``valkey`` package, which speaks to Valkey and Redis alike), pinged once: a
+    store that does not answer is refused here, naming the URL and the fix."""
+    try:
+        import valkey
+    except ImportError:
+        raise RagateError(
+            "--state needs the valkey client: pip install 'ragate[state]' (or pip install valkey)"
+        ) from None
+    client = valkey.Valkey.from_url(
+        url.url.replace("valkey", "redis", 1) if url.url.startswith("valkey") else url.url,
+        socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS, decode_responses=True,
+    )  # fmt: skip
+    try:
+        client.ping()
+    except valkey.exceptions.ValkeyError as err:
+        raise RagateError(
+            f"--state {url.shown}: the store does not answer ({type(err).__name__}: {err}); start Valkey or Redis "
+            "there (valkey-server / redis-server) or fix the URL"
+        ) from None
+    return client
+
+
+def _numbers(values: Sequence[str]) -> list[float]:
+    out = []
+    for v in values:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(x):
+            out.append(x)
+    return out
+
+
+def _number(value: str | None) -> float | None:
+    found = _numbers([value]) if value is not None else []
+    return found[0] if found else None
+
+
+class SharedWindow:
+    """The budget controller's window in the store (see the module docstring). Every method raises
+    :class:`StoreUnavailable` when the store fails; the controller decides what to do then."""
+
+    def __init__(self, url: StateURL, *, method: str, model: str, budget: float, window: int) -> None:
+        import valkey
+
+        self.url, self.window = url, window
+        self._errors: tuple[type[BaseException], ...] = (valkey.exceptions.ValkeyError, OSError)
+        self._client = connect(url)
+        digest = hashlib.sha256(f"{method}\0{model}".encode()).hexdigest()[:16]
+        self.prefix = f"ragate:budget:{digest}:"
+        mine = {"method": method, "model": model, "budget": repr(budget), "window": str(window)}
+        try:
+            self._client.hsetnx(self.prefix + "meta", "method", method)  # the first replica names the key
+            for key, value in mine.items():
+                self._client.hsetnx(self.prefix + "meta", key, value)
+            theirs = self._client.hgetall(self.prefix + "meta")
+        except self._errors as err:
+            raise RagateError(f"--state {url.shown}: {type(err).__name__}: {err}") from None
+        for key in ("budget", "window"):
+            if theirs.get(key) != mine[key]:
+                raise RagateError(
+                    f"--state {url.shown} holds a budget window of {key} {theirs.get(key)} for {method!r} on this "
+                    f"model; this replica has {mine[key]}: replicas that share a store must share --budget and "
+                    "--window (or use another database in the URL)"
+                )
+
+    def _run(self, build: Any) -> list[Any]:
+        try:
+            pipe = self._client.pipeline(transaction=True)
+            build(pipe)
+            return list(pipe.execute())
+        except self._errors as err:
+            raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
+
+    def push(self, entries: Sequence[tuple[float | None, bool]]) -> tuple[list[float], list[bool]]:
+        """Add observations (score or None, retrieved) in order; the window after them, oldest first."""
+        scores, decisions = self.prefix + "scores", self.prefix + "decisions"
+
+        def build(pipe: Any) -> None:
+            for score, retrieved in entries:
+                if score is not None and math.isfinite(score):
+                    pipe.lpush(scores, repr(float(score)))
+                pipe.lpush(decisions, "1" if retrieved else "0")
+            pipe.ltrim(scores, 0, self.window - 1)
+            pipe.ltrim(decisions, 0, self.window - 1)
+            pipe.lrange(scores, 0, -1)
+            pipe.lrange(decisions, 0, -1)
+
+        got = self._run(build)
+        return _numbers(got[-2])[::-1], [d == "1" for d in got[-1] if d in ("0", "1")][::-1]
+
+    def read(self) -> tuple[list[float], list[bool], float | None]:
+        """The window (oldest first) and tau, as the store holds them."""
+        def build(pipe: Any) -> None:
+            pipe.lrange(self.prefix + "scores", 0, -1)
+            pipe.lrange(self.prefix + "decisions", 0, -1)
+            pipe.get(self.prefix + "tau")
+
+        got = self._run(build)
+        return _numbers(got[0])[::-1], [d == "1" for d in got[1] if d in ("0", "1")][::-1], _number(got[2])
+
+    def tau(self) -> float | None:
+        return _number(self._run(lambda p: p.get(self.prefix + "tau"))[0])
+
+    def set_tau(self, tau: float) -> None:
+        self._run(lambda p: p.set(self.prefix + "tau", repr(float(tau))))
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class Link:
+    """Whether the store is reachable now, and when to try it again: a failed call marks it down (the reason is
+    kept for /healthz, and logged once per outage); while down, :meth:`due` says yes at most once per
+    :data:`RETRY_SECONDS`."""
+
+    def __init__(self, shown: str, clock: Any = time.monotonic) -> None:
+        self.shown, self._clock = shown, clock
+        self.error: str | None = None
+        self._next = 0.0
+
+    def due(self) -> bool:
+        return self.error is None or self._clock() >= self._next
+
+    def failed(self, err: StoreUnavailable) -> None:
+        if self.error is None:
+            log.warning("the shared state %s is unavailable (%s): this replica decides alone until it is back",
+                        self.shown, err)  # fmt: skip
+        self.error = f"{self.shown}: {err}"
+        self._next = self._clock() + RETRY_SECONDS
+
+    def ok(self) -> None:
+        if self.error is not None:
+            log.warning("the shared state %s is back: this replica re-joined the fleet's window", self.shown)
+        self.error = None

@@ -1,0 +1,217 @@
+"""Service state shared by replicas in a real Valkey/Redis server started by the tests on 127.0.0.1 (issue 67):
+the budget controllers of two replicas hold one window and one rate; the store killed and restarted costs no
+request, only a degraded /healthz until it is back; a wrong --state fails at start naming it.
+
+The server is Debian's valkey-server or redis-server (``make`` installs it, like the browser); without one the
+tests skip saying so, except under CI, where they fail."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ragate.budget import BudgetController
+from ragate.errors import RagateError
+from ragate.methods import get_method
+from ragate.shared import SharedWindow, parse_state_url
+
+pytest.importorskip("valkey", reason="the shared-state tests need the valkey client: pip install valkey")
+IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+SERVER = shutil.which("valkey-server") or shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Store:
+    """A Valkey/Redis server this test started on 127.0.0.1 (no persistence), which it can kill and restart."""
+
+    port: int
+    workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert SERVER is not None
+        self.proc = subprocess.Popen(
+            [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{SERVER} did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    if SERVER is None:
+        reason = "no valkey-server or redis-server: `make` installs one (apt-get install redis-server)"
+        if IN_CI:
+            pytest.fail(f"the shared-state tests cannot run under CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    s = Store(free_port(), tmp_path)
+    s.start()
+    yield s
+    s.stop()
+
+
+def controller(url: str, budget: float = 0.3, window: int = 50) -> BudgetController:
+    spec = get_method("targ-margin")
+    shared = SharedWindow(parse_state_url(url), method=spec.name, model="m", budget=budget, window=window)
+    return BudgetController(budget, window, spec, None, model="m", shared=shared)
+
+
+def interleaved(a: BudgetController, b: BudgetController) -> tuple[float, float]:
+    """1,000 requests spread at random over two controllers, the harder questions (scores +0.5) reaching ``a``;
+    after the first 200, the realised rate and the share decided as the fleet's 70th percentile would."""
+    rng = random.Random(0)
+    seen = []
+    for _ in range(1000):
+        replica = (a, b)[rng.random() < 0.5]
+        score = rng.random() + (0.5 if replica is a else 0.0)
+        decision = score > replica.tau
+        seen.append((score, decision))
+        replica.observe(score, decision)
+    after = seen[200:]
+    cut = sorted(s for s, _ in after)[int(0.7 * len(after))]
+    return sum(d for _, d in after) / len(after), sum(d == (s > cut) for s, d in after) / len(after)
+
+
+def test_two_controllers_share_one_window_and_hold_one_rate(store: Store) -> None:
+    """With one window between two replicas' controllers the fleet retrieves for its most uncertain 30% wherever
+    they arrive, at a realised rate within 0.03 of the budget. Two controllers each with its own window each
+    retrieve for 30% of their own traffic: the same score decided two ways."""
+    a, b = controller(store.url, window=200), controller(store.url, window=200)
+    rate, agree = interleaved(a, b)
+    assert abs(rate - 0.3) <= 0.03, rate
+    assert a.tau == b.tau  # read from the store by each
+    rates = (a.rate(), b.rate())  # each one's copy of the window, as of its own last request
+    assert rates[0] is not None and rates[1] is not None and abs(rates[0] - rates[1]) <= 1 / 200
+    assert a.shared_error is None and b.shared_error is None
+    spec = get_method("targ-margin")
+    alone = interleaved(*(BudgetController(0.3, 200, spec, None, model="m") for _ in range(2)))
+    assert agree >= 0.85 and alone[1] <= agree - 0.1, (agree, alone)
+
+
+def test_the_store_killed_and_restarted_costs_no_request(store: Store) -> None:
+    a = controller(store.url)
+    for i in range(20):
+        a.observe(i / 20, i % 3 == 0)
+    store.stop()
+    taus = [a.tau]  # no exception: the replica decides alone
+    for i in range(10):
+        taus.append(a.observe(i / 10, i % 2 == 0))
+    assert a.shared_error is not None and "127.0.0.1" in a.shared_error
+    assert all(isinstance(t, float) for t in taus)
+    store.start()
+    time.sleep(1.1)  # past the retry interval
+    a.observe(0.5, True)
+    assert a.shared_error is None
+    fresh = controller(store.url)  # what the restarted (empty) store holds now: what was pushed on re-joining
+    assert fresh.rate() is not None and len(fresh.snapshot()["history"]) == 0
+    assert fresh.snapshot()["window_requests"] == 11  # 10 observed while it was down, then the one after
+
+
+def test_a_wrong_state_url_or_a_dead_store_is_refused_naming_it() -> None:
+    for bad, said in (
+        ("http://127.0.0.1:6379/0", "scheme must be one of"),
+        ("redis://127.0.0.1:6379/x", "database must be a number"),
+        ("redis:///0", "names no host"),
+        ("", "--state is empty"),
+    ):
+        with pytest.raises(RagateError, match=said):
+            parse_state_url(bad)
+    port = free_port()  # nothing listens there
+    with pytest.raises(RagateError, match=rf"--state redis://127.0.0.1:{port}/0: the store does not answer"):
+        controller(f"redis://127.0.0.1:{port}/0")
+
+
+def test_replicas_with_another_budget_are_refused(store: Store) -> None:
+    controller(store.url, budget=0.3)
+    with pytest.raises(RagateError, match="must share --budget and --window"):
+        controller(store.url, budget=0.5)
+
+
+def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, tmp_path: Path) -> None:
+    """Two `ragate serve --budget 0.3 --state URL` processes over one LM server (a latency server on 127.0.0.1),
+    requests spread over both at random: the realised rate over all of them is within 0.03 of 0.3 and both serve
+    one tau. The store killed: every request is still answered and /healthz says degraded; restarted: ok again.
+    A wrong --state stops serve at start, naming it."""
+    import sys
+
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_fleet import MODEL, start, stop
+    from test_service import _serve, _stop
+
+    lm, lm_url = start()
+    common = ["--base-url", lm_url, "--model", MODEL, "--method", "targ-margin", "--budget", "0.3",
+              "--window", "100", "--state", store.url]  # fmt: skip
+    replicas = []
+    try:
+        for name in ("a", "b"):
+            replicas.append(_serve([*common, "--budget-state", str(tmp_path / f"{name}.json")], tmp_path / name))
+        rng = random.Random(1)
+        with httpx.Client(timeout=60) as client:
+
+            def ask(i: int) -> tuple[bool, str]:
+                url = replicas[rng.random() < 0.5][1]
+                r = client.post(f"{url}/v1/answer", json={"question": f"Which river is number {i}?"})
+                assert r.status_code == 200, r.text
+                return bool(r.json()["retrieved"]), url
+
+            decisions = [ask(i)[0] for i in range(400)]
+            rate = sum(decisions[100:]) / 300
+            assert abs(rate - 0.3) <= 0.03, rate
+            taus = {client.get(f"{url}/v1/budget").json()["tau"] for _, url in replicas}
+            assert len(taus) == 1, taus
+            store.stop()
+            for i in range(400, 410):
+                ask(i)  # answered without the store
+            health = client.get(f"{replicas[0][1]}/healthz").json()
+            assert health["status"].startswith("degraded: shared state: redis://127.0.0.1:"), health["status"]
+            store.start()
+            time.sleep(1.1)
+            for i in range(410, 420):
+                ask(i)
+            assert all(client.get(f"{url}/healthz").json()["status"] == "ok" for _, url in replicas)
+        bad = subprocess.run(
+            [sys.executable, "-m", "ragate.cli.main", "serve", *common[:-1], "redis://127.0.0.1:1/0"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert bad.returncode != 0 and "--state redis://127.0.0.1:1/0: the store does not answer" in bad.stderr
+    finally:
+        for proc, _ in replicas:
+            _stop(proc)
+        stop(lm)
