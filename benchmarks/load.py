@@ -10,6 +10,19 @@ warm-up request, runs the load, reads the server's peak resident memory (``VmHWM
 processes) and stops it. Only loopback addresses are accepted: this is a benchmark, not a load generator for
 other people's machines. Questions are the demo set's, in turn.
 
+With ``--overload 1,2,5`` it measures goodput under an *offered* load instead (open loop): it first times
+``--probe`` answers, four at a time, to estimate the server's capacity (answers per second when it is kept busy; a
+local model answers one request at a time), then, for each multiple m, sends requests arriving at m x capacity for
+``--duration`` seconds, whether or not earlier ones have finished. A client whose request gets 429 waits its
+``Retry-After`` and tries again while the request's deadline (the server's ``--timeout``, ``--deadline`` here)
+allows. Per multiple it prints: arrivals, answers (200), admitted requests that ended in a 504 (the bar: none at
+2x), requests refused until their deadline passed, goodput (answers per second, and as a share of capacity) and
+p95 of the answered requests' latency from arrival. ``--ragate-src DIR`` runs the server from another checkout's
+``src`` (e.g. a ``git worktree`` of an older commit, for a before/after comparison); ``--server-cpus 1`` pins it.
+
+    .venv/bin/python benchmarks/load.py --overload 1,2,5 --deadline 5 --max-concurrency 32 --max-tokens 32 \
+        --server-cpus 1 [--ragate-src /tmp/before/src]
+
 It prints the count of each HTTP status (a 429 is retried after its ``Retry-After``, at most 20 times, and
 counted), the 5xx count (the acceptance bar is 0), latency p50/p95/p99 as the client saw it (retries included),
 requests per second over the run, the server-reported queueing time, and the peak memory. Exit status 1 if
@@ -40,6 +53,7 @@ import httpx
 QUESTIONS = Path(__file__).resolve().parents[1] / "src" / "ragate" / "data" / "demo" / "questions.jsonl"
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 MAX_RETRIES = 20
+PROBE_CLIENTS = 4  # --overload's capacity probe: answers in flight at once (within the server's default limit)
 
 
 @dataclass
@@ -158,13 +172,22 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # a closed-loop run admits every client; an overload run keeps the server's default limit unless told
+    concurrency = args.max_concurrency or (None if args.overload else args.clients)
     cmd = [sys.executable, "-m", "ragate.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--method", args.method, "--max-concurrency", str(args.clients), "--workers", str(args.workers),
-           "--log-level", "warning", *shlex.split(args.serve_args)]  # fmt: skip
+           "--method", args.method, "--workers", str(args.workers), "--log-level", "warning",
+           *shlex.split(args.serve_args)]  # fmt: skip
+    if concurrency is not None:
+        cmd += ["--max-concurrency", str(concurrency)]
+    if args.deadline is not None:
+        cmd += ["--timeout", f"{args.deadline:g}"]
+    if args.server_cpus:
+        cmd = ["taskset", "-c", args.server_cpus, *cmd]
+    env = {**os.environ, "RAGATE_API_KEY": ""}
+    if args.ragate_src is not None:
+        env["PYTHONPATH"] = str(args.ragate_src.resolve())
     log = open(args.server_log, "wb")  # noqa: SIM115 - the server writes to it until it stops
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAGATE_API_KEY": ""}
-    )
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
@@ -236,6 +259,113 @@ def render(rep: Report) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Offered:
+    """One multiple of capacity under open-loop arrivals."""
+
+    multiple: float
+    rate: float  # arrivals per second
+    arrivals: int
+    answered: int  # 200
+    timed_out: int  # admitted, then 504
+    refused: int  # 429 until its deadline passed
+    other: int  # any other status, or no answer
+    goodput: float  # answers per second, from the first arrival to the last reply
+    p95: float  # of the answered requests' latency from arrival
+    first_errors: list[str] = field(default_factory=list)
+
+
+async def patient(client: httpx.AsyncClient, path: str, payload: dict[str, Any], deadline: float) -> Outcome:
+    """One request that retries 429s after their Retry-After while its deadline (from arrival) allows."""
+    start, retries = time.perf_counter(), 0
+    while True:
+        try:
+            r = await client.post(path, json=payload)
+        except httpx.HTTPError as err:
+            return Outcome(0, time.perf_counter() - start, retries, error=f"{type(err).__name__}: {err}")
+        seconds = time.perf_counter() - start
+        if r.status_code == 429:
+            wait = float(r.headers.get("Retry-After", "1"))
+            if seconds + wait >= deadline:
+                return Outcome(429, seconds, retries, error=r.text[:200])
+            retries += 1
+            await asyncio.sleep(wait)
+            continue
+        return Outcome(r.status_code, seconds, retries, error=None if r.status_code == 200 else r.text[:200])
+
+
+async def overload(url: str, args: argparse.Namespace, headers: dict[str, str]) -> tuple[float, list[Offered]]:
+    """Capacity from ``--probe`` sequential answers, then ``--duration`` seconds of arrivals at each multiple."""
+    # each request its own question (a demo question and its number), so that none reuses an earlier prompt's
+    # evaluated state and every multiple costs what the capacity probe measured
+    qs = [f"{q} (request {i})" for i, q in enumerate(questions() * 50)]
+    deadline = args.deadline if args.deadline is not None else 300.0
+    timeout = httpx.Timeout(deadline + 30)
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=timeout) as client:
+        async def probe(i: int) -> None:
+            o = await patient(client, *body(args.endpoint, qs[i % len(qs)], args.method, args.max_tokens), deadline)
+            if o.status != 200:
+                raise SystemExit(f"load.py: a capacity probe failed: HTTP {o.status}: {o.error}")
+
+        await probe(0)  # warm-up
+        start = time.perf_counter()
+        for first in range(0, args.probe, PROBE_CLIENTS):  # a few at a time: the server's own overlap counts
+            await asyncio.gather(*(probe(i) for i in range(first, min(args.probe, first + PROBE_CLIENTS))))
+        capacity = args.probe / (time.perf_counter() - start)
+        print(f"capacity: {capacity:.2f} answers/s ({args.probe} answers, {PROBE_CLIENTS} at a time)")
+        rows, offset = [], 0
+        for m in args.overload:
+            rate = m * capacity
+            n = max(1, round(rate * args.duration))
+            start = time.perf_counter()
+
+            async def arrive(
+                i: int, start: float = start, rate: float = rate, offset: int = offset
+            ) -> tuple[Outcome, float]:
+                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+                q = qs[(args.probe + 1 + offset + i) % len(qs)]
+                o = await patient(client, *body(args.endpoint, q, args.method, args.max_tokens), deadline)
+                return o, time.perf_counter()
+
+            done = await asyncio.gather(*(arrive(i) for i in range(n)))
+            outcomes = [o for o, _ in done]
+            ok = [o.seconds for o in outcomes if o.status == 200]
+            span = max(t for _, t in done) - start
+            counts = {s: sum(1 for o in outcomes if o.status == s) for s in (200, 504, 429)}
+            rows.append(
+                Offered(
+                    multiple=m, rate=rate, arrivals=n, answered=counts[200], timed_out=counts[504],
+                    refused=counts[429], other=n - sum(counts.values()), goodput=len(ok) / span,
+                    p95=percentile(ok, 95) if ok else float("nan"),
+                    first_errors=[f"HTTP {o.status}: {o.error}" for o in outcomes if o.error][:3],
+                )
+            )  # fmt: skip
+            print(render_offered(rows[-1], capacity), flush=True)
+            offset += n
+            await asyncio.sleep(deadline)  # let the server drain before the next multiple
+    return capacity, rows
+
+
+def render_offered(row: Offered, capacity: float) -> str:
+    return (
+        f"{row.multiple:g}x capacity ({row.rate:.2f}/s): {row.arrivals} arrivals, {row.answered} answered, "
+        f"{row.timed_out} admitted then timed out (504), {row.refused} refused until their deadline (429), "
+        f"{row.other} other; goodput {row.goodput:.2f}/s ({row.goodput / capacity:.2f} of capacity), "
+        f"p95 {row.p95:.2f} s"
+    )
+
+
+def multiples(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--overload takes multiples like 1,2,5; got {text!r}") from None
+    if not values or any(not (0 < v <= 20) for v in values):
+        raise argparse.ArgumentTypeError(f"--overload multiples must be in (0, 20]; got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
@@ -254,6 +384,15 @@ def main(argv: list[str] | None = None) -> int:
         "--client-timeout", type=float, default=600.0, help="seconds a client waits for one answer"
     )
     p.add_argument("--out", type=Path, default=None, help="also write the report as JSON here")
+    p.add_argument("--max-concurrency", type=int, default=None, help="of the started server (default: clients)")
+    p.add_argument("--overload", type=multiples, default=None, help="open-loop arrivals at these multiples of "
+                   "the measured capacity, e.g. 1,2,5 (goodput and p95; see the module's docstring)")  # fmt: skip
+    p.add_argument("--duration", type=float, default=30.0, help="with --overload: seconds of arrivals per multiple")
+    p.add_argument("--probe", type=int, default=40, help="with --overload: answers timed for the capacity")
+    p.add_argument("--deadline", type=float, default=None, help="the started server's --timeout (the requests' "
+                   "deadline; with --url give the running server's)")  # fmt: skip
+    p.add_argument("--ragate-src", type=Path, default=None, help="run the started server from this checkout's src")
+    p.add_argument("--server-cpus", default=None, help="pin the started server to these CPUs (taskset -c)")
     args = p.parse_args(argv)
     if args.clients < 1 or args.requests < 1 or args.clients * args.requests > 10_000:
         p.error("need 1 <= clients, 1 <= requests and clients x requests <= 10000")
@@ -267,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         proc, url = start_server(args)
         pid = proc.pid
     try:
+        if args.overload:
+            capacity, rows = asyncio.run(overload(url, args, headers))
+            if args.out:
+                args.out.write_text(json.dumps({"capacity": capacity, "rows": [asdict(r) for r in rows]}) + "\n")
+            return 1 if any(r.other for r in rows) else 0
         outcomes, wall = asyncio.run(load(url, args, headers))
         rss = peak_rss_mib(pid) if pid is not None else None
     finally:
