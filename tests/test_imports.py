@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("evaluation", ("eval/",)),
     ("traces and savings", ("tracing.py", "savings.py")),
     ("budget", ("budget.py", "shared.py")),
-    ("learning", ("feedback.py", "shadow.py", "learning.py", "traffic.py")),
+    ("learning", ("feedback.py", "shared_feedback.py", "shadow.py", "learning.py", "traffic.py")),
     ("pipeline", ("pipeline.py", "answers.py", "arguments.py", "paper_tau.py")),
     ("framework adapters", ("integrations/",)),
     ("service", ("service/",)),

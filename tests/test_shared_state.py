@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,6 +212,92 @@ def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, tmp
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert bad.returncode != 0 and "--state redis://127.0.0.1:1/0: the store does not answer" in bad.stderr
+    finally:
+        for proc, _ in replicas:
+            _stop(proc)
+        stop(lm)
+
+
+def test_the_shared_feedback_store_keeps_what_the_sqlite_store_keeps(store: Store, tmp_path: Path) -> None:
+    """The same answers, twins, labels and feedback, in the SQLite file and in the shared store: the same gate
+    labels, rows, counts and bound."""
+    import numpy as np
+
+    from ragate.feedback import FeedbackStore, UnknownAnswer
+    from ragate.shared_feedback import SharedFeedbackStore, open_feedback_store
+
+    def fill(s: Any) -> Any:
+        for i in range(5):
+            s.record_answer(
+                f"a{i}", question=f"question {i}?", method="targ-entropy", prompts="targ-question-first",
+                answer="Paris", retrieved=i % 2 == 1, features={"words": 2.0 + i},
+                hidden=np.arange(4, dtype=np.float32) + i, model={"model": "m.gguf", "engine": "llama.cpp"},
+            )  # fmt: skip
+        with pytest.raises(UnknownAnswer, match="no answer 'a0'"):
+            s.feedback("a0", correct=True)  # the oldest went
+        said = [s.feedback("a4", correct=False), s.feedback("a3", correct=True)]
+        s.set_twin("a3", closed="London")
+        said.append(s.feedback("a3", reference="Paris"))
+        s.add_label("a2", source="shadow", kind="retrieval-changed", value=False)
+        s.add_label("a2", source="shadow", kind="retrieval-changed", value=True)  # the latest counts
+        rows = [s.labelled(kind) for kind in ("closed-wrong", "retrieval-changed")]
+        return said, [(r.ids, r.y.tolist(), r.sources, r.models, r.features, [h.tolist() for h in r.hidden])
+                      for r in rows], s.counts(), s.label_rows()  # fmt: skip
+
+    with FeedbackStore(tmp_path / "fb.db", max_answers=3) as local:
+        expected = fill(local)
+    shared = open_feedback_store(store.url, max_answers=3)
+    assert isinstance(shared, SharedFeedbackStore)
+    with shared:
+        assert fill(shared) == expected
+        assert shared.get("a4") is not None and shared.get("a4").closed_answer == "Paris"  # type: ignore[union-attr]
+    assert expected[2]["answers"] == 3 and expected[3] == 4
+
+
+def test_labels_posted_to_one_replica_are_seen_through_the_other_and_by_gate_learn(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two `ragate serve --feedback-store redis://...` replicas: an answer given by one is judged through the other
+    (its id is known there), both report the labels, and `ragate gate learn --store URL` reads them."""
+    import sys
+
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_fleet import MODEL, start, stop
+    from test_service import _serve, _stop
+
+    from ragate.cli.main import main
+
+    lm, lm_url = start()
+    common = ["--base-url", lm_url, "--model", MODEL, "--method", "targ-margin", "--feedback-store", store.url]
+    replicas = []
+    try:
+        for name in ("a", "b"):
+            replicas.append(_serve(common, tmp_path / name))
+        (_, url_a), (_, url_b) = replicas
+        with httpx.Client(timeout=60) as client:
+            ids = []
+            for i in range(6):
+                r = client.post(f"{url_a}/v1/answer", json={  # a high threshold: answered closed-book
+                    "question": f"Which lake is number {i}?", "options": {"threshold": 100.0}})
+                assert r.status_code == 200, r.text
+                ids.append(r.json()["id"])
+            for answer_id in ids:  # judged through the other replica
+                r = client.post(f"{url_b}/v1/feedback", json={"id": answer_id, "reference": "Lake Baikal"})
+                assert r.status_code == 200, r.text
+                assert r.json()["labels"] == [{"kind": "closed-wrong", "retrieve": True}]
+            counts = r.json()["counts"]
+            assert counts["answers"] == 6 and counts["closed-wrong"] == {"retrieve": 6, "no_retrieve": 0}
+        assert main(["gate", "learn", "--store", store.url, "--out", str(tmp_path / "gate.json")]) != 0
+        printed = capsys.readouterr()  # six labels of one value are too few to fit a gate: it says so
+        assert f"{store.url}: 6 answers; labels" in printed.out, printed
+        store.stop()  # the store gone: answers go on, feedback says the store is unavailable (not the client's fault)
+        with httpx.Client(timeout=60) as client:
+            r = client.post(f"{url_a}/v1/answer", json={"question": "Which lake is the deepest?"})
+            assert r.status_code == 200 and r.json().get("id") is None, r.text
+            r = client.post(f"{url_b}/v1/feedback", json={"id": ids[0], "correct": True})
+            assert r.status_code == 503 and "could not be used" in r.text, r.text
     finally:
         for proc, _ in replicas:
             _stop(proc)

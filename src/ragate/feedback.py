@@ -124,13 +124,82 @@ class LabelledRows:
     models: tuple[str, ...]
 
 
-class FeedbackStore:
+def unknown_answer(answer_id: str) -> UnknownAnswer:
+    return UnknownAnswer(
+        f"no answer {answer_id[:80]!r} in the feedback store: feedback names the id an answer came with "
+        "(it may have been dropped as the oldest past the store's bound)"
+    )
+
+
+def check_label(source: str, kind: str) -> None:
+    if source not in SOURCES or kind not in LABEL_KINDS:
+        raise RagateError(f"a label's source is one of {SOURCES} and its kind one of {LABEL_KINDS}")
+
+
+class FeedbackRules:
+    """What a user's word on an answer means, over any store that can ``get`` an answer and add labels and notes
+    (this SQLite file, or the replicas' shared store: :mod:`ragate.shared_feedback`)."""
+
+    name: str  # what messages and a learned gate's provenance call the store
+
+    def get(self, answer_id: str) -> StoredAnswer | None:
+        raise NotImplementedError
+
+    def add_label(
+        self, answer_id: str, *, source: str, kind: LabelKind, value: bool, detail: Mapping[str, Any] | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def add_label_note(self, answer_id: str, detail: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def gate_path(self) -> Path:
+        """Where a gate learned from this store is written unless told otherwise."""
+        raise NotImplementedError
+
+    def feedback(
+        self, answer_id: str, *, correct: bool | None = None, reference: str | None = None
+    ) -> list[tuple[LabelKind, bool]]:
+        """A user's word on an answer: ``correct`` (the answer was right or wrong) and/or a ``reference`` answer.
+        Returns the gate labels it gave (none where it says nothing about the closed-book answer: a retrieved answer
+        judged without a shadow twin to score)."""
+        if correct is None and reference is None:
+            raise RagateError("feedback needs correct (true or false) or a reference answer")
+        if reference is not None:
+            if not isinstance(reference, str) or not reference.strip():
+                raise RagateError("the reference answer must be non-empty text")
+            if len(reference) > MAX_REFERENCE_CHARS:
+                raise RagateError(
+                    f"the reference answer has {len(reference)} characters; at most {MAX_REFERENCE_CHARS}"
+                )
+        row = self.get(answer_id)
+        if row is None:
+            raise unknown_answer(answer_id)
+        labels: list[tuple[LabelKind, bool]] = []
+        closed_wrong: bool | None = None
+        if reference is not None and row.closed_answer is not None:
+            closed_wrong = not answer_correct(row.closed_answer, reference)
+        elif correct is not None and not row.retrieved:
+            closed_wrong = not correct
+        detail = {"correct": correct, "reference": reference}
+        if closed_wrong is not None:
+            self.add_label(
+                answer_id, source="feedback", kind="closed-wrong", value=closed_wrong, detail=detail
+            )
+            labels.append(("closed-wrong", closed_wrong))
+        else:  # kept with the answer, for a later shadow twin or reader; not a gate label
+            self.add_label_note(answer_id, detail)
+        return labels
+
+
+class FeedbackStore(FeedbackRules):
     """One SQLite feedback file (see the module docstring); safe to share between threads."""
 
     def __init__(self, path: str | Path, *, max_answers: int = DEFAULT_MAX_ANSWERS) -> None:
         if max_answers < 1:
             raise RagateError(f"max_answers must be at least 1, not {max_answers}")
         self.path = Path(path).expanduser()
+        self.name = str(self.path)
         self.max_answers = max_answers
         self._lock = threading.Lock()
         if self.path.is_dir():
@@ -217,55 +286,14 @@ class FeedbackStore:
         detail: Mapping[str, Any] | None = None,
     ) -> None:
         """Keep one label of an answer the store holds (an :class:`UnknownAnswer` otherwise); on disk on return."""
-        if source not in SOURCES or kind not in LABEL_KINDS:
-            raise RagateError(f"a label's source is one of {SOURCES} and its kind one of {LABEL_KINDS}")
+        check_label(source, kind)
         with self._write() as db:
             if db.execute("SELECT 1 FROM answers WHERE id = ?", (answer_id,)).fetchone() is None:
-                raise UnknownAnswer(
-                    f"no answer {answer_id[:80]!r} in the feedback store: feedback names the id an answer came with "
-                    "(it may have been dropped as the oldest past the store's bound)"
-                )
+                raise unknown_answer(answer_id)
             db.execute(
                 "INSERT INTO labels (answer_id, created, source, kind, value, detail) VALUES (?, ?, ?, ?, ?, ?)",
                 (answer_id, time.time(), source, kind, int(bool(value)), json.dumps(dict(detail or {}))),
             )
-
-    def feedback(
-        self, answer_id: str, *, correct: bool | None = None, reference: str | None = None
-    ) -> list[tuple[LabelKind, bool]]:
-        """A user's word on an answer: ``correct`` (the answer was right or wrong) and/or a ``reference`` answer.
-        Returns the gate labels it gave (none where it says nothing about the closed-book answer: a retrieved answer
-        judged without a shadow twin to score)."""
-        if correct is None and reference is None:
-            raise RagateError("feedback needs correct (true or false) or a reference answer")
-        if reference is not None:
-            if not isinstance(reference, str) or not reference.strip():
-                raise RagateError("the reference answer must be non-empty text")
-            if len(reference) > MAX_REFERENCE_CHARS:
-                raise RagateError(
-                    f"the reference answer has {len(reference)} characters; at most {MAX_REFERENCE_CHARS}"
-                )
-        row = self.get(answer_id)
-        if row is None:
-            raise UnknownAnswer(
-                f"no answer {answer_id[:80]!r} in the feedback store: feedback names the id an answer came with "
-                "(it may have been dropped as the oldest past the store's bound)"
-            )
-        labels: list[tuple[LabelKind, bool]] = []
-        closed_wrong: bool | None = None
-        if reference is not None and row.closed_answer is not None:
-            closed_wrong = not answer_correct(row.closed_answer, reference)
-        elif correct is not None and not row.retrieved:
-            closed_wrong = not correct
-        detail = {"correct": correct, "reference": reference}
-        if closed_wrong is not None:
-            self.add_label(
-                answer_id, source="feedback", kind="closed-wrong", value=closed_wrong, detail=detail
-            )
-            labels.append(("closed-wrong", closed_wrong))
-        else:  # kept with the answer, for a later shadow twin or reader; not a gate label
-            self.add_label_note(answer_id, detail)
-        return labels
 
     def add_label_note(self, answer_id: str, detail: Mapping[str, Any]) -> None:
         with self._write() as db:
@@ -332,6 +360,9 @@ class FeedbackStore:
             out[kind]["retrieve" if value else "no_retrieve"] = n
         return out
 
+    def gate_path(self) -> Path:
+        return self.path.with_name(self.path.stem + "-gate.json")
+
     # -- plumbing ----------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -360,3 +391,4 @@ class FeedbackStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+

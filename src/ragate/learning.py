@@ -203,7 +203,7 @@ def learn_from_store(
         model = {"model": rows.models[0]}
     return learn_labelled(
         data, out, label=label, cascade=cascade, components=components, c=c, model=model,
-        questions=rows.questions, source=f"feedback store {store.path}", tuned=tuned,
+        questions=rows.questions, source=f"feedback store {store.name}", tuned=tuned,
     )  # fmt: skip
 
 

@@ -46,7 +46,8 @@ class TrafficLearning:
 
     def _open_learning(self, store: Any, shadow: float, queue_size: int) -> None:
         """The feedback store and the shadow worker, where asked for."""
-        from ragate.feedback import FeedbackStore
+        from ragate.feedback import FeedbackRules
+        from ragate.shared_feedback import open_feedback_store
 
         if isinstance(shadow, bool) or not isinstance(shadow, numbers.Real) or not 0.0 <= shadow <= 1.0:
             raise RagateError(
@@ -57,8 +58,8 @@ class TrafficLearning:
 
             store = ragate_home() / "feedback.db"
         if store is not None:
-            self.store = store if isinstance(store, FeedbackStore) else FeedbackStore(store)
-            if not isinstance(store, FeedbackStore):
+            self.store = store if isinstance(store, FeedbackRules) else open_feedback_store(store)
+            if not isinstance(store, FeedbackRules):
                 self._owned.append(self.store)
         if shadow > 0:
             from ragate.shadow import Shadow
@@ -189,7 +190,7 @@ class TrafficLearning:
         if self.store is None:
             raise RagateError("this pipeline keeps no labels: make it with feedback_store= or shadow=")
         target = (
-            Path(out) if out is not None else self.store.path.with_name(self.store.path.stem + "-gate.json")
+            Path(out) if out is not None else self.store.gate_path()
         )
         learned = learn_from_store(
             self.store, target, label=label, prompts=self.spec.prompts.name, cascade=cascade, hidden=hidden,

@@ -29,6 +29,26 @@ def register(subparsers: Any) -> None:
     )
     common_options(ev, dataset_required=False)
     ev.add_argument("--methods", help="comma-separated method names (see `ragate ask --help`)")
+    ev.add_argument(
+        "--engine",
+        dest="run_engine",  # --backend's dest is engine (the LM's)
+        choices=("local", "ray"),
+        default="local",
+        help="local (default): this machine's processes (--workers); ray: batches of questions as tasks of Ray "
+        "actors (--ray-workers), each with its own model; the same resumable run directory (pip install "
+        "'ragate[ray]')",
+    )
+    ev.add_argument(
+        "--ray-workers", type=int, default=None, metavar="N",
+        help="with --engine ray: Ray actors, each with its own model (default: one per CPU of the cluster)",
+    )  # fmt: skip
+    ev.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --engine ray: the cluster to join (auto, HOST:6379 or ray://HOST:10001); default: start a "
+        "local one",
+    )
     concurrency_option(ev)
     early_exit_argument(ev)
     ev.set_defaults(run=_run_eval)
@@ -229,6 +249,10 @@ def _run_eval(args: argparse.Namespace) -> int:
     if not args.dataset or not args.methods:
         raise RagateError("ragate eval needs --dataset and --methods (or --fold DIR... to merge shards)")
     check_concurrency(args)
+    if args.run_engine == "ray":  # a wrong address fails before any work
+        from ragate.eval.ray_engine import check_address
+
+        check_address(args.ray_address)
     config = _config(args, args.methods)
     out = _default_out(args, "eval")
     print(f"run directory: {out}")
@@ -242,6 +266,9 @@ def _run_eval(args: argparse.Namespace) -> int:
         call_cache=args.call_cache,
         cache=args.cache,
         accept_rebuilt_index=args.accept_rebuilt_index,
+        engine=args.run_engine,
+        ray_address=args.ray_address,
+        ray_workers=args.ray_workers,
     )
     paid, charged = results["calls"]["paid"], results["calls"]["charged"]
     if charged["calls"]:

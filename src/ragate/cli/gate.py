@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -58,7 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "and write it as plain JSON (no pickle) that `--method learned --gate-weights FILE` reads.",
     )
     source = learn.add_mutually_exclusive_group(required=True)
-    source.add_argument("--store", type=Path, help="a feedback store (SQLite) to learn from")
+    source.add_argument(
+        "--store", help="a feedback store to learn from: a SQLite file, or redis://HOST:PORT/DB (the replicas' shared one)"
+    )
     source.add_argument("--sweep", type=Path, help="a sweep run directory whose records label its questions")
     learn.add_argument("--out", type=Path, required=True, help="the gate file to write (.json)")
     learn.add_argument(
@@ -110,7 +113,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Record that an answer (its id, as `ragate serve --feedback-store` returned it) was correct or "
         "wrong, or give its reference answer; prints the gate labels that gave and the store's counts.",
     )
-    fb.add_argument("--store", type=Path, required=True, help="the feedback store (SQLite)")
+    fb.add_argument(
+        "--store", required=True, help="the feedback store: a SQLite file, or redis://HOST:PORT/DB (shared by replicas)"
+    )
     fb.add_argument("--id", required=True, help="the answer's id")
     verdict = fb.add_mutually_exclusive_group()
     verdict.add_argument("--correct", action="store_true", help="the answer was right")
@@ -156,15 +161,10 @@ def _learn(args: argparse.Namespace) -> int:
     components = DEFAULT_COMPONENTS if args.components is None else args.components
     c = DEFAULT_C if args.c is None else args.c
     if args.store is not None:
-        from ragate.feedback import FeedbackStore
         from ragate.methods import get_method
 
-        if not args.store.is_file():
-            raise RagateError(
-                f"no feedback store at {args.store}: `ragate serve --feedback-store FILE` (or --shadow) fills one"
-            )
         prompts = args.prompts or get_method("learned").prompts.name
-        with FeedbackStore(args.store) as store:
+        with _open_store(args.store) as store:
             counts = store.counts()
             label = args.label
             if label is None:
@@ -229,15 +229,8 @@ def _learn(args: argparse.Namespace) -> int:
 def _feedback(args: argparse.Namespace) -> int:
     import json
 
-    from ragate.errors import RagateError
-    from ragate.feedback import FeedbackStore
-
-    if not args.store.is_file():
-        raise RagateError(
-            f"no feedback store at {args.store}: `ragate serve --feedback-store FILE` (or --shadow) fills one"
-        )
     correct = True if args.correct else (False if args.wrong else None)
-    with FeedbackStore(args.store) as store:
+    with _open_store(args.store) as store:
         labels = store.feedback(args.id, correct=correct, reference=args.reference)
         print(
             json.dumps(
@@ -249,3 +242,15 @@ def _feedback(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def _open_store(where: str) -> Any:
+    """A feedback store to read: a SQLite file that exists (never a new empty one), or a shared store's URL."""
+    from ragate.errors import RagateError
+    from ragate.shared_feedback import open_feedback_store
+
+    if "://" not in where and not Path(where).is_file():
+        raise RagateError(
+            f"no feedback store at {where}: `ragate serve --feedback-store FILE` (or --shadow) fills one"
+        )
+    return open_feedback_store(where)

@@ -318,10 +318,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="with --answer-log: an audit trail; an answer whose line cannot be written is a 503, not returned",
     )
     p.add_argument(
-        "--feedback-store", type=Path, default=None, metavar="FILE",
+        "--feedback-store", default=None, metavar="FILE|URL",
         help="keep each answer's features (question signals, draft scores, the model's hidden state) and its labels "
-        "in this SQLite file; answers then carry an id that POST /v1/feedback names (default with --shadow: "
-        "RAGATE_HOME/feedback.db)",
+        "in this SQLite file, or in redis://HOST:PORT/DB to share them among replicas; answers then carry an id "
+        "that POST /v1/feedback names (default with --shadow: RAGATE_HOME/feedback.db)",
     )  # fmt: skip
     p.add_argument(
         "--shadow", type=float, default=0.0, metavar="SHARE",

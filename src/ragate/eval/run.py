@@ -168,6 +168,9 @@ def run_eval(
     call_cache: Path | None = None,
     cache: bool = True,
     accept_rebuilt_index: bool = False,
+    engine: str = "local",
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
 ) -> dict[str, Any]:
     """Run (or finish) ``config`` into ``out_dir``; returns the results dict also written to ``results.json``.
 
@@ -178,6 +181,8 @@ def run_eval(
     a :class:`~ragate.eval.calls.CallCache`: each distinct call is computed once, in the store at ``call_cache``
     (default :func:`default_call_cache`), and charged to every method that makes it; ``cache=False`` computes
     every call (same predictions, every call paid). ``accept_rebuilt_index``: see :func:`ragate.eval.config.check_config`.
+    ``engine="ray"`` sends the questions to Ray actors instead (``ray_workers`` of them; default one per CPU of the
+    cluster), joining the cluster at ``ray_address`` or starting a local one (:mod:`ragate.eval.ray_engine`).
     ``config.tuned`` (``ragate tune`` files) sets those methods' trigger thresholds and refuses to score any of
     their validation questions (:func:`ragate.eval.tunefile.check_tuned`).
     """
@@ -197,7 +202,17 @@ def run_eval(
             config.spec(m)  # unknown names fail here, before any work
         if workers < 1:
             raise RagateError(f"--workers must be >= 1, not {workers}")
-        if workers > 1 and (lm is not None or retriever is not None or concurrency > 1):
+        if engine not in ("local", "ray"):
+            raise RagateError(f"--engine is local or ray, not {engine!r}")
+        if engine == "ray" and (lm is not None or retriever is not None or concurrency > 1):
+            raise RagateError("--engine ray opens a model per Ray worker: not with a backend handed in or --concurrency")
+        if (ray_address is not None or ray_workers is not None) and engine != "ray":
+            raise RagateError("--ray-address and --ray-workers go with --engine ray")
+        if engine == "ray" and workers > 1:
+            raise RagateError("--workers shards over this machine's processes; with --engine ray give --ray-workers")
+        if ray_workers is not None and ray_workers < 1:
+            raise RagateError(f"--ray-workers must be >= 1, not {ray_workers}")
+        if workers > 1 and engine == "local" and (lm is not None or retriever is not None or concurrency > 1):
             raise RagateError(
                 "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
             )
@@ -221,7 +236,11 @@ def run_eval(
         store = None if not cache else (call_cache or default_call_cache())
         if store is not None and jobs:  # a damaged or misplaced cache: refused before any model loads
             check_call_cache(store)
-        if workers > 1 and jobs:
+        if engine == "ray" and jobs:
+            from ragate.eval.ray_engine import run_ray
+
+            run_ray(config, jobs, path, store, Answering, address=ray_address, workers=ray_workers, progress=progress)
+        elif workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
             try:
                 run_workers(
@@ -257,6 +276,7 @@ def run_eval(
             "provenance": prov,
             **times,
             "calls": {"cache": None if store is None else str(store), "workers": workers}
+            | ({"engine": "ray", "ray_workers": ray_workers} if engine == "ray" else {})
             | cost_totals(records),
             "summary": summarize(records, [m for m in config.methods]),
         }
@@ -291,6 +311,82 @@ def open_call_cache(
     return CallCache(lm, opened, identity, exact_prefixes=opened is not None), opened
 
 
+class Answering:
+    """What answering a run's questions needs, opened once: the model behind the call cache, the index, the
+    methods' specs (a method the backend cannot serve is refused here, or runs with the fallback gate). The
+    one-process run, each worker process and each Ray worker (:mod:`ragate.eval.ray_engine`) answer jobs with
+    :meth:`record`. ``lm`` / ``retriever`` handed in stay the caller's."""
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        store: Path | None,
+        *,
+        methods: Sequence[str] | None = None,
+        lm: Backend | None = None,
+        retriever: Retriever | None = None,
+        concurrency: int = 1,
+    ) -> None:
+        self.config = config
+        self.specs = {m: config.spec(m) for m in config.methods}
+        self.own_lm, self.own_retriever = lm is None, retriever is None
+        self.lm = lm or _open_lm(config, concurrency)
+        self.retriever: Retriever | None = None
+        self.opened: CallStore | None = None
+        try:
+            self.specs = {
+                m: require(s, self.lm.capabilities, engine=self.lm.engine, fallback=config.fallback, rename=False)
+                for m, s in self.specs.items()
+            }
+        except RagateError:
+            self.close()
+            raise
+        self.retriever = retriever
+        if retriever is None and any(self.specs[m].retrieves for m in (methods or config.methods)):
+            self.retriever = _open_retriever(config)
+        if self.retriever is not None:
+            owned = [x for x, own in ((self.retriever, self.own_retriever), (self.lm, self.own_lm)) if own]
+            check_index(self.specs.values(), self.retriever, close=owned)
+        self.calls, self.opened = open_call_cache(self.lm, store, config, own=self.own_lm)
+        # questions in flight share the process: each record is charged its own thread's CPU (the model computes
+        # on the server); one at a time, the process's (a local engine computes in its own threads)
+        self.clock = time.thread_time if concurrency > 1 else time.process_time
+        self._warm = not self.own_lm  # a backend handed in is the caller's, warm or scripted
+
+    def record(self, job: tuple[int, Example, str]) -> dict[str, Any]:
+        """Answer one job (question index, example, method): its record, or an error record."""
+        i, ex, method = job
+        if not self._warm:
+            _warm_up(self.lm, self.retriever, ex.question)
+            self._warm = True
+        spec = self.specs[method]
+        # single-shot calls are computed once each; the dynamic loop keeps the engine's prefix reuse
+        target: Backend = self.calls if spec.dynamic is None else self.lm
+        self.lm.clear_cache()
+        try:
+            with self.calls.tally() as tally:
+                start, cpu = time.perf_counter(), self.clock()
+                trace = run_method(
+                    spec, ex.question, target, self.retriever, seed=self.config.seed + i, dataset=ex.dataset,
+                    early_exit=self.config.early_exit,
+                )  # fmt: skip
+                wall, cpu = time.perf_counter() - start, self.clock() - cpu
+            counted = tally if target is self.calls else None
+            return record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted)
+        except CallCacheError:
+            raise  # the run's store, not this question: stop (answers so far are kept; --resume)
+        except (RagateError, ValueError) as err:
+            return error_record(ex, method, err)
+
+    def close(self) -> None:
+        if self.opened is not None:
+            self.opened.close()
+        if self.own_retriever and self.retriever is not None:
+            self.retriever.close()
+        if self.own_lm:
+            self.lm.close()
+
+
 def _answer_jobs(
     config: EvalConfig,
     jobs: Sequence[tuple[int, Example, str]],
@@ -303,31 +399,10 @@ def _answer_jobs(
     concurrency: int = 1,
 ) -> None:
     """Answer ``jobs`` (question index, example, method) and append one record each to ``path``."""
-    specs = {m: config.spec(m) for m in config.methods}
-    own_lm, own_retriever = lm is None, retriever is None
-    lm = lm or _open_lm(config, concurrency)
-    try:  # a method the backend cannot serve is refused before any answer, or runs with the fallback gate
-        specs = {
-            m: require(s, lm.capabilities, engine=lm.engine, fallback=config.fallback, rename=False)
-            for m, s in specs.items()
-        }
-    except RagateError:
-        if own_lm:
-            lm.close()
-        raise
-    needs_index = any(specs[m].retrieves for _, _, m in jobs)
-    if retriever is None and needs_index:
-        retriever = _open_retriever(config)
-    if retriever is not None:
-        owned = [x for x, own in ((retriever, own_retriever), (lm, own_lm)) if own]
-        check_index(specs.values(), retriever, close=owned)
-    if jobs and own_lm:  # a backend handed in is the caller's, warm or scripted
-        _warm_up(lm, retriever, jobs[0][1].question)
-    calls, opened = open_call_cache(lm, store, config, own=own_lm)
+    answering = Answering(
+        config, store, methods=sorted({m for _, _, m in jobs}), lm=lm, retriever=retriever, concurrency=concurrency
+    )
     lock = threading.Lock()
-    # questions in flight share the process: each record is charged its own thread's CPU (the model computes on
-    # the server); one at a time, the process's (a local engine computes in its own threads)
-    clock = time.thread_time if concurrency > 1 else time.process_time
     try:
         with (
             RecordWriter(path) as writer,
@@ -335,37 +410,14 @@ def _answer_jobs(
         ):
 
             def work(job: tuple[int, Example, str]) -> None:
-                i, ex, method = job
-                spec = specs[method]
-                # single-shot calls are computed once each; the dynamic loop keeps the engine's prefix reuse
-                target: Backend = calls if spec.dynamic is None else lm
-                lm.clear_cache()
-                try:
-                    with calls.tally() as tally:
-                        start, cpu = time.perf_counter(), clock()
-                        trace = run_method(
-                            spec, ex.question, target, retriever, seed=config.seed + i, dataset=ex.dataset,
-                            early_exit=config.early_exit,
-                        )  # fmt: skip
-                        wall, cpu = time.perf_counter() - start, clock() - cpu
-                    counted = tally if target is calls else None
-                    record = record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted)
-                except CallCacheError:
-                    raise  # the run's store, not this question: stop (answers so far are kept; --resume)
-                except (RagateError, ValueError) as err:
-                    record = error_record(ex, method, err)
+                record = answering.record(job)
                 with lock:  # one writer and one bar, whichever thread finishes
                     writer.append(record)
                     bar.update(1)
 
             run_concurrently(work, jobs, concurrency)
     finally:
-        if opened is not None:
-            opened.close()
-        if own_retriever and retriever is not None:
-            retriever.close()
-        if own_lm:
-            lm.close()
+        answering.close()
 
 
 def run_concurrently(work: Callable[[Any], None], jobs: Sequence[Any], concurrency: int) -> None:

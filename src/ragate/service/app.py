@@ -322,6 +322,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackRequest) -> Response:
         from ragate.feedback import UnknownAnswer
+        from ragate.shared import StoreUnavailable
 
         if rt.pipeline.store is None:
             raise ApiError(
@@ -331,14 +332,15 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
             labels = await anyio.to_thread.run_sync(
                 lambda: rt.pipeline.feedback(body.id, correct=body.correct, reference=body.reference)
             )
+            counts = await anyio.to_thread.run_sync(rt.pipeline.store.counts)
         except UnknownAnswer as err:
             raise ApiError(404, str(err)) from None
+        except StoreUnavailable as err:  # the replicas' shared store is down: not the client's fault
+            raise ApiError(503, str(err), {"Retry-After": "5"}) from None
         except RagateError as err:
             raise ApiError(400, str(err)) from None
         rt.labelled(len(labels))
-        return JSONResponse(
-            {"id": body.id, "labels": [{"kind": k, "retrieve": v} for k, v in labels], "counts": rt.pipeline.store.counts()}
-        )
+        return JSONResponse({"id": body.id, "labels": [{"kind": k, "retrieve": v} for k, v in labels], "counts": counts})
 
     @app.get("/v1/models")
     async def models() -> Response:

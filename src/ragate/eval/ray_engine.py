@@ -1,0 +1,142 @@
+"""Ray as the engine of a run (``ragate eval --engine ray [--ray-address ADDR] [--workers N]``).
+
+The driver (the process that runs ``ragate eval``) keeps the run directory exactly as a local run does: it opens,
+checks and resumes it, then sends the questions still to answer as batches of ``batch`` jobs to N Ray actors.
+Each actor opens its own model (the run's local model file, or the user's fleet of servers with ``--base-url``)
+and index once, through the same ``Answering`` as a local run (:mod:`ragate.eval.run`), and returns the batch's
+records; only the driver writes them, in the order batches finish, fsync'ed as they arrive. So:
+
+- the records of a Ray run are a local run's (the same seed per question, ``seed + its index``), timings aside;
+- a worker that dies mid-batch is restarted by Ray and its batch run again (``max_restarts`` /
+  ``max_task_retries``); since only returned batches are written, no record is written twice, and a killed
+  driver resumes with ``--resume`` like any run;
+- progress shows the answers and, per worker, how many it returned.
+
+Without ``--ray-address`` it starts a local cluster with the CPUs this process may use (one actor per CPU by
+default); ``--ray-address auto`` or ``ray://HOST:10001`` joins an existing one. On a cluster of several machines
+the run's model, index and dataset paths must exist on every worker node (or give ``--base-url`` servers); the call
+cache is a SQLite file, so give ``--no-call-cache`` unless its path is on storage every node shares.
+Ray stays optional: ``pip install 'ragate[ray]'``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ragate.errors import RagateError
+from ragate.eval.config import EvalConfig
+from ragate.eval.datasets import Example
+from ragate.eval.records import RecordWriter
+
+Job = tuple[int, Example, str]
+RETRIES = 3  # restarts of a dead worker, and runs of a batch it was answering
+
+
+class _Worker:
+    """A Ray actor: one model and index, opened when it starts; answers batches of jobs into records."""
+
+    def __init__(self, make: Callable[..., Any], config: EvalConfig, store: str | None) -> None:
+        self.answering = make(config, Path(store) if store else None)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def answer(self, worker: int, batch: Sequence[Job]) -> tuple[int, list[dict[str, Any]]]:
+        return worker, [self.answering.record(job) for job in batch]
+
+
+def check_address(address: str | None) -> None:
+    """Refuse a ``--ray-address`` that cannot name a cluster, before anything starts."""
+    if address is None or address == "auto" or address.startswith("local"):
+        return
+    if not (address.startswith("ray://") or ":" in address) or any(c.isspace() for c in address):
+        raise RagateError(
+            f"--ray-address {address!r} is not a Ray cluster address: give auto, HOST:6379 (a head node's GCS) or "
+            "ray://HOST:10001 (Ray Client), or leave it out for a local cluster"
+        )
+
+
+def run_ray(
+    config: EvalConfig,
+    jobs: Sequence[Job],
+    path: Path,
+    store: Path | None,
+    make: Callable[..., Any],
+    *,
+    address: str | None = None,
+    workers: int | None = None,
+    batch: int = 4,
+    progress: bool = True,
+) -> None:
+    """Answer ``jobs`` on Ray actors and append their records to ``path`` as batches return. ``make(config,
+    store)`` opens what a worker answers with (:class:`ragate.eval.run.Answering`), once per worker."""
+    try:
+        import ray
+    except ImportError:
+        raise RagateError("--engine ray needs Ray: pip install 'ragate[ray]' (or pip install ray)") from None
+    check_address(address)
+    if batch < 1:
+        raise RagateError(f"--ray-batch must be >= 1, not {batch}")
+    started_here = not ray.is_initialized()
+    if started_here:
+        import logging
+
+        mine = len(os.sched_getaffinity(0)) if address is None else None  # a local cluster: this process's CPUs
+        try:
+            ray.init(
+                address=address, num_cpus=mine, include_dashboard=False, log_to_driver=False,
+                logging_level=logging.ERROR,
+            )  # fmt: skip
+        except (ConnectionError, ValueError, RuntimeError) as err:
+            raise RagateError(f"--ray-address {address}: cannot join the Ray cluster ({err})") from None
+    try:
+        cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
+        n = workers or int(cpus)
+        # more workers than the cluster's CPUs share them (each asks for a share) rather than wait for ever
+        actor = ray.remote(num_cpus=min(1.0, cpus / n), max_restarts=RETRIES, max_task_retries=RETRIES)(_Worker)
+        env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        pool = [
+            actor.options(runtime_env={"env_vars": env}).remote(make, config, str(store) if store else None)  # type: ignore[attr-defined]
+            for _ in range(n)
+        ]
+        batches = [list(jobs[i : i + batch]) for i in range(0, len(jobs), batch)]
+        returned = [0] * n
+        with (
+            RecordWriter(path) as writer,
+            tqdm(total=len(jobs), desc=f"eval {config.dataset} (ray, {n} workers)", unit="answer",
+                 disable=not progress) as bar,  # fmt: skip
+        ):
+            waiting = list(range(len(batches)))
+            running: dict[Any, int] = {}
+            free = list(range(n))
+            while waiting or running:
+                while waiting and free:
+                    w = free.pop(0)
+                    b = waiting.pop(0)
+                    running[pool[w].answer.remote(w, batches[b])] = w  # type: ignore[attr-defined]
+                done, _ = ray.wait(list(running), num_returns=1)
+                for ref in done:
+                    w = running.pop(ref)
+                    free.append(w)
+                    try:
+                        _, records = ray.get(ref)
+                    except ray.exceptions.RayError as err:
+                        said = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines()
+                        raise RagateError(
+                            f"a Ray worker failed beyond its {RETRIES} retries ({type(err).__name__}: "
+                            f"{said[-1] if said else ''}); the answers so far are kept: rerun with --resume"
+                        ) from None
+                    for record in records:
+                        writer.append(record)
+                    returned[w] += len(records)
+                    bar.update(len(records))
+                    bar.set_postfix_str(" ".join(f"w{i}:{c}" for i, c in enumerate(returned)))
+    finally:
+        if started_here:
+            ray.shutdown()

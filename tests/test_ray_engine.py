@@ -1,0 +1,112 @@
+"""``ragate eval --engine ray`` on a real local Ray cluster of 2 CPUs (issue 67): the records equal a local run's,
+timings aside; a worker killed mid-run is restarted and its batch answered again, every record written once; a
+wrong --ray-address is refused before anything starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragate.errors import RagateError
+from ragate.eval.config import EvalConfig
+from ragate.eval.ray_engine import check_address
+from ragate.eval.records import read_records
+from ragate.eval.run import run_eval
+
+ray = pytest.importorskip("ray", reason="the Ray engine's tests need Ray: pip install 'ragate[ray]'")
+psutil = pytest.importorskip("psutil")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """One local cluster for the module (starting one takes seconds); run_eval joins it and leaves it running."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def timeless(record: dict[str, Any]) -> Any:
+    """A record without what the clock measured (wall and CPU seconds, anywhere in it)."""
+    if isinstance(record, dict):
+        return {k: timeless(v) for k, v in record.items() if "second" not in k and "latency" not in k}
+    if isinstance(record, list):
+        return [timeless(v) for v in record]
+    return record
+
+
+def records(out: Path) -> dict[tuple[str, str], Any]:
+    found = [timeless(r) for r in read_records(out / "questions.jsonl")]
+    assert len({(r["id"], r["method"]) for r in found}) == len(found)  # none written twice
+    return {(r["id"], r["method"]): r for r in found}
+
+
+def config(limit: int, methods: tuple[str, ...]) -> EvalConfig:
+    return EvalConfig(dataset="demo", methods=methods, limit=limit)
+
+
+def test_a_ray_run_gives_the_records_of_a_local_run(cluster: None, tmp_path: Path) -> None:
+    c = config(6, ("no-retrieval", "targ-margin"))
+    local = run_eval(c, tmp_path / "local", progress=False, cache=False)
+    far = run_eval(c, tmp_path / "ray", progress=False, cache=False, engine="ray", ray_workers=2)
+    assert records(tmp_path / "ray") == records(tmp_path / "local")
+    assert len(records(tmp_path / "ray")) == 12
+    assert timeless(far["summary"]) == timeless(local["summary"])
+    assert far["calls"]["engine"] == "ray"
+    again = run_eval(c, tmp_path / "ray", resume=True, progress=False, cache=False, engine="ray", ray_workers=2)
+    assert len(records(tmp_path / "ray")) == 12 and again["questions"] == 6  # a resume finds nothing to do
+
+
+def workers() -> list[Any]:
+    return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith("ray::_Worker")]
+
+
+def test_a_worker_killed_mid_run_is_retried_and_every_record_is_written_once(cluster: None, tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    c = config(16, ("no-retrieval",))
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["results"] = run_eval(c, out, progress=False, cache=False, engine="ray", ray_workers=2)
+        except BaseException as err:  # noqa: BLE001 - the test reports it
+            done["error"] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    path = out / "questions.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (path.exists() and path.read_text().count("\n") >= 1):
+        time.sleep(0.1)
+    assert path.exists(), "no record arrived"
+    assert path.read_text().count("\n") < 16, "the run ended before a worker could be killed"
+    victims = workers()
+    assert victims, "no Ray worker process found"
+    os.kill(victims[0].pid, signal.SIGKILL)
+    killed = victims[0].pid
+    thread.join(300)
+    assert not thread.is_alive() and "error" not in done, done.get("error")
+    got = Counter((r["id"], r["method"]) for r in read_records(path))
+    assert set(got.values()) == {1} and len(got) == 16  # every record present, once
+    assert killed not in {p.pid for p in workers()}
+    assert done["results"]["summary"][0]["n"] == 16
+
+
+def test_a_wrong_ray_address_is_refused_naming_it(tmp_path: Path) -> None:
+    for bad in ("not an address", "nohost"):
+        with pytest.raises(RagateError, match="is not a Ray cluster address"):
+            check_address(bad)
+    from ragate.cli.main import main
+
+    assert main(["eval", "--dataset", "demo", "--methods", "no-retrieval", "--engine", "ray", "--ray-address",
+                 "nohost", "--out", str(tmp_path / "x")]) == 2  # fmt: skip
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(RagateError, match="--ray-address and --ray-workers go with --engine ray"):
+        run_eval(config(1, ("no-retrieval",)), tmp_path / "y", progress=False, ray_address="auto")
