@@ -4,6 +4,7 @@ wrong --ray-address is refused before anything starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -53,15 +54,28 @@ def config(limit: int, methods: tuple[str, ...]) -> EvalConfig:
 
 
 def test_a_ray_run_gives_the_records_of_a_local_run(cluster: None, tmp_path: Path) -> None:
-    c = config(6, ("no-retrieval", "targ-margin"))
+    c = config(4, ("no-retrieval", "targ-margin"))
     local = run_eval(c, tmp_path / "local", progress=False, cache=False)
     far = run_eval(c, tmp_path / "ray", progress=False, cache=False, engine="ray", ray_workers=2)
     assert records(tmp_path / "ray") == records(tmp_path / "local")
-    assert len(records(tmp_path / "ray")) == 12
+    assert len(records(tmp_path / "ray")) == 8
     assert timeless(far["summary"]) == timeless(local["summary"])
     assert far["calls"]["engine"] == "ray"
     again = run_eval(c, tmp_path / "ray", resume=True, progress=False, cache=False, engine="ray", ray_workers=2)
-    assert len(records(tmp_path / "ray")) == 12 and again["questions"] == 6  # a resume finds nothing to do
+    assert len(records(tmp_path / "ray")) == 8 and again["questions"] == 4  # a resume finds nothing to do
+
+
+def test_a_ray_sweep_gives_the_records_of_a_local_sweep(cluster: None, tmp_path: Path) -> None:
+    from ragate.eval.sweep import compact, sweep_pass
+
+    c = config(4, ("targ-margin", "dtr"))
+    sweep_pass(c, tmp_path / "local", progress=False, cache=False)
+    sweep_pass(c, tmp_path / "ray", progress=False, cache=False, engine="ray", ray_workers=2)
+
+    def rows(out: Path) -> dict[tuple[str, str], Any]:
+        return {(r["id"], r["family"]): timeless(r) for r in compact(out / "sweep.jsonl")}
+
+    assert rows(tmp_path / "ray") == rows(tmp_path / "local") and len(rows(tmp_path / "local")) == 8
 
 
 def workers() -> list[Any]:
@@ -105,8 +119,21 @@ def test_a_wrong_ray_address_is_refused_naming_it(tmp_path: Path) -> None:
             check_address(bad)
     from ragate.cli.main import main
 
-    assert main(["eval", "--dataset", "demo", "--methods", "no-retrieval", "--engine", "ray", "--ray-address",
-                 "nohost", "--out", str(tmp_path / "x")]) == 2  # fmt: skip
-    assert not (tmp_path / "x").exists()
+    for kind in ("eval", "sweep"):
+        assert main([kind, "--dataset", "demo", "--methods", "targ-margin", "--engine", "ray", "--ray-address",
+                     "nohost", "--out", str(tmp_path / kind)]) == 2  # fmt: skip
+        assert not (tmp_path / kind).exists()
+    with pytest.raises(RagateError, match="with --engine ray give --ray-workers"):
+        run_eval(config(1, ("no-retrieval",)), tmp_path / "z", progress=False, engine="ray", workers=2)
     with pytest.raises(RagateError, match="--ray-address and --ray-workers go with --engine ray"):
         run_eval(config(1, ("no-retrieval",)), tmp_path / "y", progress=False, ray_address="auto")
+
+
+def test_tune_runs_each_value_on_ray(cluster: None, tmp_path: Path) -> None:
+    from ragate.eval.tune import tune
+
+    result = tune(method="flare", dataset="demo", out=tmp_path / "tune", limit=2, grid=[0.5], test_limit=0,
+                  progress=False, cache=False, run_engine="ray", ray_workers=1)  # fmt: skip
+    run = json.loads((tmp_path / "tune" / "theta-0.5" / "results.json").read_text())
+    assert run["calls"]["engine"] == "ray" and run["questions"] == 2
+    assert result["method"] == "flare"

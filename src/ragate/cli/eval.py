@@ -29,26 +29,7 @@ def register(subparsers: Any) -> None:
     )
     common_options(ev, dataset_required=False)
     ev.add_argument("--methods", help="comma-separated method names (see `ragate ask --help`)")
-    ev.add_argument(
-        "--engine",
-        dest="run_engine",  # --backend's dest is engine (the LM's)
-        choices=("local", "ray"),
-        default="local",
-        help="local (default): this machine's processes (--workers); ray: batches of questions as tasks of Ray "
-        "actors (--ray-workers), each with its own model; the same resumable run directory (pip install "
-        "'ragate[ray]')",
-    )
-    ev.add_argument(
-        "--ray-workers", type=int, default=None, metavar="N",
-        help="with --engine ray: Ray actors, each with its own model (default: one per CPU of the cluster)",
-    )  # fmt: skip
-    ev.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDR",
-        help="with --engine ray: the cluster to join (auto, HOST:6379 or ray://HOST:10001); default: start a "
-        "local one",
-    )
+    engine_options(ev)
     concurrency_option(ev)
     early_exit_argument(ev)
     ev.set_defaults(run=_run_eval)
@@ -63,6 +44,7 @@ def register(subparsers: Any) -> None:
     sw.add_argument("run_dir", nargs="?", type=Path, help="an existing sweep directory (pass 2 only)")
     common_options(sw, dataset_required=False)
     sw.add_argument("--methods", help="comma-separated gate methods, e.g. dtr,targ-margin,random")
+    engine_options(sw)
     concurrency_option(sw)
     sw.add_argument("--at", action="append", default=[], help="METHOD=TAU: print that operating point")
     sw.add_argument(
@@ -233,6 +215,41 @@ def _gate_weights(args: argparse.Namespace, names: tuple[str, ...]) -> str | Non
     return str(path)
 
 
+def engine_options(p: argparse.ArgumentParser) -> None:
+    """--engine, --ray-workers, --ray-address (eval and sweep)."""
+    p.add_argument(
+        "--engine",
+        dest="run_engine",  # --backend's dest is engine (the LM's)
+        choices=("local", "ray"),
+        default="local",
+        help="local (default): this machine's processes (--workers); ray: batches of questions as tasks of Ray "
+        "actors (--ray-workers), each with its own model; the same resumable run directory (pip install "
+        "'ragate[ray]')",
+    )
+    p.add_argument(
+        "--ray-workers", type=int, default=None, metavar="N",
+        help="with --engine ray: Ray actors, each with its own model (default: one per CPU of the cluster)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --engine ray: the cluster to join (auto, HOST:6379 or ray://HOST:10001); default: start a "
+        "local one",
+    )
+
+
+
+def check_engine_args(args: argparse.Namespace) -> None:
+    """The engine's settings, before any work (a wrong --ray-address fails here)."""
+    from ragate.eval.ray_engine import check_engine
+
+    check_engine(
+        args.run_engine, ray_address=args.ray_address, ray_workers=args.ray_workers, workers=args.workers,
+        handed_in=False, concurrency=args.concurrency,
+    )  # fmt: skip
+
+
 def _default_out(args: argparse.Namespace, kind: str) -> Path:
     if args.out is not None:
         return Path(args.out)
@@ -249,10 +266,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     if not args.dataset or not args.methods:
         raise RagateError("ragate eval needs --dataset and --methods (or --fold DIR... to merge shards)")
     check_concurrency(args)
-    if args.run_engine == "ray":  # a wrong address fails before any work
-        from ragate.eval.ray_engine import check_address
-
-        check_address(args.ray_address)
+    check_engine_args(args)
     config = _config(args, args.methods)
     out = _default_out(args, "eval")
     print(f"run directory: {out}")
@@ -321,6 +335,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         if not args.dataset or not args.methods:
             raise RagateError("give RUN_DIR, or --dataset and --methods to run pass 1")
         check_concurrency(args)
+        check_engine_args(args)
         config = _config(args, args.methods)
         out = _default_out(args, "sweep")
         print(f"sweep directory: {out}")
@@ -334,6 +349,9 @@ def _run_sweep(args: argparse.Namespace) -> int:
             cache=args.cache,
             accept_rebuilt_index=args.accept_rebuilt_index,
             concurrency=args.concurrency,
+            engine=args.run_engine,
+            ray_address=args.ray_address,
+            ray_workers=args.ray_workers,
         )
     fronts = write_sweep(out, records, args.metric)
     print(sweep_markdown(fronts, args.metric))

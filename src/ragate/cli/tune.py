@@ -84,6 +84,9 @@ def register(subparsers: Any) -> None:
         help="the tune file (default calibration/METHOD-DATASET-tune-TARGET.json)",
     )
     p.add_argument("--workers", type=int, default=1, help="processes for a local model, one per core")
+    from ragate.cli.eval import engine_options
+
+    engine_options(p)
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight (with --backend openai)")
     p.add_argument("--call-cache", type=Path, default=None, help="where LM calls are stored (as ragate eval)")
     p.add_argument("--no-call-cache", dest="cache", action="store_false", help="compute every call in full")
@@ -102,6 +105,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
     check_concurrency(args)
+    from ragate.cli.eval import check_engine_args
+
+    check_engine_args(args)
     grid = parse_grid(args.grid) if args.grid is not None else None
     target = parse_target(args.target)  # before any model loads
     stem = Path(str(args.dataset)).stem
@@ -130,6 +136,9 @@ def _run(args: argparse.Namespace) -> int:
         cache=args.cache,
         extra_body=args.extra_body,
         openai_timeout=args.openai_timeout,
+        run_engine=args.run_engine,
+        ray_address=args.ray_address,
+        ray_workers=args.ray_workers,
     )
     from ragate.eval.tune import GridRow
 

@@ -31,10 +31,9 @@ from tqdm.auto import tqdm
 
 from ragate.errors import RagateError
 from ragate.eval.config import EvalConfig
-from ragate.eval.datasets import Example
 from ragate.eval.records import RecordWriter
 
-Job = tuple[int, Example, str]
+Job = tuple[Any, ...]  # (question index, example, method or family, ...): what ``make``'s record takes
 RETRIES = 3  # restarts of a dead worker, and runs of a batch it was answering
 
 
@@ -49,6 +48,25 @@ class _Worker:
 
     def answer(self, worker: int, batch: Sequence[Job]) -> tuple[int, list[dict[str, Any]]]:
         return worker, [self.answering.record(job) for job in batch]
+
+
+def check_engine(
+    engine: str, *, ray_address: str | None, ray_workers: int | None, workers: int, handed_in: bool, concurrency: int
+) -> None:
+    """Refuse settings a run's engine cannot honour (``run_eval`` and ``sweep_pass``), naming the fix."""
+    if engine not in ("local", "ray"):
+        raise RagateError(f"--engine is local or ray, not {engine!r}")
+    if (ray_address is not None or ray_workers is not None) and engine != "ray":
+        raise RagateError("--ray-address and --ray-workers go with --engine ray")
+    if engine != "ray":
+        return
+    if handed_in or concurrency > 1:
+        raise RagateError("--engine ray opens a model per Ray worker: not with a backend handed in or --concurrency")
+    if workers > 1:
+        raise RagateError("--workers shards over this machine's processes; with --engine ray give --ray-workers")
+    if ray_workers is not None and ray_workers < 1:
+        raise RagateError(f"--ray-workers must be >= 1, not {ray_workers}")
+    check_address(ray_address)
 
 
 def check_address(address: str | None) -> None:
@@ -73,6 +91,7 @@ def run_ray(
     workers: int | None = None,
     batch: int = 4,
     progress: bool = True,
+    desc: str = "eval",
 ) -> None:
     """Answer ``jobs`` on Ray actors and append their records to ``path`` as batches return. ``make(config,
     store)`` opens what a worker answers with (:class:`ragate.eval.run.Answering`), once per worker."""
@@ -109,7 +128,7 @@ def run_ray(
         returned = [0] * n
         with (
             RecordWriter(path) as writer,
-            tqdm(total=len(jobs), desc=f"eval {config.dataset} (ray, {n} workers)", unit="answer",
+            tqdm(total=len(jobs), desc=f"{desc} {config.dataset} (ray, {n} workers)", unit="job",
                  disable=not progress) as bar,  # fmt: skip
         ):
             waiting = list(range(len(batches)))

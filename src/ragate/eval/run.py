@@ -44,6 +44,7 @@ from ragate.eval.config import (
 from ragate.eval.datasets import Example
 from ragate.eval.metrics import recall_at_k, score
 from ragate.eval.provenance import provenance
+from ragate.eval.ray_engine import check_engine, run_ray
 from ragate.eval.records import RecordWriter, latest, read_records
 from ragate.eval.rundir import (
     LOCK_FILE,
@@ -202,16 +203,10 @@ def run_eval(
             config.spec(m)  # unknown names fail here, before any work
         if workers < 1:
             raise RagateError(f"--workers must be >= 1, not {workers}")
-        if engine not in ("local", "ray"):
-            raise RagateError(f"--engine is local or ray, not {engine!r}")
-        if engine == "ray" and (lm is not None or retriever is not None or concurrency > 1):
-            raise RagateError("--engine ray opens a model per Ray worker: not with a backend handed in or --concurrency")
-        if (ray_address is not None or ray_workers is not None) and engine != "ray":
-            raise RagateError("--ray-address and --ray-workers go with --engine ray")
-        if engine == "ray" and workers > 1:
-            raise RagateError("--workers shards over this machine's processes; with --engine ray give --ray-workers")
-        if ray_workers is not None and ray_workers < 1:
-            raise RagateError(f"--ray-workers must be >= 1, not {ray_workers}")
+        check_engine(
+            engine, ray_address=ray_address, ray_workers=ray_workers, workers=workers,
+            handed_in=lm is not None or retriever is not None, concurrency=concurrency,
+        )  # fmt: skip
         if workers > 1 and engine == "local" and (lm is not None or retriever is not None or concurrency > 1):
             raise RagateError(
                 "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
@@ -237,8 +232,6 @@ def run_eval(
         if store is not None and jobs:  # a damaged or misplaced cache: refused before any model loads
             check_call_cache(store)
         if engine == "ray" and jobs:
-            from ragate.eval.ray_engine import run_ray
-
             run_ray(config, jobs, path, store, Answering, address=ray_address, workers=ray_workers, progress=progress)
         elif workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]

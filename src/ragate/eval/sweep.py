@@ -33,6 +33,7 @@ from ragate.eval.calls import check_call_cache
 from ragate.eval.config import EvalConfig, open_run
 from ragate.eval.datasets import Example
 from ragate.eval.provenance import provenance
+from ragate.eval.ray_engine import check_engine, run_ray
 from ragate.eval.records import (
     RecordWriter,
     is_count,
@@ -111,6 +112,9 @@ def sweep_pass(
     cache: bool = True,
     accept_rebuilt_index: bool = False,
     concurrency: int = 1,
+    engine: str = "local",
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Pass 1 into ``out_dir/sweep.jsonl``: per (question, family) the two answers and every gate's score.
 
@@ -118,7 +122,8 @@ def sweep_pass(
     order, so its record is the one a single job at a time writes).
     ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
     store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls;
-    ``accept_rebuilt_index`` as in :func:`ragate.eval.config.check_config`."""
+    ``accept_rebuilt_index`` as in :func:`ragate.eval.config.check_config`; ``engine``, ``ray_address`` and
+    ``ray_workers`` as in :func:`ragate.eval.run.run_eval`."""
     if config.fallback is not None:
         raise RagateError(
             f"--fallback {config.fallback} stands in for a gate in `ragate eval` and `serve`; a sweep scores each gate "
@@ -148,6 +153,10 @@ def sweep_pass(
             )
         if workers < 1:
             raise RagateError(f"--workers must be >= 1, not {workers}")
+        check_engine(
+            engine, ray_address=ray_address, ray_workers=ray_workers, workers=workers,
+            handed_in=lm is not None or retriever is not None, concurrency=concurrency,
+        )  # fmt: skip
         if workers > 1 and (lm is not None or retriever is not None or concurrency > 1):
             raise RagateError(
                 "--workers above 1 opens a model per worker: not with a backend handed in or --concurrency"
@@ -172,7 +181,10 @@ def sweep_pass(
         store = None if not cache else (call_cache or default_call_cache())
         if store is not None and jobs:  # a damaged or misplaced cache: refused before any model loads
             check_call_cache(store)
-        if workers > 1 and jobs:
+        if engine == "ray" and jobs:
+            run_ray(config, jobs, path, store, Sweeping, address=ray_address, workers=ray_workers,
+                    progress=progress, desc="sweep")  # fmt: skip
+        elif workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
             try:
                 run_workers(
@@ -282,34 +294,31 @@ def _families(specs: dict[str, MethodSpec]) -> dict[str, list[str]]:
     return families
 
 
-def _sweep_jobs(
-    config: EvalConfig,
-    jobs: Sequence[tuple[int, Example, str, dict[str, Any] | None]],
-    path: Path,
-    store: Path | None,
-    *,
-    lm: Any = None,
-    retriever: Any = None,
-    progress: bool = False,
-    concurrency: int = 1,
-) -> None:
-    """Pass 1 for ``jobs`` (question index, example, family, its stored record or None), one record each
-    appended to ``path``, ``concurrency`` jobs at a time. A stored record keeps its two answers; only the gates
-    it lacks are scored."""
-    specs = {m: config.spec(m) for m in config.methods}
-    families = _families(specs)
-    own_lm, own_retriever = lm is None, retriever is None
-    lm = lm or _open_lm(config, concurrency)
-    retriever = retriever or _open_retriever(config)
-    owned = [x for x, own in ((retriever, own_retriever), (lm, own_lm)) if own]
-    check_index(specs.values(), retriever, close=owned)
-    calls, opened = open_call_cache(lm, store, config, own=own_lm)
-    lock = threading.Lock()
+class Sweeping:
+    """What pass 1 needs, opened once (the model behind the call cache, the index, the specs and their
+    families); :meth:`record` scores one job. The one-process pass, each worker process and each Ray worker
+    (:mod:`ragate.eval.ray_engine`) use it. ``lm`` / ``retriever`` handed in stay the caller's."""
 
-    def one(job: tuple[int, Example, str, dict[str, Any] | None]) -> dict[str, Any]:
+    def __init__(
+        self, config: EvalConfig, store: Path | None, *, lm: Any = None, retriever: Any = None, concurrency: int = 1
+    ) -> None:
+        self.config = config
+        self.specs = {m: config.spec(m) for m in config.methods}
+        self.families = _families(self.specs)
+        self.own_lm, self.own_retriever = lm is None, retriever is None
+        self.lm = lm or _open_lm(config, concurrency)
+        self.retriever = retriever or _open_retriever(config)
+        owned = [x for x, own in ((self.retriever, self.own_retriever), (self.lm, self.own_lm)) if own]
+        check_index(self.specs.values(), self.retriever, close=owned)
+        self.calls, self.opened = open_call_cache(self.lm, store, config, own=self.own_lm)
+
+    def record(self, job: tuple[int, Example, str, dict[str, Any] | None]) -> dict[str, Any]:
+        """Pass 1 for one job (question index, example, family, its stored record or None): a stored record keeps
+        its two answers; only the gates it lacks are scored."""
         i, ex, fam, stored = job
-        base = specs[families[fam][0]]
-        seed = config.seed + i
+        specs, calls, retriever = self.specs, self.calls, self.retriever
+        base = specs[self.families[fam][0]]
+        seed = self.config.seed + i
         if stored is None:
             closed = _answer(
                 run_method(base.with_(gate=GateSpec("never")), ex.question, calls, retriever, seed=seed), ex
@@ -320,7 +329,7 @@ def _sweep_jobs(
         else:
             closed, opened_answer = stored["closed"], stored["open"]
         gates: dict[str, Any] = dict(stored["gates"]) if stored else {}
-        for m in families[fam]:
+        for m in self.families[fam]:
             if unswept(specs[m]) or m in gates:
                 continue
             stages: list[Stage] = []
@@ -334,7 +343,7 @@ def _sweep_jobs(
                 "retrieve": d.retrieve,
                 "seconds": wall - tally.paid.seconds + tally.charged.seconds,  # charged, as in eval
             } | gate_cost(stages)
-        methods = list(dict.fromkeys([*(stored["methods"] if stored else ()), *families[fam]]))
+        methods = list(dict.fromkeys([*(stored["methods"] if stored else ()), *self.families[fam]]))
         return {
             "id": ex.id,
             "family": fam,
@@ -344,6 +353,29 @@ def _sweep_jobs(
             "gates": gates,
         }
 
+    def close(self) -> None:
+        if self.opened is not None:
+            self.opened.close()
+        if self.own_retriever:
+            self.retriever.close()
+        if self.own_lm:
+            self.lm.close()
+
+
+def _sweep_jobs(
+    config: EvalConfig,
+    jobs: Sequence[tuple[int, Example, str, dict[str, Any] | None]],
+    path: Path,
+    store: Path | None,
+    *,
+    lm: Any = None,
+    retriever: Any = None,
+    progress: bool = False,
+    concurrency: int = 1,
+) -> None:
+    """Pass 1 for ``jobs``, one record each appended to ``path``, ``concurrency`` jobs at a time."""
+    sweeping = Sweeping(config, store, lm=lm, retriever=retriever, concurrency=concurrency)
+    lock = threading.Lock()
     try:
         with (
             RecordWriter(path) as writer,
@@ -353,19 +385,14 @@ def _sweep_jobs(
         ):
 
             def work(job: tuple[int, Example, str, dict[str, Any] | None]) -> None:
-                record = one(job)
+                record = sweeping.record(job)
                 with lock:  # one writer and one bar, whichever thread finishes
                     writer.append(record)
                     bar.update(1)
 
             run_concurrently(work, jobs, concurrency)
     finally:
-        if opened is not None:
-            opened.close()
-        if own_retriever:
-            retriever.close()
-        if own_lm:
-            lm.close()
+        sweeping.close()
 
 
 def decisions(records: Sequence[dict[str, Any]], method: str, tau: float | None = None) -> list[bool]:

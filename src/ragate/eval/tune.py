@@ -269,6 +269,9 @@ def tune(
     openai_timeout: float | None = None,
     lm: Backend | None = None,
     retriever: Retriever | None = None,
+    run_engine: str = "local",
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
 ) -> dict[str, Any]:
     """Run ``method`` over the validation questions (``dataset`` after ``offset``, ``limit`` of them) once per
     value of ``grid`` (default: the trigger's, :data:`PARAMETERS`), each into ``out/<parameter>-<value>`` (an
@@ -276,7 +279,8 @@ def tune(
     ``target`` ("best" on ``metric``, or "retrievals=R"). Refused before any model loads: validation questions
     in the test split (``test_dataset``, default ``dataset``, ``test_offset``/``test_limit``, default its first
     :data:`DEFAULT_TEST_LIMIT`). Returns the tune file's content (:func:`save_tune` writes it). ``lm`` /
-    ``retriever``: ready-made ones (tests), which stay the caller's."""
+    ``retriever``: ready-made ones (tests), which stay the caller's. ``run_engine="ray"`` answers each value's
+    run on Ray actors (``ray_address``, ``ray_workers``; :mod:`ragate.eval.ray_engine`)."""
     from ragate.eval.config import EvalConfig
     from ragate.eval.datasets import dataset_files, load_dataset
     from ragate.eval.provenance import index_identity
@@ -337,13 +341,15 @@ def tune(
             if progress:
                 print(f"[{k}/{len(grid)}] {method} {parameter} = {value:g}: {run_dir}", file=sys.stderr)
             config = EvalConfig(dataset, (method,), thresholds=((method, value),), **common)
-            if lm is None and workers == 1 and not opened and _missing(run_dir, examples, method):
+            local = run_engine == "local"  # on Ray, each worker opens its own model
+            if local and lm is None and workers == 1 and not opened and _missing(run_dir, examples, method):
                 mine = retriever is None  # a retriever handed in stays the caller's
                 lm, retriever = _open(config, spec, concurrency, retriever, examples[0].question)
                 opened += [lm] + ([retriever] if mine and retriever is not None else [])
             run_eval(
                 config, run_dir, resume=True, progress=progress, concurrency=concurrency, lm=lm,
-                retriever=retriever, workers=workers, call_cache=call_cache, cache=cache,
+                retriever=retriever, workers=workers, call_cache=call_cache, cache=cache, engine=run_engine,
+                ray_address=ray_address, ray_workers=ray_workers,
             )  # fmt: skip
             runs[value] = latest(read_records(run_dir / "questions.jsonl"))
             where[value] = str(run_dir)
