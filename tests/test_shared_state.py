@@ -159,7 +159,7 @@ def test_a_wrong_state_url_or_a_dead_store_is_refused_naming_it() -> None:
 
 def test_replicas_with_another_budget_are_refused(store: Store) -> None:
     controller(store.url, budget=0.3)
-    with pytest.raises(RagateError, match="must share --budget and --window"):
+    with pytest.raises(RagateError, match="must share --budget, --window and --budget-gain"):
         controller(store.url, budget=0.5)
 
 

@@ -143,6 +143,17 @@ class BudgetController:
         gain: float = DEFAULT_GAIN,
         shared: SharedWindow | None = None,
     ) -> None:
+        try:
+            self._start(budget, window, spec, state, model, gain, shared)
+        except BaseException:
+            if shared is not None:  # the controller owns the store's connection from here
+                shared.close()
+            raise
+
+    def _start(
+        self, budget: float, window: int, spec: MethodSpec, state: Path | None, model: str, gain: float,
+        shared: SharedWindow | None,
+    ) -> None:  # fmt: skip
         check_budget(budget, window, spec, gain)
         self.budget, self.window, self.method, self.path, self.model = budget, window, spec.name, state, model
         self.gain = gain
@@ -233,7 +244,15 @@ class BudgetController:
             self._tau = threshold_for_budget(list(self._scores), self._level()) if self._scores else self._tau
             self.shared.set_tau(self._tau)
 
+    @property
+    def last_tau(self) -> float:
+        """The threshold as this replica last set or read it (no store round trip: for metrics and /healthz)."""
+        with self._lock:
+            return self._tau
+
     def _level(self) -> float:
+        if not self._decisions:  # a shared window whose entries were all unreadable
+            return self.budget
         return control_level(self.budget, sum(self._decisions) / len(self._decisions), self.gain)
 
     def rate(self) -> float | None:
@@ -244,12 +263,13 @@ class BudgetController:
     def observe(self, score: float | None, retrieved: bool) -> float:
         """Record one answered request's gate score and decision; returns the new tau."""
         with self._lock:
-            finite = score is not None and math.isfinite(score)  # NaN or inf says nothing about the distribution
-            if not self._observe_shared(float(score) if finite else None, retrieved):  # type: ignore[arg-type]
+            # NaN or inf says nothing about the distribution
+            kept = float(score) if score is not None and math.isfinite(score) else None
+            if not self._observe_shared(kept, retrieved):
                 self._decisions.append(retrieved)
-                if finite:
-                    self._scores.append(float(score))  # type: ignore[arg-type]
-            if finite and self._scores:
+                if kept is not None:
+                    self._scores.append(kept)
+            if kept is not None and self._scores:
                 self._tau = threshold_for_budget(list(self._scores), self._level())
                 if self.shared is not None and self.shared_error is None:
                     try:
@@ -258,11 +278,10 @@ class BudgetController:
                         assert self._link is not None
                         self._link.failed(err)
             self._observed += 1
-            kept = float(score) if score is not None and math.isfinite(score) else None
             self._history.append({
                 "n": self._observed, "time": time.time(), "score": kept,
                 "retrieved": retrieved, "tau": self._tau,
-                "rate": sum(self._decisions) / len(self._decisions),
+                "rate": sum(self._decisions) / len(self._decisions) if self._decisions else None,
             })  # fmt: skip
             if self.path is not None:  # under the lock: states are written in the order they were reached
                 self._save()

@@ -230,7 +230,7 @@ class Pipeline(TrafficLearning):
                     Path(budget_state) if budget_state is not None else None,
                     model=str(lm.model),
                     gain=budget_gain,
-                    shared=self._shared_window(state, budget, window),
+                    shared=self._shared_window(state, budget, window, budget_gain),
                 )
                 self._owned.append(self.budget)
         except BaseException:
@@ -249,15 +249,19 @@ class Pipeline(TrafficLearning):
 
     # -- set-up -------------------------------------------------------------------------------------------------
 
-    def _shared_window(self, state: str | None, budget: float, window: int) -> Any:
-        """The fleet's budget window in a Valkey/Redis store (``state=``; :mod:`ragate.shared`), else None."""
+    def _shared_window(self, state: str | None, budget: float, window: int, gain: float) -> Any:
+        """The fleet's budget window in a Valkey/Redis store (``state=``; :mod:`ragate.shared`), else None; the
+        settings are checked before the store sees them."""
         if state is None:
             return None
+        from ragate.budget import check_budget
         from ragate.shared import SharedWindow, parse_state_url
 
+        check_budget(budget, window, self.spec, gain)
         return SharedWindow(
-            parse_state_url(state), method=self.spec.name, model=str(self.lm.model), budget=budget, window=window
-        )
+            parse_state_url(state), method=self.spec.name, model=str(self.lm.model), budget=budget, window=window,
+            gain=gain,
+        )  # fmt: skip
     def _with_proxy(self, lm: Backend, spec: MethodSpec, threads: int | str | None) -> Backend:
         """``lm`` with the small proxy model opened beside it when the gate drafts with one (ragate.gates.proxy)."""
         from ragate.methods.proxy import attach_proxy

@@ -13,14 +13,16 @@ the last window it read plus what it observed since (the controller reports ``sh
 pushes what it observed meanwhile. A URL that is wrong or a store that cannot be reached is refused at start.
 
 Keys, under ``ragate:budget:<digest of method and model>:``: ``scores`` and ``decisions`` (lists, newest first,
-trimmed to W), ``tau`` (a string), ``meta`` (a hash: method, model, budget, window). Replicas that share a key must
-share ``--budget`` and ``--window`` (checked at start). Values read back are checked: an entry that is not a
+trimmed to W), ``tau`` (a string), ``meta`` (a hash whose ``settings`` field holds method, model, budget, window and
+gain as JSON). Replicas that share a key must share ``--budget``, ``--window`` and ``--budget-gain`` (checked at
+start). Values read back are checked: an entry that is not a
 finite number (or 0/1) is skipped, so a damaged key cannot put NaN into tau.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import time
@@ -82,7 +84,7 @@ def parse_state_url(text: str) -> StateURL:
     return StateURL(text, parts.hostname, port or 6379, int(path), parts.scheme in ("rediss", "valkeys"))
 
 
-def connect(url: StateURL) -> Any:
+def connect(url: StateURL, *, timeout: float = TIMEOUT_SECONDS) -> Any:
     """A client of the store (the ``valkey`` package, which speaks to Valkey and Redis alike), pinged once: a
     store that does not answer is refused here, naming the URL and the fix."""
     try:
@@ -93,11 +95,13 @@ def connect(url: StateURL) -> Any:
         ) from None
     client = valkey.Valkey.from_url(
         url.url.replace("valkey", "redis", 1) if url.url.startswith("valkey") else url.url,
-        socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS, decode_responses=True,
+        socket_timeout=timeout, socket_connect_timeout=TIMEOUT_SECONDS, decode_responses=True,
+        encoding_errors="replace",  # a damaged value is text that does not parse, never a decoding exception
     )  # fmt: skip
     try:
         client.ping()
     except valkey.exceptions.ValkeyError as err:
+        client.close()
         raise RagateError(
             f"--state {url.shown}: the store does not answer ({type(err).__name__}: {err}); start Valkey or Redis "
             "there (valkey-server / redis-server) or fix the URL"
@@ -126,36 +130,40 @@ class SharedWindow:
     """The budget controller's window in the store (see the module docstring). Every method raises
     :class:`StoreUnavailable` when the store fails; the controller decides what to do then."""
 
-    def __init__(self, url: StateURL, *, method: str, model: str, budget: float, window: int) -> None:
-        import valkey
-
+    def __init__(
+        self, url: StateURL, *, method: str, model: str, budget: float, window: int, gain: float = 16.0
+    ) -> None:
+        """Connect and claim (or join) the window of ``method`` on ``model``: the first replica writes the settings
+        (one field, atomically); a replica with other settings is refused. Check the settings before this."""
         self.url, self.window = url, window
-        self._errors: tuple[type[BaseException], ...] = (valkey.exceptions.ValkeyError, OSError)
         self._client = connect(url)
         digest = hashlib.sha256(f"{method}\0{model}".encode()).hexdigest()[:16]
         self.prefix = f"ragate:budget:{digest}:"
-        mine = {"method": method, "model": model, "budget": repr(budget), "window": str(window)}
+        mine = {"method": method, "model": model, "budget": budget, "window": window, "gain": gain}
         try:
-            self._client.hsetnx(self.prefix + "meta", "method", method)  # the first replica names the key
-            for key, value in mine.items():
-                self._client.hsetnx(self.prefix + "meta", key, value)
-            theirs = self._client.hgetall(self.prefix + "meta")
-        except self._errors as err:
+            self._client.hsetnx(self.prefix + "meta", "settings", json.dumps(mine, sort_keys=True))
+            saved = self._client.hget(self.prefix + "meta", "settings")
+        except Exception as err:  # noqa: BLE001 (any failure of the store at start: refused, naming it)
+            self._client.close()
             raise RagateError(f"--state {url.shown}: {type(err).__name__}: {err}") from None
-        for key in ("budget", "window"):
-            if theirs.get(key) != mine[key]:
-                raise RagateError(
-                    f"--state {url.shown} holds a budget window of {key} {theirs.get(key)} for {method!r} on this "
-                    f"model; this replica has {mine[key]}: replicas that share a store must share --budget and "
-                    "--window (or use another database in the URL)"
-                )
+        try:
+            theirs = json.loads(saved or "")
+        except ValueError:
+            theirs = None
+        if theirs != mine:
+            self._client.close()
+            raise RagateError(
+                f"--state {url.shown} holds the budget window of {method!r} on this model with the settings "
+                f"{saved!r:.200}; this replica has {json.dumps(mine, sort_keys=True)}: replicas that share a store "
+                "must share --budget, --window and --budget-gain (or use another database in the URL)"
+            )
 
     def _run(self, build: Any) -> list[Any]:
         try:
             pipe = self._client.pipeline(transaction=True)
             build(pipe)
             return list(pipe.execute())
-        except self._errors as err:
+        except Exception as err:  # noqa: BLE001 (a side channel: whatever the store does, the answer goes on)
             raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
 
     def push(self, entries: Sequence[tuple[float | None, bool]]) -> tuple[list[float], list[bool]]:
@@ -200,8 +208,10 @@ class Link:
     kept for /healthz, and logged once per outage); while down, :meth:`due` says yes at most once per
     :data:`RETRY_SECONDS`."""
 
-    def __init__(self, shown: str, clock: Any = time.monotonic) -> None:
-        self.shown, self._clock = shown, clock
+    def __init__(
+        self, shown: str, clock: Any = time.monotonic, *, meanwhile: str = "this replica decides alone until it is back"
+    ) -> None:
+        self.shown, self._clock, self.meanwhile = shown, clock, meanwhile
         self.error: str | None = None
         self._next = 0.0
 
@@ -210,12 +220,11 @@ class Link:
 
     def failed(self, err: StoreUnavailable) -> None:
         if self.error is None:
-            log.warning("the shared state %s is unavailable (%s): this replica decides alone until it is back",
-                        self.shown, err)  # fmt: skip
+            log.warning("the shared state %s is unavailable (%s): %s", self.shown, err, self.meanwhile)
         self.error = f"{self.shown}: {err}"
         self._next = self._clock() + RETRY_SECONDS
 
     def ok(self) -> None:
         if self.error is not None:
-            log.warning("the shared state %s is back: this replica re-joined the fleet's window", self.shown)
+            log.warning("the shared state %s is back", self.shown)
         self.error = None

@@ -6,8 +6,11 @@ replica (``POST /v1/feedback``, a shadow answer) is seen by every replica's refi
 Keys, under ``ragate:feedback:``: ``seq`` (a counter), ``answers`` (a sorted set of answer ids by their sequence
 number: the bound drops the lowest), ``answer:<id>`` (a hash of the answer's fields; the hidden state base64 of its
 float32 bytes), ``labels:<id>`` (a list of JSON labels, oldest first), ``labelled`` (the ids with a label) and
-``label_rows`` (the gate labels kept). A label is in the store when its call returns (the server's own persistence
-settings decide what survives a restart of the store). A value that does not parse is an error naming the key.
+``label_rows`` (the gate labels kept). Adding a label to an answer, a twin to an answer, and dropping the oldest
+answers with their labels each run as one server-side script, so another replica never sees half of one. A label is
+in the store when its call returns (the server's own persistence settings decide what survives a restart of the
+store). A value that does not parse is an error naming the key; a store that fails is not tried again for a second
+(:class:`ragate.shared.Link`).
 """
 
 from __future__ import annotations
@@ -33,9 +36,46 @@ from ragate.feedback import (
     check_label,
     unknown_answer,
 )
-from ragate.shared import StoreUnavailable, connect, parse_state_url
+from ragate.shared import Link, StoreUnavailable, connect, parse_state_url
 
 PREFIX = "ragate:feedback:"
+CHUNK = 500  # answers read per round trip by labelled() and counts()
+BULK_TIMEOUT_SECONDS = 30.0  # those reads' socket timeout (a store of 50,000 answers with hidden states)
+
+# KEYS: the answer's hash, its label list, the labelled set, the label count; ARGV: the label (JSON), "1" for a gate
+# label ("0": a note), the answer's id. 0 where the store does not hold the answer.
+_APPEND = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+if ARGV[2] == '1' then
+  redis.call('SADD', KEYS[3], ARGV[3])
+  redis.call('INCR', KEYS[4])
+end
+return 1
+"""
+# KEYS: the answer's hash; ARGV: field, value, ... (nothing where the answer is gone)
+_TWIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+# KEYS: the answers' sorted set, the labelled set, the label count; ARGV: how many go, the key prefix. Each answer
+# goes with its hash and labels, and the count loses its gate labels (a label that does not parse counts as one).
+_DROP = """
+local gone = redis.call('ZPOPMIN', KEYS[1], ARGV[1])
+for i = 1, #gone, 2 do
+  local id = gone[i]
+  local gate = 0
+  for _, raw in ipairs(redis.call('LRANGE', ARGV[2] .. 'labels:' .. id, 0, -1)) do
+    local ok, label = pcall(cjson.decode, raw)
+    if not ok or type(label) ~= 'table' or label['kind'] ~= 'note' then gate = gate + 1 end
+  end
+  redis.call('DEL', ARGV[2] .. 'answer:' .. id, ARGV[2] .. 'labels:' .. id)
+  redis.call('SREM', KEYS[2], id)
+  redis.call('DECRBY', KEYS[3], gate)
+end
+return #gone / 2
+"""
 
 
 class SharedFeedbackStore(FeedbackRules):
@@ -44,26 +84,39 @@ class SharedFeedbackStore(FeedbackRules):
     def __init__(self, url: str, *, max_answers: int = DEFAULT_MAX_ANSWERS) -> None:
         if max_answers < 1:
             raise RagateError(f"max_answers must be at least 1, not {max_answers}")
-        import valkey
-
         self.url = parse_state_url(url)
         self.name = self.url.shown
         self.max_answers = max_answers
-        self._errors = (valkey.exceptions.ValkeyError, OSError)
         self._db = connect(self.url)
+        self._bulk: Any = None  # a second connection with a longer timeout, for reading every labelled answer
+        self._link = Link(self.name, meanwhile="answers go on without their features and labels until it is back")
+        self._append_script = self._db.register_script(_APPEND)
+        self._twin_script = self._db.register_script(_TWIN)
+        self._drop_script = self._db.register_script(_DROP)
 
     def _key(self, *parts: str) -> str:
         return PREFIX + ":".join(parts)
 
-    def _do(self, build: Any) -> list[Any]:
+    def _do(self, build: Any, *, transaction: bool = True, bulk: bool = False) -> list[Any]:
+        """Run ``build(pipe)``'s commands; a store that failed is not tried again for a second (the answer that
+        records its features does not wait on a dead store each time)."""
+        if not self._link.due():
+            raise StoreUnavailable(f"the feedback store {self._link.error}")
         try:
-            pipe = self._db.pipeline(transaction=True)
+            if bulk and self._bulk is None:
+                self._bulk = connect(self.url, timeout=BULK_TIMEOUT_SECONDS)
+            pipe = (self._bulk if bulk else self._db).pipeline(transaction=transaction)
             build(pipe)
-            return list(pipe.execute())
-        except self._errors as err:
-            raise StoreUnavailable(
-                f"the feedback store {self.name} could not be used ({type(err).__name__}: {err})"
-            ) from None
+            out = list(pipe.execute())
+        except Exception as err:  # noqa: BLE001 (a side channel: named, never a stray exception)
+            failure = StoreUnavailable(f"{type(err).__name__}: {err}")
+            self._link.failed(failure)
+            raise StoreUnavailable(f"the feedback store {self.name} could not be used ({failure})") from None
+        self._link.ok()
+        return out
+
+    def _script(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        return self._do(lambda p: script(keys=keys, args=args, client=p))[0]
 
     # -- writing -----------------------------------------------------------------------------------------------
     def record_answer(
@@ -103,34 +156,19 @@ class SharedFeedbackStore(FeedbackRules):
             p.zcard(self._key("answers"))
 
         over = int(self._do(build)[-1]) - self.max_answers
-        if over > 0:
-            self._drop(over)
-
-    def _drop(self, n: int) -> None:
-        """The ``n`` oldest answers go, with their labels."""
-        oldest = self._do(lambda p: p.zpopmin(self._key("answers"), n))[0]
-        for answer_id, _ in oldest:
-            labels = self._do(lambda p, a=answer_id: p.lrange(self._key("labels", a), 0, -1))[0]
-            gate = sum(1 for raw in labels if _label(raw, answer_id).get("kind") != "note")
-
-            def build(p: Any, a: str = answer_id, gate: int = gate) -> None:
-                p.delete(self._key("answer", a), self._key("labels", a))
-                p.srem(self._key("labelled"), a)
-                p.decrby(self._key("label_rows"), gate)
-
-            self._do(build)
+        if over > 0:  # the oldest go with their labels, in one script (nothing left behind half-deleted)
+            self._script(self._drop_script, [self._key("answers"), self._key("labelled"), self._key("label_rows")],
+                         [over, PREFIX])  # fmt: skip
 
     def set_twin(self, answer_id: str, *, closed: str | None = None, opened: str | None = None) -> None:
-        """Record the other path's answer (a shadow answer) beside an answer."""
-        if not self._do(lambda p: p.exists(self._key("answer", answer_id)))[0]:
-            return
-        fields: dict[str, str] = {}
+        """Record the other path's answer (a shadow answer) beside an answer it still holds."""
+        fields: list[str] = []
         if closed is not None:
-            fields |= {"closed_answer": closed, "has_closed": "1"}
+            fields += ["closed_answer", closed, "has_closed", "1"]
         if opened is not None:
-            fields |= {"open_answer": opened, "has_open": "1"}
+            fields += ["open_answer", opened, "has_open", "1"]
         if fields:
-            self._do(lambda p: p.hset(self._key("answer", answer_id), mapping=fields))
+            self._script(self._twin_script, [self._key("answer", answer_id)], fields)
 
     def add_label(
         self,
@@ -149,17 +187,12 @@ class SharedFeedbackStore(FeedbackRules):
         self._append(answer_id, {"source": "feedback", "kind": "note", "value": False, "detail": dict(detail)})
 
     def _append(self, answer_id: str, label: dict[str, Any]) -> None:
-        if not self._do(lambda p: p.exists(self._key("answer", answer_id)))[0]:
-            raise unknown_answer(answer_id)
+        """Add a label to an answer the store holds, in one script (the answer cannot go in between)."""
         entry = json.dumps({"created": time.time(), **label})
-
-        def build(p: Any) -> None:
-            p.rpush(self._key("labels", answer_id), entry)
-            if label["kind"] != "note":
-                p.sadd(self._key("labelled"), answer_id)
-                p.incr(self._key("label_rows"))
-
-        self._do(build)
+        keys = [self._key("answer", answer_id), self._key("labels", answer_id), self._key("labelled"),
+                self._key("label_rows")]  # fmt: skip
+        if not self._script(self._append_script, keys, [entry, "0" if label["kind"] == "note" else "1", answer_id]):
+            raise unknown_answer(answer_id)
 
     # -- reading -----------------------------------------------------------------------------------------------
     def get(self, answer_id: str) -> StoredAnswer | None:
@@ -175,12 +208,15 @@ class SharedFeedbackStore(FeedbackRules):
         marked = set(self._do(lambda p: p.smembers(self._key("labelled")))[0])
         ids = [a for a in ids if a in marked]
 
-        def build(p: Any) -> None:
-            for a in ids:
-                p.hgetall(self._key("answer", a))
-                p.lrange(self._key("labels", a), 0, -1)
+        got: list[Any] = []
+        for start in range(0, len(ids), CHUNK):  # in chunks, outside a transaction: other replicas go on meanwhile
 
-        got = self._do(build) if ids else []
+            def build(p: Any, chunk: list[str] = ids[start : start + CHUNK]) -> None:
+                for a in chunk:
+                    p.hgetall(self._key("answer", a))
+                    p.lrange(self._key("labels", a), 0, -1)
+
+            got += self._do(build, transaction=False, bulk=True)
         rows = []
         for i, a in enumerate(ids):
             fields, labels = got[2 * i], got[2 * i + 1]
@@ -207,14 +243,18 @@ class SharedFeedbackStore(FeedbackRules):
         answers = int(self._do(lambda p: p.zcard(self._key("answers")))[0])
         ids = sorted(self._do(lambda p: p.smembers(self._key("labelled")))[0])
 
-        def build(p: Any) -> None:
-            for a in ids:
-                p.lrange(self._key("labels", a), 0, -1)
+        lists: list[Any] = []
+        for start in range(0, len(ids), CHUNK):
 
+            def build(p: Any, chunk: list[str] = ids[start : start + CHUNK]) -> None:
+                for a in chunk:
+                    p.lrange(self._key("labels", a), 0, -1)
+
+            lists += self._do(build, transaction=False, bulk=True)
         out: dict[str, Any] = {"answers": answers}
         for kind in LABEL_KINDS:
             out[kind] = {"retrieve": 0, "no_retrieve": 0}
-        for a, labels in zip(ids, self._do(build) if ids else [], strict=True):
+        for a, labels in zip(ids, lists, strict=True):
             seen = {(lab["kind"], bool(lab["value"])) for lab in (_label(raw, a) for raw in labels)
                     if lab.get("kind") in LABEL_KINDS}  # fmt: skip
             for kind, value in seen:
@@ -228,6 +268,8 @@ class SharedFeedbackStore(FeedbackRules):
 
     def close(self) -> None:
         self._db.close()
+        if self._bulk is not None:
+            self._bulk.close()
 
     def __enter__(self) -> Self:
         return self

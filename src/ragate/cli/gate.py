@@ -249,7 +249,10 @@ def _open_store(where: str) -> Any:
     from ragate.errors import RagateError
     from ragate.shared_feedback import open_feedback_store
 
-    if "://" not in where and not Path(where).is_file():
+    scheme = where.split("://", 1)[0] if "://" in where else None
+    if scheme is not None and scheme not in ("redis", "rediss", "valkey", "valkeys"):
+        raise RagateError(f"--store {where!r}: a feedback store is a SQLite file or a redis:// / valkey:// URL")
+    if scheme is None and not Path(where).is_file():
         raise RagateError(
             f"no feedback store at {where}: `ragate serve --feedback-store FILE` (or --shadow) fills one"
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,14 @@ class _Worker:
     """A Ray actor: one model and index, opened when it starts; answers batches of jobs into records."""
 
     def __init__(self, make: Callable[..., Any], config: EvalConfig, store: str | None) -> None:
-        self.answering = make(config, Path(store) if store else None)
+        # one thread per worker unless the run says otherwise: N workers on a node, not N x its cores (threads
+        # change no computation, ragate.backends.threads)
+        threads = config.extra.get("threads")
+        one = replace(config, extra={**config.extra, "threads": 1 if threads in (None, "auto") else threads})
+        self.answering = make(one, Path(store) if store else None)
+
+    def close(self) -> None:
+        self.answering.close()
 
     def pid(self) -> int:
         return os.getpid()
@@ -101,7 +109,8 @@ def run_ray(
         raise RagateError("--engine ray needs Ray: pip install 'ragate[ray]' (or pip install ray)") from None
     check_address(address)
     if batch < 1:
-        raise RagateError(f"--ray-batch must be >= 1, not {batch}")
+        raise RagateError(f"a Ray batch holds at least 1 job, not {batch}")
+    pool: list[Any] = []
     started_here = not ray.is_initialized()
     if started_here:
         import logging
@@ -120,7 +129,7 @@ def run_ray(
         # more workers than the cluster's CPUs share them (each asks for a share) rather than wait for ever
         actor = ray.remote(num_cpus=min(1.0, cpus / n), max_restarts=RETRIES, max_task_retries=RETRIES)(_Worker)
         env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        pool = [
+        pool += [
             actor.options(runtime_env={"env_vars": env}).remote(make, config, str(store) if store else None)  # type: ignore[attr-defined]
             for _ in range(n)
         ]
@@ -145,11 +154,16 @@ def run_ray(
                     free.append(w)
                     try:
                         _, records = ray.get(ref)
-                    except ray.exceptions.RayError as err:
-                        said = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines()
+                    except ray.exceptions.RayTaskError as err:  # ragate's own error in the worker: no retry
+                        cause = err.cause if isinstance(err.cause, BaseException) else err
                         raise RagateError(
-                            f"a Ray worker failed beyond its {RETRIES} retries ({type(err).__name__}: "
-                            f"{said[-1] if said else ''}); the answers so far are kept: rerun with --resume"
+                            f"a Ray worker stopped: {type(cause).__name__}: {_plain(cause)}; the answers so far are "
+                            "kept: rerun with --resume"
+                        ) from None
+                    except ray.exceptions.RayError as err:  # the worker or its node died more often than retried
+                        raise RagateError(
+                            f"a Ray worker failed beyond its {RETRIES} retries ({type(err).__name__}: {_plain(err)}); "
+                            "the answers so far are kept: rerun with --resume"
                         ) from None
                     for record in records:
                         writer.append(record)
@@ -157,5 +171,13 @@ def run_ray(
                     bar.update(len(records))
                     bar.set_postfix_str(" ".join(f"w{i}:{c}" for i, c in enumerate(returned)))
     finally:
+        for worker in pool:  # on a cluster that outlives the run, no worker keeps computing
+            ray.kill(worker)
         if started_here:
             ray.shutdown()
+
+
+def _plain(err: BaseException) -> str:
+    """An error's last line without the terminal colours Ray adds."""
+    said = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines()
+    return said[-1] if said else ""

@@ -335,23 +335,28 @@ class Answering:
             self.close()
             raise
         self.retriever = retriever
-        if retriever is None and any(self.specs[m].retrieves for m in (methods or config.methods)):
-            self.retriever = _open_retriever(config)
-        if self.retriever is not None:
-            owned = [x for x, own in ((self.retriever, self.own_retriever), (self.lm, self.own_lm)) if own]
-            check_index(self.specs.values(), self.retriever, close=owned)
-        self.calls, self.opened = open_call_cache(self.lm, store, config, own=self.own_lm)
+        try:
+            if retriever is None and any(self.specs[m].retrieves for m in (methods or config.methods)):
+                self.retriever = _open_retriever(config)
+            if self.retriever is not None:
+                check_index(self.specs.values(), self.retriever)
+            self.calls, self.opened = open_call_cache(self.lm, store, config, own=self.own_lm)
+        except BaseException:
+            self.close()
+            raise
         # questions in flight share the process: each record is charged its own thread's CPU (the model computes
         # on the server); one at a time, the process's (a local engine computes in its own threads)
         self.clock = time.thread_time if concurrency > 1 else time.process_time
         self._warm = not self.own_lm  # a backend handed in is the caller's, warm or scripted
+        self._warming = threading.Lock()
 
     def record(self, job: tuple[int, Example, str]) -> dict[str, Any]:
         """Answer one job (question index, example, method): its record, or an error record."""
         i, ex, method = job
-        if not self._warm:
-            _warm_up(self.lm, self.retriever, ex.question)
-            self._warm = True
+        with self._warming:  # once, before the first answer, whichever thread comes first
+            if not self._warm:
+                _warm_up(self.lm, self.retriever, ex.question)
+                self._warm = True
         spec = self.specs[method]
         # single-shot calls are computed once each; the dynamic loop keeps the engine's prefix reuse
         target: Backend = self.calls if spec.dynamic is None else self.lm

@@ -307,10 +307,14 @@ class Sweeping:
         self.families = _families(self.specs)
         self.own_lm, self.own_retriever = lm is None, retriever is None
         self.lm = lm or _open_lm(config, concurrency)
-        self.retriever = retriever or _open_retriever(config)
-        owned = [x for x, own in ((self.retriever, self.own_retriever), (self.lm, self.own_lm)) if own]
-        check_index(self.specs.values(), self.retriever, close=owned)
-        self.calls, self.opened = open_call_cache(self.lm, store, config, own=self.own_lm)
+        self.retriever, self.opened = retriever, None
+        try:
+            self.retriever = retriever or _open_retriever(config)
+            check_index(self.specs.values(), self.retriever)
+            self.calls, self.opened = open_call_cache(self.lm, store, config, own=self.own_lm)
+        except BaseException:
+            self.close()
+            raise
 
     def record(self, job: tuple[int, Example, str, dict[str, Any] | None]) -> dict[str, Any]:
         """Pass 1 for one job (question index, example, family, its stored record or None): a stored record keeps
@@ -356,7 +360,7 @@ class Sweeping:
     def close(self) -> None:
         if self.opened is not None:
             self.opened.close()
-        if self.own_retriever:
+        if self.own_retriever and self.retriever is not None:
             self.retriever.close()
         if self.own_lm:
             self.lm.close()

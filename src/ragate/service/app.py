@@ -332,7 +332,6 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
             labels = await anyio.to_thread.run_sync(
                 lambda: rt.pipeline.feedback(body.id, correct=body.correct, reference=body.reference)
             )
-            counts = await anyio.to_thread.run_sync(rt.pipeline.store.counts)
         except UnknownAnswer as err:
             raise ApiError(404, str(err)) from None
         except StoreUnavailable as err:  # the replicas' shared store is down: not the client's fault
@@ -340,6 +339,10 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
         except RagateError as err:
             raise ApiError(400, str(err)) from None
         rt.labelled(len(labels))
+        try:  # the label is kept: a store that fails now costs the counts, not a retry that labels twice
+            counts: dict[str, Any] | None = await anyio.to_thread.run_sync(rt.pipeline.store.counts)
+        except RagateError:
+            counts = None
         return JSONResponse({"id": body.id, "labels": [{"kind": k, "retrieve": v} for k, v in labels], "counts": counts})
 
     @app.get("/v1/models")

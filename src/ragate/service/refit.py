@@ -45,11 +45,15 @@ class Refit:
         with self._lock:
             if self._running is not None and self._running.is_alive():
                 return
-            rows = self.pipeline.store.label_rows()
-            if rows - self.last_fit_labels < self.every:
+            try:  # a store that fails (a shared one that is down) costs this check, never the answer
+                rows = self.pipeline.store.label_rows()
+                if rows - self.last_fit_labels < self.every:
+                    return
+                counts = self.pipeline.store.counts()
+            except Exception as err:  # noqa: BLE001  # reported in /healthz
+                self.last_error = f"{type(err).__name__}: {err}"[:500]
                 return
             self.last_fit_labels = rows
-            counts = self.pipeline.store.counts()
             self._running = threading.Thread(
                 target=self._fit, args=(choose_label(counts),), name="ragate-refit", daemon=True
             )

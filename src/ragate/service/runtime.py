@@ -252,7 +252,7 @@ class Runtime:
                 self.metrics.observe_side_failure("answer_log")
                 raise ApiError(503, f"{err.strerror}; the answer was not returned", {"Retry-After": "30"}) from None
         if self.budget is not None and self.controls(method, options):  # the pipeline observed it
-            self.metrics.observe_budget(self.budget.budget, self.budget.tau, self.budget.rate())
+            self.metrics.observe_budget(self.budget.budget, self.budget.last_tau, self.budget.rate())
         stage = {s.name: 0.0 for s in trace.stages}
         for s in trace.stages:
             stage[s.name] += s.seconds
@@ -302,8 +302,8 @@ class Runtime:
         for a method without a threshold of its own: never, always, a dynamic trigger)."""
         from ragate.gates.registry import get_gate
 
-        if self.budget is not None:
-            return float(self.budget.tau)
+        if self.budget is not None:  # as last read (no store round trip on the event loop)
+            return float(self.budget.last_tau)
         gate = self.served.gate
         if gate.kind in ("never", "always") or self.served.dynamic is not None:
             return None
@@ -319,9 +319,9 @@ class Runtime:
             out["gate_file"] = {"path": str(path), "modified": path.stat().st_mtime if path.is_file() else None}
         if p.store is not None:
             try:
-                out["store"] = {"path": str(p.store.path), **p.store.counts()}
+                out["store"] = {"path": p.store.name, **p.store.counts()}
             except Exception as err:  # noqa: BLE001 (a failing store is reported, not fatal
-                out["store"] = {"path": str(p.store.path), "error": f"{type(err).__name__}: {err}"[:300]}
+                out["store"] = {"path": p.store.name, "error": f"{type(err).__name__}: {err}"[:300]}
         if p.shadow is not None:
             out["shadow"] = p.shadow.describe()
         if self.refit is not None:
