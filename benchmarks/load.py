@@ -105,18 +105,24 @@ def body(endpoint: str, question: str, method: str, max_tokens: int) -> tuple[st
     return "/v1/answer", {"question": question, "method": method, "options": {"max_tokens": max_tokens}}
 
 
-async def one(client: httpx.AsyncClient, path: str, payload: dict[str, Any]) -> Outcome:
+async def one(
+    client: httpx.AsyncClient, path: str, payload: dict[str, Any], deadline: float | None = None
+) -> Outcome:
+    """One request; a 429 is retried after its Retry-After, at most MAX_RETRIES times, or with ``deadline``
+    (seconds from the first try) while the deadline allows."""
     start, retries = time.perf_counter(), 0
     while True:
         try:
             r = await client.post(path, json=payload)
         except httpx.HTTPError as err:
             return Outcome(0, time.perf_counter() - start, retries, error=f"{type(err).__name__}: {err}")
-        if r.status_code == 429 and retries < MAX_RETRIES:
-            retries += 1
-            await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
-            continue
         seconds = time.perf_counter() - start
+        if r.status_code == 429:
+            wait = float(r.headers.get("Retry-After", "1"))
+            if retries < MAX_RETRIES if deadline is None else seconds + wait < deadline:
+                retries += 1
+                await asyncio.sleep(wait)
+                continue
         if r.status_code >= 400:
             return Outcome(r.status_code, seconds, retries, error=r.text[:300])
         data = r.json()
@@ -275,25 +281,6 @@ class Offered:
     first_errors: list[str] = field(default_factory=list)
 
 
-async def patient(client: httpx.AsyncClient, path: str, payload: dict[str, Any], deadline: float) -> Outcome:
-    """One request that retries 429s after their Retry-After while its deadline (from arrival) allows."""
-    start, retries = time.perf_counter(), 0
-    while True:
-        try:
-            r = await client.post(path, json=payload)
-        except httpx.HTTPError as err:
-            return Outcome(0, time.perf_counter() - start, retries, error=f"{type(err).__name__}: {err}")
-        seconds = time.perf_counter() - start
-        if r.status_code == 429:
-            wait = float(r.headers.get("Retry-After", "1"))
-            if seconds + wait >= deadline:
-                return Outcome(429, seconds, retries, error=r.text[:200])
-            retries += 1
-            await asyncio.sleep(wait)
-            continue
-        return Outcome(r.status_code, seconds, retries, error=None if r.status_code == 200 else r.text[:200])
-
-
 async def overload(url: str, args: argparse.Namespace, headers: dict[str, str]) -> tuple[float, list[Offered]]:
     """Capacity from ``--probe`` sequential answers, then ``--duration`` seconds of arrivals at each multiple."""
     # each request its own question (a demo question and its number), so that none reuses an earlier prompt's
@@ -304,7 +291,7 @@ async def overload(url: str, args: argparse.Namespace, headers: dict[str, str]) 
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=timeout) as client:
         async def probe(i: int) -> None:
-            o = await patient(client, *body(args.endpoint, qs[i % len(qs)], args.method, args.max_tokens), deadline)
+            o = await one(client, *body(args.endpoint, qs[i % len(qs)], args.method, args.max_tokens), deadline)
             if o.status != 200:
                 raise SystemExit(f"load.py: a capacity probe failed: HTTP {o.status}: {o.error}")
 
@@ -325,7 +312,7 @@ async def overload(url: str, args: argparse.Namespace, headers: dict[str, str]) 
             ) -> tuple[Outcome, float]:
                 await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
                 q = qs[(args.probe + 1 + offset + i) % len(qs)]
-                o = await patient(client, *body(args.endpoint, q, args.method, args.max_tokens), deadline)
+                o = await one(client, *body(args.endpoint, q, args.method, args.max_tokens), deadline)
                 return o, time.perf_counter()
 
             done = await asyncio.gather(*(arrive(i) for i in range(n)))

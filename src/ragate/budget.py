@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ MIN_WINDOW = 10
 DEFAULT_GAIN = 16.0
 HISTORY = 500  # the points of tau and the windowed rate kept for GET /v1/budget (in memory, since start)
 LEVEL_BOUNDS = (0.001, 0.999)
+_DOWN = object()  # what BudgetController._with_store returns when the shared store was not used
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -221,18 +223,25 @@ class BudgetController:
         """The threshold for the next request: with a shared store, the fleet's (read from it; while the store is
         down, this replica's own from its last view of the window and what it observed since)."""
         with self._lock:
-            if self.shared is not None and self._link is not None and self._link.due():
-                try:
-                    if self._link.error is not None:
-                        self._rejoin()
-                    tau = self.shared.tau()
-                except StoreUnavailable as err:
-                    self._link.failed(err)
-                else:
-                    self._link.ok()
-                    if tau is not None:
-                        self._tau = tau
+            tau = self._with_store(lambda store: store.tau())
+            if tau is not _DOWN and tau is not None:
+                self._tau = tau
             return self._tau
+
+    def _with_store(self, op: Callable[[SharedWindow], Any]) -> Any:
+        """``op(store)`` on the shared store (re-joining first after an outage); :data:`_DOWN` where there is no
+        store, it is down and not yet due for another try, or it fails now (then marked down)."""
+        if self.shared is None or self._link is None or not self._link.due():
+            return _DOWN
+        try:
+            if self._link.error is not None:
+                self._rejoin()
+            out = op(self.shared)
+        except StoreUnavailable as err:
+            self._link.failed(err)
+            return _DOWN
+        self._link.ok()
+        return out
 
     def _rejoin(self) -> None:
         """Back from an outage: push what this replica observed meanwhile, then set tau from the fleet's window."""
@@ -271,12 +280,8 @@ class BudgetController:
                     self._scores.append(kept)
             if kept is not None and self._scores:
                 self._tau = threshold_for_budget(list(self._scores), self._level())
-                if self.shared is not None and self.shared_error is None:
-                    try:
-                        self.shared.set_tau(self._tau)
-                    except StoreUnavailable as err:
-                        assert self._link is not None
-                        self._link.failed(err)
+                if self.shared_error is None:
+                    self._with_store(lambda store: store.set_tau(self._tau))
             self._observed += 1
             self._history.append({
                 "n": self._observed, "time": time.time(), "score": kept,
@@ -290,21 +295,14 @@ class BudgetController:
     def _observe_shared(self, score: float | None, retrieved: bool) -> bool:
         """Push one observation to the shared window and take the fleet's window back; False where there is no
         store or it is down (the observation is then kept to push on re-joining)."""
-        if self.shared is None or self._link is None:
+        if self.shared is None:
             return False
-        if self._link.due():
-            try:
-                if self._link.error is not None:
-                    self._rejoin()
-                scores, decisions = self.shared.push([(score, retrieved)])
-            except StoreUnavailable as err:
-                self._link.failed(err)
-            else:
-                self._link.ok()
-                self._set_window(scores, decisions)
-                return True
-        self._pending.append((score, retrieved))
-        return False
+        window = self._with_store(lambda store: store.push([(score, retrieved)]))
+        if window is _DOWN:
+            self._pending.append((score, retrieved))
+            return False
+        self._set_window(*window)
+        return True
 
     def snapshot(self) -> dict[str, Any]:
         """What the controller holds now, for a page to draw: the target, the window, the rate over it and tau,

@@ -304,7 +304,25 @@ def open_call_cache(
     return CallCache(lm, opened, identity, exact_prefixes=opened is not None), opened
 
 
-class Answering:
+class Opened:
+    """The model, index and call store a run opened (``own_*``: which of them are its to close)."""
+
+    lm: Backend
+    retriever: Retriever | None
+    opened: CallStore | None
+    own_lm: bool
+    own_retriever: bool
+
+    def close(self) -> None:
+        if self.opened is not None:
+            self.opened.close()
+        if self.own_retriever and self.retriever is not None:
+            self.retriever.close()
+        if self.own_lm:
+            self.lm.close()
+
+
+class Answering(Opened):
     """What answering a run's questions needs, opened once: the model behind the call cache, the index, the
     methods' specs (a method the backend cannot serve is refused here, or runs with the fallback gate). The
     one-process run, each worker process and each Ray worker (:mod:`ragate.eval.ray_engine`) answer jobs with
@@ -375,14 +393,6 @@ class Answering:
             raise  # the run's store, not this question: stop (answers so far are kept; --resume)
         except (RagateError, ValueError) as err:
             return error_record(ex, method, err)
-
-    def close(self) -> None:
-        if self.opened is not None:
-            self.opened.close()
-        if self.own_retriever and self.retriever is not None:
-            self.retriever.close()
-        if self.own_lm:
-            self.lm.close()
 
 
 def _answer_jobs(

@@ -45,6 +45,7 @@ from ragate.eval.records import (
     write_records,
 )
 from ragate.eval.run import (
+    Opened,
     _open_lm,
     _open_retriever,
     answer_fields,
@@ -294,7 +295,7 @@ def _families(specs: dict[str, MethodSpec]) -> dict[str, list[str]]:
     return families
 
 
-class Sweeping:
+class Sweeping(Opened):
     """What pass 1 needs, opened once (the model behind the call cache, the index, the specs and their
     families); :meth:`record` scores one job. The one-process pass, each worker process and each Ray worker
     (:mod:`ragate.eval.ray_engine`) use it. ``lm`` / ``retriever`` handed in stay the caller's."""
@@ -356,14 +357,6 @@ class Sweeping:
             "open": opened_answer,
             "gates": gates,
         }
-
-    def close(self) -> None:
-        if self.opened is not None:
-            self.opened.close()
-        if self.own_retriever and self.retriever is not None:
-            self.retriever.close()
-        if self.own_lm:
-            self.lm.close()
 
 
 def _sweep_jobs(
