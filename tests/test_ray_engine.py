@@ -1,6 +1,7 @@
 """``ragate eval --engine ray`` on a real local Ray cluster of 2 CPUs (issue 67): the records equal a local run's,
 timings aside; a worker killed mid-run is restarted and its batch answered again, every record written once; a
-wrong --ray-address is refused before anything starts."""
+wrong --ray-address is refused before anything starts; sweep, tune, calibrate and gate learn compute on Ray what
+they compute here."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from ragate.eval.run import run_eval
 
 ray = pytest.importorskip("ray", reason="the Ray engine's tests need Ray: pip install 'ragate[ray]'")
 psutil = pytest.importorskip("psutil")
+
+DEMO_SWEEP = Path(__file__).parent.parent / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
+DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +127,12 @@ def test_a_wrong_ray_address_is_refused_naming_it(tmp_path: Path) -> None:
         assert main([kind, "--dataset", "demo", "--methods", "targ-margin", "--engine", "ray", "--ray-address",
                      "nohost", "--out", str(tmp_path / kind)]) == 2  # fmt: skip
         assert not (tmp_path / kind).exists()
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--gate", "targ-margin", "--budget", "0.3", "--dev", "demo", "--engine", "ray",
+                 "--ray-address", "nohost", "--out", str(out)]) == 2  # fmt: skip
+    assert main(["gate", "learn", "--sweep", str(DEMO_SWEEP), "--engine", "ray", "--ray-address", "nohost", "--out",
+                 str(out)]) == 2  # fmt: skip
+    assert not out.exists()
     with pytest.raises(RagateError, match="with --engine ray give --ray-workers"):
         run_eval(config(1, ("no-retrieval",)), tmp_path / "z", progress=False, engine="ray", workers=2)
     with pytest.raises(RagateError, match="--ray-address and --ray-workers go with --engine ray"):
@@ -137,3 +147,30 @@ def test_tune_runs_each_value_on_ray(cluster: None, tmp_path: Path) -> None:
     run = json.loads((tmp_path / "tune" / "theta-0.5" / "results.json").read_text())
     assert run["calls"]["engine"] == "ray" and run["questions"] == 2
     assert result["method"] == "flare"
+
+
+def test_calibrate_and_gate_learn_compute_on_ray_what_they_compute_here(
+    cluster: None, tmp_path: Path, demo_gate: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gate's scores (calibrate --dev, --questions and --check) and the hidden states gate learn fits on come
+    from Ray workers; the calibration files, and the learned gate, equal the ones computed in this process."""
+    from ragate.cli.main import main
+
+    questions = tmp_path / "questions.txt"
+    questions.write_text("who wrote hamlet\nwhat is the capital of peru\nwhen did the berlin wall fall\nhow tall is everest\n")
+    for source in (["--dev", "demo", "--limit", "6"], ["--questions", str(questions), "--check", str(questions)]):
+        files = {}
+        for name, engine in (("here", []), ("ray", ["--engine", "ray", "--ray-workers", "2"])):
+            files[name] = tmp_path / f"{name}.json"
+            assert main(["calibrate", "--gate", "targ-margin", "--budget", "0.5", "--quiet", "--out",
+                         str(files[name]), *source, *engine]) == 0  # fmt: skip
+        assert json.loads(files["ray"].read_text()) == json.loads(files["here"].read_text())
+    assert capsys.readouterr().out.count("retrieves for 50.0% (within the budget of 50%)") == 2  # --check, twice
+    assert main(["calibrate", "--gate", "targ-margin", "--budget", "0.5", "--from-sweep", str(DEMO_SWEEP),
+                 "--engine", "ray", "--out", str(tmp_path / "x.json")]) == 2  # fmt: skip
+    # the demo gate (tests/conftest.py) is fitted on the same sweep's silver labels, with hidden states computed here
+    far = tmp_path / "learned.json"
+    assert main(["gate", "learn", "--sweep", str(DEMO_SWEEP), "--family", DEMO_FAMILY, "--label", "retrieval-changed",
+                 "--components", "16", "--C", "0.1", "--out", str(far), "--engine", "ray", "--ray-workers", "2"]) == 0  # fmt: skip
+    got, want = json.loads(far.read_text()), json.loads(demo_gate.read_text())
+    assert got["cheap"] == want["cheap"] and got["report"] == want["report"] and got["questions"] == want["questions"]

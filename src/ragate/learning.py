@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,40 +216,76 @@ def sweep_labelled(
     family: str | None = None,
     metric: str = "acc",
     hidden: bool = True,
+    states_of: Callable[[list[str]], Sequence[np.ndarray | None]] | None = None,
 ) -> tuple[Labelled, list[str]]:
     """A sweep's questions of ``method``'s family as fitting rows: labels from its records (``closed-wrong``: the
     closed-book answer scores 0 by ``metric``; ``retrieval-changed``: the closed-book and retrieval answers
-    disagree), the question's signals, and the hidden state of ``lm`` at the direct prompt (one prefill each)."""
+    disagree), the question's signals, and the hidden state of ``lm`` at the direct prompt (one prefill each), or
+    what ``states_of(questions)`` computes (:class:`HiddenStates` on Ray workers) in their order."""
     from ragate.eval.skr import sweep_questions
     from ragate.feedback import answers_agree
-    from ragate.methods import get_method
-    from ragate.methods.question import QuestionRun
 
     found = sweep_questions(
         Path(sweep_dir), family=family, metric=metric, method=method, what="the gate's labels"
     )
-    spec = get_method(method)
-    texts, feats, states, ys = [], [], [], []
+    texts, feats, ys = [], [], []
     for r in found.records:
         q = found.questions[r["id"]]
         texts.append(q)
         feats.append(answer_features(q))
-        states.append(QuestionRun(spec, q, lm, None).hidden_state() if hidden else None)
         if label == "closed-wrong":
             ys.append(float(r["closed"]["scores"][metric]) == 0.0)
         elif label == "retrieval-changed":
             ys.append(not answers_agree(r["closed"]["prediction"], r["open"]["prediction"]))
         else:
             raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
+    if not hidden:
+        states: Sequence[np.ndarray | None] = [None] * len(texts)
+    elif states_of is not None:
+        states = states_of(texts)
+    else:
+        states = [_hidden_state(method, q, lm) for q in texts]
     data = _labelled(
         [r["id"] for r in found.records],
         feats,
-        states,
+        list(states),
         np.array(ys, dtype=bool),
         use_hidden=hidden,
         draft=False,
     )
     return data, texts
+
+
+def _hidden_state(method: str, question: str, lm: Any) -> np.ndarray | None:
+    from ragate.methods import get_method
+    from ragate.methods.question import QuestionRun
+
+    return QuestionRun(get_method(method), question, lm, None).hidden_state()
+
+
+class HiddenStates:
+    """``model``'s hidden state at ``method``'s direct prompt for a question (llama.cpp, each call computed from a
+    cleared cache), with the model's name, opened once: what ``ragate gate learn --sweep`` reads, here or on each
+    Ray worker (``--engine ray``, :func:`ragate.eval.ray_engine.map_ray`)."""
+
+    def __init__(self, model: str | None, method: str = "learned", threads: int | str | None = None) -> None:
+        from ragate.backends import load_backend
+        from ragate.backends.threads import thread_options
+        from ragate.eval.calls import CallCache
+
+        self.method = method
+        self.engine = load_backend(model, "llama.cpp", **thread_options("llama.cpp", threads, None))
+        self.lm = CallCache(self.engine, None, f"llama.cpp:{self.engine.model}", exact_prefixes=True)
+
+    @property
+    def model(self) -> str:
+        return str(self.engine.model)
+
+    def record(self, job: tuple[int, str]) -> tuple[np.ndarray | None, str]:
+        return _hidden_state(self.method, job[1], self.lm), self.model
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def import_sweep(

@@ -14,7 +14,9 @@ from ragate.cli.options import (
     BACKEND_CHOICES,
     base_urls,
     check_concurrency,
+    check_engine_args,
     concurrency_option,
+    engine_options,
     server_request_options,
 )
 from ragate.errors import RagateError
@@ -109,6 +111,7 @@ def register(subparsers: Any) -> None:
         help="with --prefixes: the dev accuracy that chooses k (acc where answers come in sentences and EM is 0)",
     )
     thread_arguments(cal)
+    engine_options(cal)
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--out", type=Path, default=None, help="where to save the calibration JSON")
     cal.add_argument("--quiet", action="store_true")
@@ -127,6 +130,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
     check_concurrency(args)
+    check_engine_args(args)
+    if args.from_sweep is not None and args.run_engine == "ray":
+        raise RagateError("--from-sweep reads the scores a sweep computed (no model call): leave out --engine ray")
     if args.budget is not None:
         from ragate.eval.thresholds import check_budget_value
 
@@ -154,6 +160,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             extra_body=args.extra_body,
             openai_timeout=args.openai_timeout,
             gate_weights=str(args.gate_weights) if args.gate_weights else None,
+            run_engine=args.run_engine,
+            ray_address=args.ray_address,
+            ray_workers=args.ray_workers,
         )
         source = Path(args.dev).stem
     elif args.from_sweep is not None:
@@ -209,7 +218,8 @@ def _calibrate_prefixes(args: argparse.Namespace) -> int:
         args.gate, parse_prefixes(args.prefixes), args.budget, from_sweep=args.from_sweep, dev=args.dev,
         limit=args.limit, model=args.model, engine=args.engine, base_url=base_urls(args.base_url),
         index=args.index, seed=args.seed, progress=not args.quiet, concurrency=args.concurrency,
-        extra_body=args.extra_body, metric=args.metric,
+        extra_body=args.extra_body, metric=args.metric, run_engine=args.run_engine, ray_address=args.ray_address,
+        ray_workers=args.ray_workers,
     )  # fmt: skip
     source = args.from_sweep.name if args.from_sweep is not None else Path(args.dev).stem
     print(f"{args.gate} at budget {args.budget:g} on {result['n']} questions:")
@@ -229,35 +239,83 @@ def _calibrate_prefixes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pipeline(args: argparse.Namespace) -> Any:
+def _pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
     from ragate.backends.threads import check_threads
     from ragate.eval.run import server_options
-    from ragate.pipeline import Pipeline
 
-    return Pipeline(
-        args.gate,
-        model=args.model,
-        backend=args.engine,
-        base_url=base_urls(args.base_url),
-        index=args.index,
-        seed=args.seed,
-        gate_weights=args.gate_weights,
-        threads=check_threads(args.threads, "--threads"),
-        batch_threads=check_threads(args.batch_threads, "--batch-threads"),
-        backend_options=server_options(args.concurrency, args.extra_body, args.openai_timeout)
+    threads = check_threads(args.threads, "--threads")
+    if args.run_engine == "ray" and threads in (None, "auto"):
+        threads = 1  # N workers on a node, not N x its cores
+    return {
+        "method": args.gate,
+        "model": args.model,
+        "backend": args.engine,
+        "base_url": base_urls(args.base_url),
+        "index": args.index,
+        "seed": args.seed,
+        "gate_weights": args.gate_weights,
+        "threads": threads,
+        "batch_threads": check_threads(args.batch_threads, "--batch-threads"),
+        "backend_options": server_options(args.concurrency, args.extra_body, args.openai_timeout)
         if args.engine == "openai"
         else None,
-    )
+    }
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    from ragate.pipeline import Pipeline
+
+    return Pipeline(**_pipeline_options(args))
+
+
+class PipelineScores:
+    """Question i's gate score and gate (seed ``seed + i``, as ``Pipeline.scores``) through a Pipeline opened once
+    per Ray worker (``--engine ray``, :func:`ragate.eval.ray_engine.map_ray`)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        from ragate.pipeline import Pipeline
+
+        self.rag = Pipeline(**options)
+
+    def record(self, job: tuple[int, str]) -> tuple[float, str]:
+        i, question = job
+        return self.rag.decide(question, seed=self.rag.seed + i).score, self.rag.spec.gate.kind
+
+    def close(self) -> None:
+        self.rag.close()
+
+
+def _ray_scores(args: argparse.Namespace, questions: list[str]) -> list[tuple[float, str]]:
+    from ragate.eval.ray_engine import map_ray
+
+    return map_ray(
+        list(enumerate(questions)), PipelineScores, (_pipeline_options(args),), address=args.ray_address,
+        workers=args.ray_workers, progress=not args.quiet, desc=f"score {args.gate}",
+    )  # fmt: skip
 
 
 def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
-    """``--questions FILE``: the gate's scores of your own questions (no answers) through a Pipeline."""
+    """``--questions FILE``: the gate's scores of your own questions (no answers) through a Pipeline (one per Ray
+    worker with ``--engine ray``)."""
     from ragate.eval.thresholds import check_calibratable
     from ragate.methods import get_method
 
     check_calibratable(get_method(args.gate))  # before the model loads
     if args.objective != "budget":
         raise RagateError("--questions has no answers to score EM with: use --budget RHO")
+    if args.run_engine == "ray":
+        from ragate.answers import Calibration
+        from ragate.eval.datasets import read_questions
+        from ragate.eval.thresholds import check_budget_value, threshold_from_scores
+
+        check_budget_value(args.budget, "budget")
+        scored = _ray_scores(args, read_questions(args.questions))
+        found = threshold_from_scores([s for s, _ in scored], args.budget, confidence=args.confidence, batch=args.batch)
+        calibration = Calibration(
+            method=args.gate, gate=scored[0][1], model=args.model, engine=args.engine, source=str(args.questions),
+            **found,
+        )  # fmt: skip
+        return calibration.to_json() | {"seed": args.seed}
     import warnings
 
     with _pipeline(args) as rag, warnings.catch_warnings():
@@ -279,10 +337,13 @@ def _check_rate(args: argparse.Namespace, result: dict[str, Any]) -> None:
     from ragate.eval.thresholds import retrieval_rate
 
     questions = read_questions(args.check)
-    with _pipeline(args) as rag:
-        scores = [
-            d.score for d in rag.scores(questions, progress=not args.quiet, concurrency=args.concurrency)
-        ]
+    if args.run_engine == "ray":
+        scores = [score for score, _ in _ray_scores(args, questions)]
+    else:
+        with _pipeline(args) as rag:
+            scores = [
+                d.score for d in rag.scores(questions, progress=not args.quiet, concurrency=args.concurrency)
+            ]
     rate = retrieval_rate(scores, float(result["tau"]))
     verdict = "within" if rate <= (args.budget or 1.0) else "above"
     print(

@@ -14,8 +14,10 @@ from ragate.cli.ask import early_exit_argument
 from ragate.cli.options import (
     base_urls,
     check_concurrency,
+    check_engine_args,
     common_options,
     concurrency_option,
+    engine_options,
 )
 from ragate.errors import RagateError
 
@@ -213,41 +215,6 @@ def _gate_weights(args: argparse.Namespace, names: tuple[str, ...]) -> str | Non
             f"does not run ({', '.join(names)})"
         )
     return str(path)
-
-
-def engine_options(p: argparse.ArgumentParser) -> None:
-    """--engine, --ray-workers, --ray-address (eval and sweep)."""
-    p.add_argument(
-        "--engine",
-        dest="run_engine",  # --backend's dest is engine (the LM's)
-        choices=("local", "ray"),
-        default="local",
-        help="local (default): this machine's processes (--workers); ray: batches of questions as tasks of Ray "
-        "actors (--ray-workers), each with its own model; the same resumable run directory (pip install "
-        "'ragate[ray]')",
-    )
-    p.add_argument(
-        "--ray-workers", type=int, default=None, metavar="N",
-        help="with --engine ray: Ray actors, each with its own model (default: one per CPU of the cluster)",
-    )  # fmt: skip
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDR",
-        help="with --engine ray: the cluster to join (auto, HOST:6379 or ray://HOST:10001); default: start a "
-        "local one",
-    )
-
-
-
-def check_engine_args(args: argparse.Namespace) -> None:
-    """The engine's settings, before any work (a wrong --ray-address fails here)."""
-    from ragate.eval.ray_engine import check_engine
-
-    check_engine(
-        args.run_engine, ray_address=args.ray_address, ray_workers=args.ray_workers, workers=args.workers,
-        handed_in=False, concurrency=args.concurrency,
-    )  # fmt: skip
 
 
 def _default_out(args: argparse.Namespace, kind: str) -> Path:

@@ -106,6 +106,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         help="inverse L2 strength (default: chosen, from 0.01, 0.1, 1)",
     )
+    from ragate.cli.options import engine_options
+
+    engine_options(learn)  # with --sweep: the hidden states on Ray workers
     learn.set_defaults(run=_learn)
     fb = commands.add_parser(
         "feedback",
@@ -149,6 +152,7 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _learn(args: argparse.Namespace) -> int:
+    from ragate.cli.options import check_engine_args
     from ragate.errors import RagateError
     from ragate.eval.learn import DEFAULT_C, DEFAULT_COMPONENTS, MIN_CLASS
     from ragate.learning import learn_from_store, learn_labelled, sweep_labelled
@@ -157,6 +161,12 @@ def _learn(args: argparse.Namespace) -> int:
         raise RagateError(f"--out {args.out}: name the gate file FILE.json")
     if args.cascade is not None and not 0.0 <= args.cascade <= 1.0:
         raise RagateError(f"--cascade is a share of questions in [0, 1], not {args.cascade}")
+    check_engine_args(args)
+    if args.run_engine == "ray" and (args.store is not None or args.no_hidden):
+        raise RagateError(
+            "--engine ray computes the hidden states of a sweep's questions: it goes with --sweep, without --no-hidden "
+            "(a feedback store holds the hidden states its answers recorded)"
+        )
     tuned = args.components is None and args.c is None  # neither fixed: chosen by cross-fitting on the labels
     components = DEFAULT_COMPONENTS if args.components is None else args.components
     c = DEFAULT_C if args.c is None else args.c
@@ -183,34 +193,46 @@ def _learn(args: argparse.Namespace) -> int:
                 components=components, c=c, tuned=tuned,
             )  # fmt: skip
     else:
-        from ragate.backends import load_backend
-        from ragate.eval.calls import CallCache
         from ragate.eval.config import read_run_config
+        from ragate.learning import HiddenStates
 
         saved = read_run_config(args.sweep)
         model = args.model or saved.get("model")
         label = args.label or "closed-wrong"
-        engine = cached = None
+        names: list[str] = []
+
+        def on_ray(questions: list[str]) -> list[Any]:
+            from ragate.eval.ray_engine import map_ray
+
+            found = map_ray(
+                list(enumerate(questions)), HiddenStates, (model, "learned", 1), address=args.ray_address,
+                workers=args.ray_workers, desc="hidden states",
+            )  # fmt: skip
+            names.extend(name for _, name in found[:1])
+            return [state for state, _ in found]
+
+        local = None if args.no_hidden or args.run_engine == "ray" else HiddenStates(model)
+
+        def here(questions: list[str]) -> list[Any]:
+            from tqdm.auto import tqdm
+
+            assert local is not None
+            jobs = tqdm(list(enumerate(questions)), desc="hidden states", unit="q")
+            return [local.record(job)[0] for job in jobs]
+
         try:
-            if not args.no_hidden:
-                engine = load_backend(model, "llama.cpp")
-                cached = CallCache(engine, None, f"llama.cpp:{engine.model}", exact_prefixes=True)
             data, questions = sweep_labelled(
-                args.sweep,
-                cached,
-                label=label,
-                family=args.family,
-                metric=args.metric,
-                hidden=not args.no_hidden,
-            )
-            name = engine.model if engine is not None else model
+                args.sweep, None, label=label, family=args.family, metric=args.metric, hidden=not args.no_hidden,
+                states_of=on_ray if args.run_engine == "ray" else here,
+            )  # fmt: skip
+            name = local.model if local is not None else (names[0] if names else model)
             learned = learn_labelled(
                 data, args.out, label=label, cascade=None, components=components, c=c,
                 model={"model": name, "engine": "llama.cpp"}, questions=questions, source=f"sweep {args.sweep}", tuned=tuned,
             )  # fmt: skip
         finally:
-            if engine is not None:
-                engine.close()
+            if local is not None:
+                local.close()
     print(learned.summary())
     params = learned.report.get("params") or {}
     print(

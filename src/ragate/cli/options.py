@@ -174,3 +174,37 @@ def check_concurrency(args: argparse.Namespace) -> None:
         raise RagateError(f"--concurrency must be >= 1, not {args.concurrency}")
     if args.concurrency > 1 and args.engine != "openai":
         raise RagateError("--concurrency above 1 needs --backend openai: a local model answers one at a time")
+
+
+def engine_options(p: argparse.ArgumentParser) -> None:
+    """--engine, --ray-workers, --ray-address (eval, sweep, tune, calibrate, gate learn)."""
+    p.add_argument(
+        "--engine",
+        dest="run_engine",  # --backend's dest is engine (the LM's)
+        choices=("local", "ray"),
+        default="local",
+        help="local (default): this machine's processes; ray: batches of questions as tasks of Ray actors "
+        "(--ray-workers), each with its own model; the same results, and for eval, sweep and tune the same "
+        "resumable run directory (pip install 'ragate[ray]')",
+    )
+    p.add_argument(
+        "--ray-workers", type=int, default=None, metavar="N",
+        help="with --engine ray: Ray actors, each with its own model (default: one per CPU of the cluster)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --engine ray: the cluster to join (auto, HOST:6379 or ray://HOST:10001); default: start a "
+        "local one",
+    )
+
+
+def check_engine_args(args: argparse.Namespace) -> None:
+    """The engine's settings, before any work (a wrong --ray-address fails here)."""
+    from ragate.eval.ray_engine import check_engine
+
+    check_engine(
+        args.run_engine, ray_address=args.ray_address, ray_workers=args.ray_workers, workers=getattr(args, "workers", 1),
+        handed_in=False, concurrency=getattr(args, "concurrency", 1),
+    )  # fmt: skip

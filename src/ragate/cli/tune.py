@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
         help="the tune file (default calibration/METHOD-DATASET-tune-TARGET.json)",
     )
     p.add_argument("--workers", type=int, default=1, help="processes for a local model, one per core")
-    from ragate.cli.eval import engine_options
+    from ragate.cli.options import engine_options
 
     engine_options(p)
     p.add_argument("--concurrency", type=int, default=1, help="questions in flight (with --backend openai)")
@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
     check_concurrency(args)
-    from ragate.cli.eval import check_engine_args
+    from ragate.cli.options import check_engine_args
 
     check_engine_args(args)
     grid = parse_grid(args.grid) if args.grid is not None else None

@@ -5,11 +5,12 @@ checks are :mod:`ragate.eval.thresholds` (their names stay importable here)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from tqdm.auto import tqdm
 
 from ragate.errors import RagateError
+from ragate.eval.config import EvalConfig
 from ragate.eval.thresholds import (  # noqa: F401 (most re-exported)
     check_budget_value,
     check_calibratable,
@@ -44,22 +45,31 @@ def calibrate(
     extra_body: dict[str, Any] | None = None,
     openai_timeout: float | None = None,
     gate_weights: str | None = None,
+    run_engine: str = "local",
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
 ) -> dict[str, Any]:
     """Score ``method``'s gate on the dev questions and pick tau: F^-1(1 - budget) (``objective="budget"``; with
     ``confidence``, the :func:`conservative_threshold` that keeps new questions' rate at most ``budget`` with that
     confidence), or the tau of the best dev EM over the exact frontier (``"em"``, which needs the closed-book
     and retrieval answers too, so it runs a sweep pass in ``work_dir``). Returns what ``ragate calibrate``
     saves. ``concurrency``: questions scored at once over a server backend (``base_url``). A gate that searches or
-    embeds to decide reads ``index`` (default: the demo index); a trained gate reads ``gate_weights``."""
+    embeds to decide reads ``index`` (default: the demo index); a trained gate reads ``gate_weights``.
+    ``run_engine="ray"``: the scores (or the sweep pass) computed on Ray workers (``ray_address``, ``ray_workers``;
+    :mod:`ragate.eval.ray_engine`), the same as here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ragate.eval.config import EvalConfig
     from ragate.eval.datasets import load_dataset
-    from ragate.eval.run import _open_lm, _open_retriever, timeout_note
-    from ragate.methods import decide, get_method
+    from ragate.eval.ray_engine import check_engine, map_ray, one_thread
+    from ragate.eval.run import timeout_note
+    from ragate.methods import get_method
 
     spec = get_method(method)
     check_calibratable(spec)
+    check_engine(
+        run_engine, ray_address=ray_address, ray_workers=ray_workers, workers=1, handed_in=False,
+        concurrency=concurrency,
+    )  # fmt: skip
     config = EvalConfig(
         dev, (method,), model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body,
         extra=timeout_note(openai_timeout), gate_weights=gate_weights,
@@ -86,34 +96,24 @@ def calibrate(
     if objective == "budget":
         if budget is None:
             raise RagateError("a budget calibration needs --budget RHO in [0, 1]")
-        from ragate.gates.registry import get_gate
+        jobs = [(i, ex.question) for i, ex in enumerate(examples)]
+        if run_engine == "ray":
+            scores = map_ray(
+                jobs, GateScores, (one_thread(config), method), address=ray_address, workers=ray_workers,
+                progress=progress, desc=f"score {method}",
+            )  # fmt: skip
+        else:
+            with GateScores(config, method, concurrency) as scoring, tqdm(
+                total=len(examples), desc=f"score {method}", disable=not progress
+            ) as bar:
 
-        gate = get_gate(spec.gate.kind)
-        retriever = _open_retriever(config) if gate.reads_index or gate.needs_embeddings else None
-        if retriever is not None and concurrency > 1:
-            from ragate.retrieval.serial import SerialRetriever
-
-            retriever = SerialRetriever(retriever)
-        try:
-            lm = _open_lm(config, concurrency)
-        except BaseException:
-            if retriever is not None:
-                retriever.close()
-            raise
-        try:
-            with tqdm(total=len(examples), desc=f"score {method}", disable=not progress) as bar:
-
-                def score(item: tuple[int, Any]) -> float:
-                    found = decide(spec, item[1].question, lm, retriever, seed=seed + item[0]).score
+                def score(job: tuple[int, str]) -> float:
+                    found = scoring.record(job)
                     bar.update(1)
                     return found
 
                 with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                    scores = list(pool.map(score, enumerate(examples)))
-        finally:
-            lm.close()
-            if retriever is not None:
-                retriever.close()
+                    scores = list(pool.map(score, jobs))
         found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
         rate = found.pop("retrieval_rate")
         found = {k: v for k, v in found.items() if k not in ("budget", "n")}
@@ -126,10 +126,52 @@ def calibrate(
         work_dir or Path("calibration") / ".work" / f"{method}-{Path(dev).stem}-{model or 'default'}-{limit}"
     )
     records = sweep_pass(
-        config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency
-    )
+        config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency,
+        engine=run_engine, ray_address=ray_address, ray_workers=ray_workers,
+    )  # fmt: skip
     best = frontier(records, method)["best_em"]
     return result | {"tau": best["tau"], "dev_retrieval_rate": best["retrieval_rate"], "dev_em": best["em"]}
+
+
+class GateScores:
+    """A gate's score of question i (with seed ``seed + i``, as ``ragate eval``), over the model and, for a gate
+    that searches or embeds to decide, the index of ``config``, opened once: in this process, or in each Ray
+    worker (:func:`ragate.eval.ray_engine.map_ray`)."""
+
+    def __init__(self, config: EvalConfig, method: str, concurrency: int = 1) -> None:
+        from ragate.eval.run import _open_lm, _open_retriever
+        from ragate.gates.registry import get_gate
+
+        self.spec, self.seed = config.spec(method), config.seed
+        gate = get_gate(self.spec.gate.kind)
+        self.retriever = _open_retriever(config) if gate.reads_index or gate.needs_embeddings else None
+        if self.retriever is not None and concurrency > 1:
+            from ragate.retrieval.serial import SerialRetriever
+
+            self.retriever = SerialRetriever(self.retriever)
+        try:
+            self.lm = _open_lm(config, concurrency)
+        except BaseException:
+            if self.retriever is not None:
+                self.retriever.close()
+            raise
+
+    def record(self, job: tuple[int, str]) -> float:
+        from ragate.methods import decide
+
+        i, question = job
+        return decide(self.spec, question, self.lm, self.retriever, seed=self.seed + i).score
+
+    def close(self) -> None:
+        self.lm.close()
+        if self.retriever is not None:
+            self.retriever.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def calibrate_from_sweep(
@@ -197,10 +239,13 @@ def calibrate_prefixes(
     concurrency: int = 1,
     extra_body: dict[str, Any] | None = None,
     metric: str = "em",
+    run_engine: str = "local",
+    ray_address: str | None = None,
+    ray_workers: int | None = None,
 ) -> dict[str, Any]:
     """k and tau together for a retrieval ``budget`` (TARG A.8; :func:`ragate.eval.prefixes.choose_prefix`): from
     a sweep that scored every ``gate@k=...`` of the grid (no model call), or by sweeping the ``dev`` questions into
-    ``work_dir`` (the two answers once per question, a draft per k). Returns the chosen method's calibration
+    ``work_dir`` (the two answers once per question, a draft per k; on Ray with ``run_engine="ray"``). Returns the chosen method's calibration
     file, with the grid's rows under ``prefixes``."""
     from ragate.eval.prefixes import choose_prefix, prefix_method
     from ragate.eval.sweep import sweep_pass
@@ -214,7 +259,6 @@ def calibrate_prefixes(
         seed = saved.get("seed", seed)  # the sweep's, which drew its answers, not the command line's
         source, n_dev = str(Path(from_sweep)), None
     else:
-        from ragate.eval.config import EvalConfig
         from ragate.eval.datasets import load_dataset
 
         if dev is None:
@@ -227,8 +271,9 @@ def calibrate_prefixes(
             raise RagateError(f"dev set {dev!r} has no questions")
         work = work_dir or Path("calibration") / ".work" / f"{gate}-prefixes-{Path(dev).stem}-{model or 'default'}"
         records = sweep_pass(
-            config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency
-        )
+            config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency,
+            engine=run_engine, ray_address=ray_address, ray_workers=ray_workers,
+        )  # fmt: skip
         source, n_dev = dev, len(examples)
     found = choose_prefix(records, gate, prefixes, budget, metric)
     chosen = found["chosen"]

@@ -1,4 +1,5 @@
-"""Ray as the engine of a run (``ragate eval --engine ray [--ray-address ADDR] [--workers N]``).
+"""Ray as the engine of a run (``ragate eval|sweep|tune|calibrate|gate learn --engine ray [--ray-address ADDR]
+[--ray-workers N]``).
 
 The driver (the process that runs ``ragate eval``) keeps the run directory exactly as a local run does: it opens,
 checks and resumes it, then sends the questions still to answer as batches of ``batch`` jobs to N Ray actors.
@@ -12,6 +13,10 @@ records; only the driver writes them, in the order batches finish, fsync'ed as t
   driver resumes with ``--resume`` like any run;
 - progress shows the answers and, per worker, how many it returned.
 
+``ragate calibrate`` (the gate's scores of dev or your own questions) and ``ragate gate learn --sweep`` (the hidden
+states of a sweep's questions) write no run directory: :func:`map_ray` returns their results in the questions'
+order, the same values a local run computes.
+
 Without ``--ray-address`` it starts a local cluster with the CPUs this process may use (one actor per CPU by
 default); ``--ray-address auto`` or ``ray://HOST:10001`` joins an existing one. On a cluster of several machines
 the run's model, index and dataset paths must exist on every worker node (or give ``--base-url`` servers); the call
@@ -23,8 +28,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +46,11 @@ RETRIES = 3  # restarts of a dead worker, and runs of a batch it was answering
 
 
 class _Worker:
-    """A Ray actor: one model and index, opened when it starts; answers batches of jobs into records."""
+    """A Ray actor: what ``make(*args)`` opens (a model and index, once, when it starts) answers batches of jobs
+    with its ``record``."""
 
-    def __init__(self, make: Callable[..., Any], config: EvalConfig, store: str | None) -> None:
-        # one thread per worker unless the run says otherwise: N workers on a node, not N x its cores (threads
-        # change no computation, ragate.backends.threads)
-        threads = config.extra.get("threads")
-        one = replace(config, extra={**config.extra, "threads": 1 if threads in (None, "auto") else threads})
-        self.answering = make(one, Path(store) if store else None)
+    def __init__(self, make: Callable[..., Any], *args: Any) -> None:
+        self.answering = make(*args)
 
     def close(self) -> None:
         self.answering.close()
@@ -54,8 +58,15 @@ class _Worker:
     def pid(self) -> int:
         return os.getpid()
 
-    def answer(self, worker: int, batch: Sequence[Job]) -> tuple[int, list[dict[str, Any]]]:
+    def answer(self, worker: int, batch: Sequence[Job]) -> tuple[int, list[Any]]:
         return worker, [self.answering.record(job) for job in batch]
+
+
+def one_thread(config: EvalConfig) -> EvalConfig:
+    """``config`` with one llama.cpp thread unless the run says otherwise: N workers on a node, not N x its cores
+    (threads change no computation, :mod:`ragate.backends.threads`)."""
+    threads = config.extra.get("threads")
+    return replace(config, extra={**config.extra, "threads": 1 if threads in (None, "auto") else threads})
 
 
 def check_engine(
@@ -103,14 +114,120 @@ def run_ray(
 ) -> None:
     """Answer ``jobs`` on Ray actors and append their records to ``path`` as batches return. ``make(config,
     store)`` opens what a worker answers with (:class:`ragate.eval.run.Answering`), once per worker."""
+    with RecordWriter(path) as writer:
+
+        def write(_: int, records: list[Any]) -> None:
+            for record in records:
+                writer.append(record)
+
+        on_ray(
+            jobs, make, (one_thread(config), store), write, address=address,
+            workers=workers, batch=batch, progress=progress, desc=f"{desc} {config.dataset}",
+        )  # fmt: skip
+
+
+def map_ray(
+    jobs: Sequence[Job],
+    make: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    address: str | None = None,
+    workers: int | None = None,
+    batch: int = 4,
+    progress: bool = True,
+    desc: str = "score",
+) -> list[Any]:
+    """``make(*args).record(job)`` of every job, computed on Ray actors (each opens ``make(*args)`` once), in the
+    jobs' order: the scores ``ragate calibrate`` and the hidden states ``ragate gate learn`` read."""
+    found: list[Any] = [None] * len(jobs)
+
+    def keep(start: int, results: list[Any]) -> None:
+        found[start : start + len(results)] = results
+
+    on_ray(
+        jobs, make, args, keep, address=address, workers=workers, batch=batch, progress=progress, desc=desc,
+        lost="nothing was saved: run it again",
+    )  # fmt: skip
+    return found
+
+
+def on_ray(
+    jobs: Sequence[Job],
+    make: Callable[..., Any],
+    args: tuple[Any, ...],
+    sink: Callable[[int, list[Any]], None],
+    *,
+    address: str | None = None,
+    workers: int | None = None,
+    batch: int = 4,
+    progress: bool = True,
+    desc: str = "eval",
+    lost: str = "the answers so far are kept: rerun with --resume",
+) -> None:
+    """Send ``jobs`` in batches of ``batch`` to N Ray actors (one per CPU of the cluster by default) and hand each
+    batch's results to ``sink(position of its first job, results)`` as it returns, in this process; a lost worker
+    is restarted and its batch sent again (``RETRIES``). Joins the cluster at ``address``, or starts a local one
+    with this process's CPUs and stops it at the end. ``lost``: what a failure tells of the results so far."""
+    if batch < 1:
+        raise RagateError(f"a Ray batch holds at least 1 job, not {batch}")
+    pool: list[Any] = []
+    with cluster(address) as ray:
+        try:
+            cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
+            n = workers or int(cpus)
+            # more workers than the cluster's CPUs share them (each asks for a share) rather than wait for ever
+            actor = ray.remote(num_cpus=min(1.0, cpus / n), max_restarts=RETRIES, max_task_retries=RETRIES)(_Worker)
+            env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+            for _ in range(n):
+                pool.append(actor.options(runtime_env={"env_vars": env}).remote(make, *args))  # type: ignore[attr-defined]
+            with tqdm(total=len(jobs), desc=f"{desc} (ray, {n} workers)", unit="job", disable=not progress) as bar:
+                _dispatch(ray, pool, [list(jobs[i : i + batch]) for i in range(0, len(jobs), batch)], sink, bar, lost)
+        finally:
+            for worker in pool:  # on a cluster that outlives the run, no worker keeps computing
+                ray.kill(worker)
+
+
+def _dispatch(
+    ray: Any, pool: list[Any], batches: list[list[Job]], sink: Callable[[int, list[Any]], None], bar: Any, lost: str
+) -> None:
+    """Each free worker takes the next batch; each batch's results go to ``sink`` as it returns."""
+    starts = [0, *accumulate(len(b) for b in batches)]  # each batch's first job
+    returned = [0] * len(pool)
+    waiting = list(range(len(batches)))
+    running: dict[Any, tuple[int, int]] = {}
+    free = list(range(len(pool)))
+    while waiting or running:
+        while waiting and free:
+            w, b = free.pop(0), waiting.pop(0)
+            running[pool[w].answer.remote(w, batches[b])] = (w, b)
+        done, _ = ray.wait(list(running), num_returns=1)
+        for ref in done:
+            w, b = running.pop(ref)
+            free.append(w)
+            try:
+                _, results = ray.get(ref)
+            except ray.exceptions.RayTaskError as err:  # ragate's own error in the worker: no retry
+                cause = err.cause if isinstance(err.cause, BaseException) else err
+                raise RagateError(f"a Ray worker stopped: {type(cause).__name__}: {_plain(cause)}; {lost}") from None
+            except ray.exceptions.RayError as err:  # the worker or its node died more often than retried
+                raise RagateError(
+                    f"a Ray worker failed beyond its {RETRIES} retries ({type(err).__name__}: {_plain(err)}); {lost}"
+                ) from None
+            sink(starts[b], results)
+            returned[w] += len(results)
+            bar.update(len(results))
+            bar.set_postfix_str(" ".join(f"w{i}:{c}" for i, c in enumerate(returned)))
+
+
+@contextmanager
+def cluster(address: str | None) -> Iterator[Any]:
+    """The ``ray`` module, joined to the cluster at ``address`` (auto, HOST:PORT, ray://HOST:10001) or to a local
+    one started with this process's CPUs and stopped at the end; a cluster already joined is used as it is."""
     try:
         import ray
     except ImportError:
         raise RagateError("--engine ray needs Ray: pip install 'ragate[ray]' (or pip install ray)") from None
     check_address(address)
-    if batch < 1:
-        raise RagateError(f"a Ray batch holds at least 1 job, not {batch}")
-    pool: list[Any] = []
     started_here = not ray.is_initialized()
     if started_here:
         import logging
@@ -124,55 +241,8 @@ def run_ray(
         except (ConnectionError, ValueError, RuntimeError) as err:
             raise RagateError(f"--ray-address {address}: cannot join the Ray cluster ({err})") from None
     try:
-        cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
-        n = workers or int(cpus)
-        # more workers than the cluster's CPUs share them (each asks for a share) rather than wait for ever
-        actor = ray.remote(num_cpus=min(1.0, cpus / n), max_restarts=RETRIES, max_task_retries=RETRIES)(_Worker)
-        env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        pool += [
-            actor.options(runtime_env={"env_vars": env}).remote(make, config, str(store) if store else None)  # type: ignore[attr-defined]
-            for _ in range(n)
-        ]
-        batches = [list(jobs[i : i + batch]) for i in range(0, len(jobs), batch)]
-        returned = [0] * n
-        with (
-            RecordWriter(path) as writer,
-            tqdm(total=len(jobs), desc=f"{desc} {config.dataset} (ray, {n} workers)", unit="job",
-                 disable=not progress) as bar,  # fmt: skip
-        ):
-            waiting = list(range(len(batches)))
-            running: dict[Any, int] = {}
-            free = list(range(n))
-            while waiting or running:
-                while waiting and free:
-                    w = free.pop(0)
-                    b = waiting.pop(0)
-                    running[pool[w].answer.remote(w, batches[b])] = w  # type: ignore[attr-defined]
-                done, _ = ray.wait(list(running), num_returns=1)
-                for ref in done:
-                    w = running.pop(ref)
-                    free.append(w)
-                    try:
-                        _, records = ray.get(ref)
-                    except ray.exceptions.RayTaskError as err:  # ragate's own error in the worker: no retry
-                        cause = err.cause if isinstance(err.cause, BaseException) else err
-                        raise RagateError(
-                            f"a Ray worker stopped: {type(cause).__name__}: {_plain(cause)}; the answers so far are "
-                            "kept: rerun with --resume"
-                        ) from None
-                    except ray.exceptions.RayError as err:  # the worker or its node died more often than retried
-                        raise RagateError(
-                            f"a Ray worker failed beyond its {RETRIES} retries ({type(err).__name__}: {_plain(err)}); "
-                            "the answers so far are kept: rerun with --resume"
-                        ) from None
-                    for record in records:
-                        writer.append(record)
-                    returned[w] += len(records)
-                    bar.update(len(records))
-                    bar.set_postfix_str(" ".join(f"w{i}:{c}" for i, c in enumerate(returned)))
+        yield ray
     finally:
-        for worker in pool:  # on a cluster that outlives the run, no worker keeps computing
-            ray.kill(worker)
         if started_here:
             ray.shutdown()
 

@@ -335,24 +335,29 @@ def tune(
     opened: list[
         Any
     ] = []  # the model and index this call opened: once for every value with answers to compute
+    from contextlib import nullcontext
+
+    from ragate.eval.ray_engine import cluster
+
     try:
-        for k, value in enumerate(grid, 1):
-            run_dir = out / run_name(parameter, value)
-            if progress:
-                print(f"[{k}/{len(grid)}] {method} {parameter} = {value:g}: {run_dir}", file=sys.stderr)
-            config = EvalConfig(dataset, (method,), thresholds=((method, value),), **common)
-            local = run_engine == "local"  # on Ray, each worker opens its own model
-            if local and lm is None and workers == 1 and not opened and _missing(run_dir, examples, method):
-                mine = retriever is None  # a retriever handed in stays the caller's
-                lm, retriever = _open(config, spec, concurrency, retriever, examples[0].question)
-                opened += [lm] + ([retriever] if mine and retriever is not None else [])
-            run_eval(
-                config, run_dir, resume=True, progress=progress, concurrency=concurrency, lm=lm,
-                retriever=retriever, workers=workers, call_cache=call_cache, cache=cache, engine=run_engine,
-                ray_address=ray_address, ray_workers=ray_workers,
-            )  # fmt: skip
-            runs[value] = latest(read_records(run_dir / "questions.jsonl"))
-            where[value] = str(run_dir)
+        with cluster(ray_address) if run_engine == "ray" else nullcontext():  # one cluster for every value
+            for k, value in enumerate(grid, 1):
+                run_dir = out / run_name(parameter, value)
+                if progress:
+                    print(f"[{k}/{len(grid)}] {method} {parameter} = {value:g}: {run_dir}", file=sys.stderr)
+                config = EvalConfig(dataset, (method,), thresholds=((method, value),), **common)
+                local = run_engine == "local"  # on Ray, each worker opens its own model
+                if local and lm is None and workers == 1 and not opened and _missing(run_dir, examples, method):
+                    mine = retriever is None  # a retriever handed in stays the caller's
+                    lm, retriever = _open(config, spec, concurrency, retriever, examples[0].question)
+                    opened += [lm] + ([retriever] if mine and retriever is not None else [])
+                run_eval(
+                    config, run_dir, resume=True, progress=progress, concurrency=concurrency, lm=lm,
+                    retriever=retriever, workers=workers, call_cache=call_cache, cache=cache, engine=run_engine,
+                    ray_address=ray_address, ray_workers=ray_workers,
+                )  # fmt: skip
+                runs[value] = latest(read_records(run_dir / "questions.jsonl"))
+                where[value] = str(run_dir)
     finally:
         for thing in opened:
             thing.close()
