@@ -414,7 +414,10 @@ def test_every_dynamic_method_runs_end_to_end_on_smollm2(
     shots = spec.dynamic.exemplars if method in ("etc", "dragin") else "ragate-3"  # type: ignore[union-attr]
     spec = spec.with_(dynamic=replace(spec.dynamic, max_tokens=32, exemplars=shots))  # type: ignore[arg-type]
     forms = set()
-    for row in _samples():
+    rows = _samples()
+    if shots == "ragate-3":  # a variant: two of the four datasets on each engine, all four over the two (time)
+        rows = rows[1 if engine == "transformers" else 0 :: 2]
+    for row in rows:
         lm.clear_cache()
         trace = run_method(spec, row["question"], lm, demo_retriever, dataset=row["dataset"])
         info = trace.dynamic
