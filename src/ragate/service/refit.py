@@ -31,7 +31,9 @@ class Refit:
         self.pipeline, self.every, self.cascade = pipeline, every, cascade
         self.out = Path(out) if out is not None else None
         self._lock = threading.Lock()
-        self._running: threading.Thread | None = None
+        self._running: threading.Thread | None = None  # the look (and fit) in progress
+        self._again = False  # a look was asked for while one ran
+        self._fitting = False
         self.last_fit_labels = pipeline.store.label_rows() if every else 0
         self.fits = 0
         self.last_error: str | None = None
@@ -39,25 +41,48 @@ class Refit:
         self.last_at: float | None = None
 
     def check(self) -> None:
-        """Start a refit when ``every`` labels came since the last one (and none is running)."""
+        """Look, in a background thread, whether ``every`` labels came since the last fit, and refit if so. The
+        caller (the event loop after an answer or a label) never waits on the store: a look asked for while one
+        runs is made again when it ends."""
         if not self.every:
             return
         with self._lock:
-            if self._running is not None and self._running.is_alive():
+            if self._running is not None:
+                self._again = True
                 return
-            try:  # a store that fails (a shared one that is down) costs this check, never the answer
-                rows = self.pipeline.store.label_rows()
-                if rows - self.last_fit_labels < self.every:
-                    return
-                counts = self.pipeline.store.counts()
-            except Exception as err:  # noqa: BLE001  # reported in /healthz
-                self.last_error = f"{type(err).__name__}: {err}"[:500]
-                return
-            self.last_fit_labels = rows
-            self._running = threading.Thread(
-                target=self._fit, args=(choose_label(counts),), name="ragate-refit", daemon=True
-            )
+            self._again = False
+            self._running = threading.Thread(target=self._work, name="ragate-refit", daemon=True)
             self._running.start()
+
+    def _work(self) -> None:
+        done = False
+        try:
+            while not done:
+                self._look()
+                with self._lock:
+                    done, self._again = not self._again, False
+                    if done:
+                        self._running = None  # under the lock: a check from now on starts a new look
+        finally:
+            if not done:  # the look failed past its own handling: the next check starts afresh
+                with self._lock:
+                    self._running = None
+
+    def _look(self) -> None:
+        try:  # a store that fails (a shared one that is down) costs this look, never an answer
+            rows = self.pipeline.store.label_rows()
+            if rows - self.last_fit_labels < self.every:
+                return
+            counts = self.pipeline.store.counts()
+        except Exception as err:  # noqa: BLE001  # reported in /healthz
+            self.last_error = f"{type(err).__name__}: {err}"[:500]
+            return
+        self.last_fit_labels = rows
+        self._fitting = True
+        try:
+            self._fit(choose_label(counts))
+        finally:
+            self._fitting = False
 
     def _fit(self, label: str) -> None:
         try:
@@ -76,6 +101,6 @@ class Refit:
     def describe(self) -> dict[str, Any]:
         return {
             "every": self.every, "fits": self.fits, "labels_at_last_fit": self.last_fit_labels,
-            "running": bool(self._running is not None and self._running.is_alive()),
+            "running": self._fitting,
             "last_error": self.last_error, "last_summary": self.last_summary, "last_at": self.last_at,
         }  # fmt: skip
