@@ -124,6 +124,22 @@ def test_two_controllers_share_one_window_and_hold_one_rate(store: Store) -> Non
     assert agree >= 0.85 and alone[1] <= agree - 0.1, (agree, alone)
 
 
+def test_tau_from_an_older_window_never_replaces_one_from_a_newer(store: Store) -> None:
+    """Two replicas push, then set tau in the other order: the tau of the newer window stays (each push and each
+    tau are one call to the store, so without the check the older replica's tau would win until the next answer)."""
+    a, b = (SharedWindow(parse_state_url(store.url), method="targ-margin", model="m", budget=0.3, window=50) for _ in "ab")
+    a.push([(0.1, False)])
+    b.push([(0.9, True)])  # b's view includes a's observation
+    b.set_tau(0.7)
+    a.set_tau(0.2)  # computed from the window before b's push: kept out
+    assert a.tau() == b.tau() == 0.7 and (a.seen, b.seen) == (1, 2)
+    a.push([(0.5, False), (0.6, True)])
+    a.set_tau(0.55)  # from the newest window
+    assert b.tau() == 0.55 and a.read()[:2] == ([0.1, 0.9, 0.5, 0.6], [False, True, False, True])
+    a.close()
+    b.close()
+
+
 def test_the_store_killed_and_restarted_costs_no_request(store: Store) -> None:
     a = controller(store.url)
     for i in range(20):

@@ -13,8 +13,10 @@ the last window it read plus what it observed since (the controller reports ``sh
 pushes what it observed meanwhile. A URL that is wrong or a store that cannot be reached is refused at start.
 
 Keys, under ``ragate:budget:<digest of method and model>:``: ``scores`` and ``decisions`` (lists, newest first,
-trimmed to W), ``tau`` (a string), ``meta`` (a hash whose ``settings`` field holds method, model, budget, window and
-gain as JSON). Replicas that share a key must share ``--budget``, ``--window`` and ``--budget-gain`` (checked at
+trimmed to W), ``tau`` (a string), ``seen`` (how many observations were ever pushed), ``tau_seen`` (the ``seen`` of
+the window ``tau`` was computed from: a replica sets tau only from a window at least as new, so two replicas that
+push and then set tau in either order leave the newer window's), ``meta`` (a hash whose ``settings`` field holds
+method, model, budget, window and gain as JSON). Replicas that share a key must share ``--budget``, ``--window`` and ``--budget-gain`` (checked at
 start). Values read back are checked: an entry that is not a
 finite number (or 0/1) is skipped, so a damaged key cannot put NaN into tau.
 """
@@ -126,6 +128,17 @@ def _number(value: str | None) -> float | None:
     return found[0] if found else None
 
 
+# tau as computed from the window after the observation numbered ARGV[2]: set only if no replica has set one from a
+# later window (two replicas push, then set tau in either order: the later window's tau stays)
+_SET_TAU = """
+local at = tonumber(redis.call('GET', KEYS[2]) or '-1') or -1
+if tonumber(ARGV[2]) < at then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
+"""
+
+
 class SharedWindow:
     """The budget controller's window in the store (see the module docstring). Every method raises
     :class:`StoreUnavailable` when the store fails; the controller decides what to do then."""
@@ -137,6 +150,8 @@ class SharedWindow:
         (one field, atomically); a replica with other settings is refused. Check the settings before this."""
         self.url, self.window = url, window
         self._client = connect(url)
+        self._set_tau = self._client.register_script(_SET_TAU)
+        self.seen = 0  # the number of the last observation of the fleet this replica's view of the window includes
         digest = hashlib.sha256(f"{method}\0{model}".encode()).hexdigest()[:16]
         self.prefix = f"ragate:budget:{digest}:"
         mine = {"method": method, "model": model, "budget": budget, "window": window, "gain": gain}
@@ -177,10 +192,12 @@ class SharedWindow:
                 pipe.lpush(decisions, "1" if retrieved else "0")
             pipe.ltrim(scores, 0, self.window - 1)
             pipe.ltrim(decisions, 0, self.window - 1)
+            pipe.incrby(self.prefix + "seen", len(entries))
             pipe.lrange(scores, 0, -1)
             pipe.lrange(decisions, 0, -1)
 
         got = self._run(build)
+        self.seen = int(got[-3])
         return _numbers(got[-2])[::-1], [d == "1" for d in got[-1] if d in ("0", "1")][::-1]
 
     def read(self) -> tuple[list[float], list[bool], float | None]:
@@ -197,7 +214,12 @@ class SharedWindow:
         return _number(self._run(lambda p: p.get(self.prefix + "tau"))[0])
 
     def set_tau(self, tau: float) -> None:
-        self._run(lambda p: p.set(self.prefix + "tau", repr(float(tau))))
+        """Set the fleet's tau, computed from the window as of this replica's last push, unless a replica has set
+        one from a later window meanwhile."""
+        try:
+            self._set_tau(keys=[self.prefix + "tau", self.prefix + "tau_seen"], args=[repr(float(tau)), self.seen])
+        except Exception as err:  # noqa: BLE001 (a side channel: whatever the store does, the answer goes on)
+            raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
 
     def close(self) -> None:
         self._client.close()
