@@ -136,8 +136,24 @@ def test_tau_from_an_older_window_never_replaces_one_from_a_newer(store: Store) 
     a.push([(0.5, False), (0.6, True)])
     a.set_tau(0.55)  # from the newest window
     assert b.tau() == 0.55 and a.read()[:2] == ([0.1, 0.9, 0.5, 0.6], [False, True, False, True])
+    a._client.delete(a.prefix + "seen")  # the count lost (evicted, deleted by hand): tau is not frozen behind it
+    b.push([(0.3, False)])
+    b.set_tau(0.4)
+    assert a.tau() == 0.4 and b.seen == 1
     a.close()
     b.close()
+
+
+def test_a_store_that_refuses_scripts_is_refused_at_start(store: Store) -> None:
+    """An ACL without scripting (some managed stores): refused when the replica starts, not degraded for ever."""
+    import valkey
+
+    admin = valkey.Valkey(host="127.0.0.1", port=store.port)
+    admin.execute_command("ACL", "SETUSER", "noscripts", "on", ">secret", "~*", "&*", "+@all", "-@scripting")
+    admin.close()
+    url = f"redis://noscripts:secret@127.0.0.1:{store.port}/0"
+    with pytest.raises(RagateError, match="noscripts|NOPERM|permission"):
+        SharedWindow(parse_state_url(url), method="targ-margin", model="m", budget=0.3, window=50)
 
 
 def test_the_store_killed_and_restarted_costs_no_request(store: Store) -> None:

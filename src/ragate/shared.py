@@ -132,6 +132,8 @@ def _number(value: str | None) -> float | None:
 # later window (two replicas push, then set tau in either order: the later window's tau stays)
 _SET_TAU = """
 local at = tonumber(redis.call('GET', KEYS[2]) or '-1') or -1
+local seen = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+if at > seen then at = -1 end  -- the count was lost (evicted, deleted, a restart between push and tau): start again
 if tonumber(ARGV[2]) < at then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
@@ -156,11 +158,14 @@ class SharedWindow:
         self.prefix = f"ragate:budget:{digest}:"
         mine = {"method": method, "model": model, "budget": budget, "window": window, "gain": gain}
         try:
+            self._client.script_load(_SET_TAU)  # a store that refuses scripts (an ACL) is refused here
             self._client.hsetnx(self.prefix + "meta", "settings", json.dumps(mine, sort_keys=True))
             saved = self._client.hget(self.prefix + "meta", "settings")
         except Exception as err:  # noqa: BLE001 (any failure of the store at start: refused, naming it)
             self._client.close()
-            raise RagateError(f"--state {url.shown}: {type(err).__name__}: {err}") from None
+            raise RagateError(
+                f"--state {url.shown}: {type(err).__name__}: {err} (a replica reads, writes and runs scripts there)"
+            ) from None
         try:
             theirs = json.loads(saved or "")
         except ValueError:
@@ -217,7 +222,8 @@ class SharedWindow:
         """Set the fleet's tau, computed from the window as of this replica's last push, unless a replica has set
         one from a later window meanwhile."""
         try:
-            self._set_tau(keys=[self.prefix + "tau", self.prefix + "tau_seen"], args=[repr(float(tau)), self.seen])
+            keys = [self.prefix + "tau", self.prefix + "tau_seen", self.prefix + "seen"]
+            self._set_tau(keys=keys, args=[repr(float(tau)), self.seen])
         except Exception as err:  # noqa: BLE001 (a side channel: whatever the store does, the answer goes on)
             raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
 

@@ -244,8 +244,8 @@ def _pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
     from ragate.eval.run import server_options
 
     threads = check_threads(args.threads, "--threads")
-    if args.run_engine == "ray" and threads in (None, "auto"):
-        threads = 1  # N workers on a node, not N x its cores
+    if args.run_engine == "ray" and args.engine != "openai" and threads in (None, "auto"):
+        threads = 1  # N workers on a node, not N x its cores (a server sets its own)
     return {
         "method": args.gate,
         "model": args.model,

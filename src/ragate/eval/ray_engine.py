@@ -26,6 +26,7 @@ Ray stays optional: ``pip install 'ragate[ray]'``.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -142,7 +143,8 @@ def map_ray(
     found: list[Any] = [None] * len(jobs)
 
     def keep(start: int, results: list[Any]) -> None:
-        found[start : start + len(results)] = results
+        # arrays come back as read-only views of Ray's object store, which ends with the cluster: own them
+        found[start : start + len(results)] = copy.deepcopy(results)
 
     on_ray(
         jobs, make, args, keep, address=address, workers=workers, batch=batch, progress=progress, desc=desc,
@@ -174,7 +176,7 @@ def on_ray(
     with cluster(address) as ray:
         try:
             cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
-            n = workers or int(cpus)
+            n = min(workers or int(cpus), max(1, -(-len(jobs) // batch)))  # no more workers than batches
             # more workers than the cluster's CPUs share them (each asks for a share) rather than wait for ever
             actor = ray.remote(num_cpus=min(1.0, cpus / n), max_restarts=RETRIES, max_task_retries=RETRIES)(_Worker)
             env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -337,10 +337,15 @@ def tune(
     ] = []  # the model and index this call opened: once for every value with answers to compute
     from contextlib import nullcontext
 
-    from ragate.eval.ray_engine import cluster
+    from ragate.eval.ray_engine import check_engine, cluster
 
+    check_engine(
+        run_engine, ray_address=ray_address, ray_workers=ray_workers, workers=workers, handed_in=lm is not None,
+        concurrency=concurrency,
+    )  # fmt: skip
+    todo = run_engine == "ray" and any(_missing(out / run_name(parameter, v), examples, method) for v in grid)
     try:
-        with cluster(ray_address) if run_engine == "ray" else nullcontext():  # one cluster for every value
+        with cluster(ray_address) if todo else nullcontext():  # one cluster for every value with answers to compute
             for k, value in enumerate(grid, 1):
                 run_dir = out / run_name(parameter, value)
                 if progress:

@@ -34,6 +34,7 @@ class Refit:
         self._running: threading.Thread | None = None  # the look (and fit) in progress
         self._again = False  # a look was asked for while one ran
         self._fitting = False
+        self._looking_since: float | None = None
         self.last_fit_labels = pipeline.store.label_rows() if every else 0
         self.fits = 0
         self.last_error: str | None = None
@@ -69,6 +70,7 @@ class Refit:
                     self._running = None
 
     def _look(self) -> None:
+        self._looking_since = time.time()  # /healthz shows a look that hangs on the store
         try:  # a store that fails (a shared one that is down) costs this look, never an answer
             rows = self.pipeline.store.label_rows()
             if rows - self.last_fit_labels < self.every:
@@ -77,6 +79,8 @@ class Refit:
         except Exception as err:  # noqa: BLE001  # reported in /healthz
             self.last_error = f"{type(err).__name__}: {err}"[:500]
             return
+        finally:
+            self._looking_since = None
         self.last_fit_labels = rows
         self._fitting = True
         try:
@@ -101,6 +105,6 @@ class Refit:
     def describe(self) -> dict[str, Any]:
         return {
             "every": self.every, "fits": self.fits, "labels_at_last_fit": self.last_fit_labels,
-            "running": self._fitting,
+            "running": self._fitting, "looking_since": self._looking_since,
             "last_error": self.last_error, "last_summary": self.last_summary, "last_at": self.last_at,
         }  # fmt: skip
