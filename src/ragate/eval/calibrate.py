@@ -5,12 +5,13 @@ checks are :mod:`ragate.eval.thresholds` (their names stay importable here)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
 from ragate.errors import RagateError
 from ragate.eval.config import EvalConfig
+from ragate.eval.run import Opened, _open_lm, _open_retriever, timeout_note
 from ragate.eval.thresholds import (  # noqa: F401 (most re-exported)
     check_budget_value,
     check_calibratable,
@@ -61,7 +62,6 @@ def calibrate(
 
     from ragate.eval.datasets import load_dataset
     from ragate.eval.ray_engine import check_engine, map_ray, one_thread
-    from ragate.eval.run import timeout_note
     from ragate.methods import get_method
 
     spec = get_method(method)
@@ -133,16 +133,16 @@ def calibrate(
     return result | {"tau": best["tau"], "dev_retrieval_rate": best["retrieval_rate"], "dev_em": best["em"]}
 
 
-class GateScores:
+class GateScores(Opened):
     """A gate's score of question i (with seed ``seed + i``, as ``ragate eval``), over the model and, for a gate
     that searches or embeds to decide, the index of ``config``, opened once: in this process, or in each Ray
     worker (:func:`ragate.eval.ray_engine.map_ray`)."""
 
     def __init__(self, config: EvalConfig, method: str, concurrency: int = 1) -> None:
-        from ragate.eval.run import _open_lm, _open_retriever
         from ragate.gates.registry import get_gate
 
         self.spec, self.seed = config.spec(method), config.seed
+        self.opened, self.own_lm, self.own_retriever = None, True, True
         gate = get_gate(self.spec.gate.kind)
         self.retriever = _open_retriever(config) if gate.reads_index or gate.needs_embeddings else None
         if self.retriever is not None and concurrency > 1:
@@ -161,17 +161,6 @@ class GateScores:
 
         i, question = job
         return decide(self.spec, question, self.lm, self.retriever, seed=self.seed + i).score
-
-    def close(self) -> None:
-        self.lm.close()
-        if self.retriever is not None:
-            self.retriever.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def calibrate_from_sweep(

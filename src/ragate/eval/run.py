@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tqdm.auto import tqdm
 
@@ -320,6 +320,12 @@ class Opened:
             self.retriever.close()
         if self.own_lm:
             self.lm.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Answering(Opened):
