@@ -243,9 +243,11 @@ def _pipeline_options(args: argparse.Namespace) -> dict[str, Any]:
     from ragate.backends.threads import check_threads
     from ragate.eval.run import server_options
 
-    threads = check_threads(args.threads, "--threads")
-    if args.run_engine == "ray" and args.engine != "openai" and threads in (None, "auto"):
-        threads = 1  # N workers on a node, not N x its cores (a server sets its own)
+    threads: int | str | None = check_threads(args.threads, "--threads")
+    if args.run_engine == "ray":
+        from ragate.eval.ray_engine import worker_threads
+
+        threads = worker_threads(threads, args.engine)
     return {
         "method": args.gate,
         "model": args.model,

@@ -202,11 +202,11 @@ def _learn(args: argparse.Namespace) -> int:
         names: list[str] = []
 
         def on_ray(questions: list[str]) -> list[Any]:
-            from ragate.eval.ray_engine import map_ray
+            from ragate.eval.ray_engine import map_ray, worker_threads
 
             found = map_ray(
-                list(enumerate(questions)), HiddenStates, (model, "learned", 1), address=args.ray_address,
-                workers=args.ray_workers, desc="hidden states",
+                list(enumerate(questions)), HiddenStates, (model, "learned", worker_threads(None, "llama.cpp")),
+                address=args.ray_address, workers=args.ray_workers, desc="hidden states",
             )  # fmt: skip
             names.extend(name for _, name in found[:1])
             return [state for state, _ in found]

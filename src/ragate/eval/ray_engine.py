@@ -63,11 +63,16 @@ class _Worker:
         return worker, [self.answering.record(job) for job in batch]
 
 
+def worker_threads(threads: int | str | None, engine: str) -> int | str | None:
+    """A Ray worker's engine threads: one unless the run says otherwise, so N workers on a node use N cores, not N x
+    its cores (threads change no computation, :mod:`ragate.backends.threads`); a server (openai) sets its own."""
+    return 1 if engine != "openai" and threads in (None, "auto") else threads
+
+
 def one_thread(config: EvalConfig) -> EvalConfig:
-    """``config`` with one llama.cpp thread unless the run says otherwise: N workers on a node, not N x its cores
-    (threads change no computation, :mod:`ragate.backends.threads`)."""
-    threads = config.extra.get("threads")
-    return replace(config, extra={**config.extra, "threads": 1 if threads in (None, "auto") else threads})
+    """``config`` with a Ray worker's threads (:func:`worker_threads`)."""
+    threads = worker_threads(config.extra.get("threads"), config.engine)
+    return replace(config, extra={**config.extra, "threads": threads})
 
 
 def check_engine(
