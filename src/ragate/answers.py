@@ -120,6 +120,19 @@ class Calibration:
     source: str = "questions"
     warning: str | None = None  # why the rate on these questions is far from the budget (ties, too few)
 
+    @classmethod
+    def from_scores(
+        cls, scores: list[float], budget: float, *, confidence: float | None = None, batch: int | None = None,
+        method: str, gate: str, model: str | None, engine: str, source: str = "questions",
+    ) -> Calibration:
+        """The threshold for ``budget`` over these gate scores (:func:`ragate.eval.thresholds.threshold_from_scores`:
+        F^-1(1 - budget), TARG 3.3, or with ``confidence`` the order statistic that bounds the rate on new
+        questions). Check the budget before scoring (``check_budget_value``)."""
+        from ragate.eval.thresholds import threshold_from_scores
+
+        found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
+        return cls(method=method, gate=gate, model=model, engine=engine, source=source, **found)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "method": self.method, "gate": self.gate, "objective": "budget", "budget": self.budget,

@@ -519,10 +519,10 @@ class Pipeline(TrafficLearning):
         (``batch``: over every ``batch`` new questions). It holds only while new questions are like these: for
         live traffic, ``budget=`` (the controller) holds the rate as the mix drifts. ``concurrency``: questions
         scored at once over a server backend."""
-        from ragate.eval.thresholds import check_budget_value, check_calibratable, threshold_from_scores
+        from ragate.eval.thresholds import check_budget_value, check_calibratable
 
         self._check_open()
-        check_budget_value(budget, "budget")
+        check_budget_value(budget, "budget")  # before any question is scored
         check_calibratable(self.spec)
         if isinstance(questions, str | Path):
             from ragate.eval.datasets import read_questions
@@ -530,15 +530,11 @@ class Pipeline(TrafficLearning):
             source = source or str(questions)
             questions = read_questions(questions)
         scores = [d.score for d in self.scores(questions, progress=progress, concurrency=concurrency)]
-        found = threshold_from_scores(scores, budget, confidence=confidence, batch=batch)
-        calibration = Calibration(
+        calibration = Calibration.from_scores(
+            scores, budget, confidence=confidence, batch=batch,
             method=self.method,  # the name asked for (a fallback gate renames the spec)
-            gate=self.spec.gate.kind,
-            model=self.model_name,
-            engine=self.engine,
-            source=source or "questions",
-            **found,
-        )
+            gate=self.spec.gate.kind, model=self.model_name, engine=self.engine, source=source or "questions",
+        )  # fmt: skip
         self.spec = self.spec.with_threshold(calibration.tau)
         if calibration.warning:
             import warnings

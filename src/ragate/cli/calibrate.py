@@ -305,17 +305,16 @@ def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
     check_calibratable(get_method(args.gate))  # before the model loads
     if args.objective != "budget":
         raise RagateError("--questions has no answers to score EM with: use --budget RHO")
-    if args.run_engine == "ray":
+    if args.run_engine == "ray":  # Pipeline.calibrate's scores, from Pipelines on the workers
         from ragate.answers import Calibration
         from ragate.eval.datasets import read_questions
-        from ragate.eval.thresholds import check_budget_value, threshold_from_scores
+        from ragate.eval.thresholds import check_budget_value
 
-        check_budget_value(args.budget, "budget")
+        check_budget_value(args.budget, "budget")  # before any model loads
         scored = _ray_scores(args, read_questions(args.questions))
-        found = threshold_from_scores([s for s, _ in scored], args.budget, confidence=args.confidence, batch=args.batch)
-        calibration = Calibration(
-            method=args.gate, gate=scored[0][1], model=args.model, engine=args.engine, source=str(args.questions),
-            **found,
+        calibration = Calibration.from_scores(
+            [s for s, _ in scored], args.budget, confidence=args.confidence, batch=args.batch, method=args.gate,
+            gate=scored[0][1], model=args.model, engine=args.engine, source=str(args.questions),
         )  # fmt: skip
         return calibration.to_json() | {"seed": args.seed}
     import warnings
