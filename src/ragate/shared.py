@@ -221,11 +221,8 @@ class SharedWindow:
     def set_tau(self, tau: float) -> None:
         """Set the fleet's tau, computed from the window as of this replica's last push, unless a replica has set
         one from a later window meanwhile."""
-        try:
-            keys = [self.prefix + "tau", self.prefix + "tau_seen", self.prefix + "seen"]
-            self._set_tau(keys=keys, args=[repr(float(tau)), self.seen])
-        except Exception as err:  # noqa: BLE001 (a side channel: whatever the store does, the answer goes on)
-            raise StoreUnavailable(f"{type(err).__name__}: {err}") from None
+        keys = [self.prefix + "tau", self.prefix + "tau_seen", self.prefix + "seen"]
+        self._run(lambda p: self._set_tau(keys=keys, args=[repr(float(tau)), self.seen], client=p))
 
     def close(self) -> None:
         self._client.close()
