@@ -166,23 +166,17 @@ def test_calibrate_and_gate_learn_compute_on_ray_what_they_compute_here(
                          str(files[name]), *source, *engine]) == 0  # fmt: skip
         assert json.loads(files["ray"].read_text()) == json.loads(files["here"].read_text())
     assert capsys.readouterr().out.count("retrieves for 50.0% (within the budget of 50%)") == 2  # --check, twice
-    # over a server (a stand-in that answers at once): each worker's client, no local threads to set
-    import subprocess
-    import sys
+    # over a server (a stand-in latency server): each worker's client, no local threads to set
+    from test_fleet import MODEL, start, stop
 
-    server = Path(__file__).resolve().parents[1] / "benchmarks" / "latency_server.py"
-    proc = subprocess.Popen([sys.executable, str(server), "--latency", "0", "--model", "latency-stub", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc, url = start()
     try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().decode().strip()
-        served = ["--backend", "openai", "--base-url", url, "--model", "latency-stub", "--questions", str(questions)]
+        served = ["--backend", "openai", "--base-url", url, "--model", MODEL, "--questions", str(questions)]
         for name, engine in (("here", []), ("ray", ["--engine", "ray", "--ray-workers", "1"])):
             assert main(["calibrate", "--gate", "targ-margin", "--budget", "0.5", "--quiet", "--out",
                          str(tmp_path / f"served-{name}.json"), *served, *engine]) == 0  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
     assert json.loads((tmp_path / "served-ray.json").read_text()) == json.loads((tmp_path / "served-here.json").read_text())
     assert main(["calibrate", "--gate", "targ-margin", "--budget", "0.5", "--from-sweep", str(DEMO_SWEEP),
                  "--engine", "ray", "--out", str(tmp_path / "x.json")]) == 2  # fmt: skip
