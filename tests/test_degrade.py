@@ -121,6 +121,8 @@ def test_serve_refuses_a_fifo_answer_log_before_loading_anything(tmp_path: Path)
         ("spent", {"tokens": 12, "seconds": float("nan")}, "spent.seconds is nan, not a finite number"),
         ("saved", {"tokens": 3, "seconds": "x"}, "saved.seconds is 'x', not a finite number"),
         ("retrieved", "yes", "retrieved is 'yes', not true or false"),
+        ("time", 1e308, "time is 1e+308, not seconds since 1970 up to the year 9999"),  # was: an OverflowError
+        ("saved", {"tokens": 2**64, "seconds": 1.0}, "saved.tokens is 18446744073709551616, more than 2**53 tokens"),
     ],
 )
 def test_report_names_a_mistyped_field_of_an_answer_log(tmp_path: Path, field: str, value: Any, said: str) -> None:

@@ -26,7 +26,7 @@ from ragate.eval.learn import (
     learn_gate,
     paired_auroc_gap,
 )
-from ragate.feedback import FeedbackStore, UnknownAnswer, answers_agree
+from ragate.feedback import FeedbackStore, UnknownAnswer, answer_correct, answers_agree, pending_labels
 from ragate.gates.learned import load_learned, save_learned
 
 DEMO_SWEEP = Path(__file__).parent.parent / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
@@ -54,14 +54,42 @@ def test_a_fit_refuses_too_few_labels_naming_how_many_more() -> None:
     y = np.array([True] * 4 + [False] * 40)
     with pytest.raises(RagateError, match=f"{MIN_CLASS - 4} more 'retrieve' labels"):
         check_labels(y)
+    with pytest.raises(RagateError) as err:  # short of both classes: both are counted
+        check_labels(np.zeros(0, dtype=bool), "closed-wrong")
+    both = f"{MIN_CLASS} more 'retrieve' and {MIN_CLASS} more 'no-retrieve' labels of closed-wrong"
+    assert both in str(err.value)
+    one = f"so {MIN_CLASS - 3} more 'no-retrieve' labels of retrieval-changed"
+    with pytest.raises(RagateError, match=one):
+        check_labels(np.array([True] * 12 + [False] * 3), "retrieval-changed")
+
+
+def test_the_default_label_is_the_one_the_store_can_fit() -> None:
+    from ragate.learning import choose_label
+
+    def counts(gold: tuple[int, int], silver: tuple[int, int]) -> dict[str, dict[str, int]]:
+        return {
+            kind: {"retrieve": n[0], "no_retrieve": n[1]}
+            for kind, n in (("closed-wrong", gold), ("retrieval-changed", silver))
+        }
+
+    assert choose_label(counts((10, 12), (50, 50)))[0] == "closed-wrong"  # gold wherever it can be fitted
+    label, why = choose_label(counts((3, 0), (11, 10)))
+    assert label == "retrieval-changed" and "closed-wrong has 3 and 0" in why
+    assert f"{MIN_CLASS - 3} more 'retrieve' and {MIN_CLASS} more 'no-retrieve'" in why
+    with pytest.raises(RagateError) as err:  # neither: the refusal names both kinds' counts
+        choose_label(counts((0, 0), (4, 12)))
+    said = str(err.value)
+    assert "closed-wrong (gold) has 0 'retrieve' and 0 'no-retrieve'" in said and "4 and 12" in said
+    assert f"{MIN_CLASS} more 'retrieve' and {MIN_CLASS} more 'no-retrieve' labels of closed-wrong" in said
+    assert f"or {MIN_CLASS - 4} more 'retrieve' of retrieval-changed" in said
 
 
 def test_the_learned_gate_ranks_a_signal_and_says_nothing_of_noise() -> None:
-    gate, report = learn_gate(_synthetic(), label="closed-wrong", components=4)
+    gate, report, _p = learn_gate(_synthetic(), label="closed-wrong", components=4)
     auc, lo, _ = report["cheap_auroc"]  # cross-fitted: no question scored by a model that saw it
     assert auc > 0.75 and lo > 0.6
     assert report["cheap_ece"] < 0.15
-    _, noise = learn_gate(_synthetic(signal_in_hidden=False, seed=3), label="closed-wrong", components=4)
+    _, noise, _p = learn_gate(_synthetic(signal_in_hidden=False, seed=3), label="closed-wrong", components=4)
     _, nlo, nhi = noise["cheap_auroc"]
     assert nlo < 0.6 and nhi > 0.4  # random labels: nothing established beyond chance
     assert "targ-entropy" not in gate.cheap.features
@@ -69,7 +97,7 @@ def test_the_learned_gate_ranks_a_signal_and_says_nothing_of_noise() -> None:
 
 def test_the_cascade_drafts_the_band_it_was_given() -> None:
     data = _synthetic(300)
-    gate, report = learn_gate(data, label="closed-wrong", components=4, cascade_share=0.3)
+    gate, report, _p = learn_gate(data, label="closed-wrong", components=4, cascade_share=0.3)
     assert gate.full is not None and gate.band is not None
     assert abs(float(report["drafted_share"]) - 0.3) < 0.02
     assert report["full_auroc"][0] >= report["cheap_auroc"][0] - 0.02  # the draft's score helps, not hurts
@@ -91,7 +119,7 @@ def test_ece_and_paired_gap_are_what_they_say() -> None:
 
 def test_the_gate_file_round_trips_and_a_damaged_one_names_the_fix(tmp_path: Path) -> None:
     data = _synthetic()
-    gate, _ = learn_gate(data, label="retrieval-changed", components=4, cascade_share=0.2)
+    gate, _, _p = learn_gate(data, label="retrieval-changed", components=4, cascade_share=0.2)
     path = save_learned(gate, tmp_path / "gate.json")
     again = load_learned(path)
     cheap = data.select(["words", "digit"])
@@ -134,9 +162,9 @@ def test_what_a_learned_gate_needs_follows_its_file(tmp_path: Path) -> None:
     data = _synthetic()
     text_only = Capabilities(False, 0, False, False, True, False, False, False, continues=False)
     local = Capabilities(True, 1 << 30, False, True, True, True, True, False, hidden_states=True)
-    plain, _ = learn_gate(data.select(["words", "digit"], hidden=False), label="closed-wrong")
-    hidden, _ = learn_gate(data, label="closed-wrong", components=4)
-    cascade, _ = learn_gate(data, label="closed-wrong", components=4, cascade_share=0.2)
+    plain, _, _p = learn_gate(data.select(["words", "digit"], hidden=False), label="closed-wrong")
+    hidden, _, _p = learn_gate(data, label="closed-wrong", components=4)
+    cascade, _, _p = learn_gate(data, label="closed-wrong", components=4, cascade_share=0.2)
     spec = get_method("learned")
     runs = {}
     for name, gate in (("plain", plain), ("hidden", hidden), ("cascade", cascade)):
@@ -175,9 +203,14 @@ def test_the_feedback_store_keeps_labels_bounded_and_names_unknown_ids(tmp_path:
         with pytest.raises(UnknownAnswer, match="no answer 'a0'"):
             store.feedback("a0", correct=True)
         assert store.feedback("a4", correct=False) == [("closed-wrong", True)]  # a closed-book answer judged
-        assert store.feedback("a3", correct=True) == []  # retrieved, no closed-book twin: no gate label
+        # every word labels the route the answer took: a retrieved answer judged right
+        assert store.feedback("a3", correct=True) == [("retrieved-wrong", False)]
+        assert pending_labels(store.get("a3"), "Paris") == ("closed-wrong",)  # its closed-book twin is not known
         store.set_twin("a3", closed="London")
-        assert store.feedback("a3", reference="Paris") == [("closed-wrong", True)]
+        assert store.feedback("a3", reference="Paris") == [("closed-wrong", True), ("retrieved-wrong", False)]
+        assert pending_labels(store.get("a3"), "Paris") == ()
+        counts = store.counts()
+        assert counts["retrieved-wrong"] == {"wrong": 0, "right": 1} and counts["closed-wrong"]["retrieve"] == 2
         with pytest.raises(RagateError, match="characters"):
             store.feedback("a4", reference="x" * 5000)
         with pytest.raises(RagateError, match="correct .* or a reference"):
@@ -250,6 +283,43 @@ def test_a_pipeline_answers_with_the_learned_gate(demo_gate: Path, llama_backend
         assert any(s.name == "prefill" for s in a.stages) and a.text
 
 
+def test_sweep_eval_calibrate_and_report_take_a_learned_gate(
+    demo_gate: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The set-up check reads a learned gate's file with its own loader (not no-model-lr's), refuses the questions
+    it was fitted on, and the gate is swept, evaluated, calibrated and reported like any other."""
+    from ragate.cli.main import main
+
+    questions = tmp_path / "questions.jsonl"  # not the demo questions the gate was fitted on
+    questions.write_text(
+        json.dumps({"id": "0", "question": "Who wrote Hamlet?", "answers": ["Shakespeare"]}) + "\n"
+        + json.dumps({"id": "1", "question": "What is the capital of France?", "answers": ["Paris"]}) + "\n"
+    )  # fmt: skip
+    run = ["--dataset", str(questions), "--methods", "learned", "--gate-weights", str(demo_gate), "--quiet"]
+    assert main(["sweep", *run, "--out", str(tmp_path / "sweep")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "sweep" / "sweep.jsonl").open()]
+    assert len(records) == 2 and all(0.0 <= r["gates"]["learned"]["score"] <= 1.0 for r in records)
+    recorded = json.loads((tmp_path / "sweep" / "config.json").read_text())["gate_weights_file"]
+    assert recorded["gate"] == "learned" and recorded["label"] == "retrieval-changed"
+    assert recorded["questions"] == 80 and "hidden" in recorded["features"]
+    assert main(["eval", *run, "--out", str(tmp_path / "eval")]) == 0
+    answers = [json.loads(line) for line in (tmp_path / "eval" / "questions.jsonl").open()]
+    swept = [r["gates"]["learned"]["score"] for r in records]
+    assert [a["gate_score"] for a in answers] == pytest.approx(swept)
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", "--gate", "learned", "--from-sweep", str(tmp_path / "sweep"), "--budget", "0.5",
+                 "--out", str(cal)]) == 0  # fmt: skip
+    assert json.loads(cal.read_text())["gate"] == "learned"
+    assert main(["report", str(tmp_path / "eval"), "--sweep", str(tmp_path / "sweep")]) == 0
+    assert (tmp_path / "eval" / "report" / "report.md").is_file()
+    capsys.readouterr()
+    demo = ["--dataset", "demo", "--limit", "2", "--gate-weights", str(demo_gate), "--quiet"]
+    assert main(["sweep", *demo, "--methods", "learned", "--out", str(tmp_path / "leak")]) == 2
+    assert "2 of this run's 2 questions trained the gate weights" in capsys.readouterr().err
+    assert main(["sweep", *demo, "--methods", "learned,no-model-lr", "--out", str(tmp_path / "two")]) == 2
+    assert "one file, read by one trained gate" in capsys.readouterr().err
+
+
 def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_the_cascade_in_force(
     tmp_path: Path, llama_backend: object
 ) -> None:
@@ -271,7 +341,8 @@ def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_th
             next(a for a in answers if not a.retrieved) if any(not a.retrieved for a in answers) else None
         )
         if closed is not None:
-            assert rag.feedback(closed, correct=False) == [("closed-wrong", True)]
+            said = rag.feedback(closed, correct=False)
+            assert said.labels == (("closed-wrong", True),) and said.pending == ()
         counts = rag.store.counts()
         changed = counts["retrieval-changed"]
         assert changed["retrieve"] + changed["no_retrieve"] == 56
@@ -322,3 +393,150 @@ def test_gate_learn_on_a_store_prints_its_report_and_refuses_what_it_cannot_use(
     assert json.loads(capsys.readouterr().out)["labels"] == [{"kind": "closed-wrong", "retrieve": True}]
     assert main(["gate", "feedback", *store_arg, "--id", "nope", "--correct"]) == 2
     assert "no answer 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("answer", "reference", "right"),
+    [
+        ("It was 10 years.", "1", False),  # a number is a whole token: "1" is not in "10"
+        ("The cat sat.", "cat", True),
+        ("concatenate the lists", "cat", False),
+        ("Tulsa, Oklahoma", "tulsa oklahoma", True),
+        ("in 1965", "1965", True),
+    ],
+)
+def test_a_reference_is_found_as_whole_words(answer: str, reference: str, right: bool) -> None:
+    assert answer_correct(answer, reference) is right
+
+
+def test_gate_learn_says_which_label_it_chose_and_refuses_naming_both_kinds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragate.cli.main import main
+
+    data = _synthetic(40)
+    db = tmp_path / "fb.db"
+    with FeedbackStore(db) as store:  # shadow's silver labels on every answer, gold on three
+        for i, (x, h, y) in enumerate(zip(data.scalars, data.hidden, data.y, strict=True)):  # type: ignore[arg-type]
+            store.record_answer(
+                f"a{i}", question=f"question {i}?", method="learned", prompts="targ-question-first", answer="x",
+                retrieved=False, features={"words": float(x[0])}, hidden=h, model={"model": "m.gguf"},
+            )  # fmt: skip
+            store.add_label(f"a{i}", source="shadow", kind="retrieval-changed", value=bool(y))
+            if i < 3:
+                store.add_label(f"a{i}", source="feedback", kind="closed-wrong", value=True)
+    out = tmp_path / "gate.json"
+    args = ["gate", "learn", "--store", str(db), "--out", str(out), "--components", "4", "--C", "0.1"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "closed-wrong 3 'retrieve', 0 'no-retrieve'" in printed
+    assert "learning 'retrieval-changed' (the default: shadow answers' silver labels" in printed
+    assert "closed-wrong has 3 and 0" in printed and "questions labelled retrieval-changed" in printed
+    assert load_learned(out).label == "retrieval-changed"
+    assert main([*args, "--label", "closed-wrong"]) == 2  # asked for: refused, counting both classes
+    assert f"{MIN_CLASS - 3} more 'retrieve' and {MIN_CLASS} more 'no-retrieve' labels of closed-wrong" in (
+        capsys.readouterr().err
+    )
+    with FeedbackStore(tmp_path / "few.db") as store:
+        for i in range(2):
+            store.record_answer(
+                f"a{i}", question=f"q{i}?", method="learned", prompts="targ-question-first", answer="x",
+                retrieved=False, features={}, hidden=None, model={"model": "m.gguf"},
+            )  # fmt: skip
+    assert main(["gate", "learn", "--store", str(tmp_path / "few.db"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "closed-wrong (gold) has 0 'retrieve' and 0 'no-retrieve'" in err and "silver) 0 and 0" in err
+
+
+def test_feedback_on_a_retrieved_answer_labels_it_and_queues_its_closed_book_twin(
+    llama_backend: object, tmp_path: Path
+) -> None:
+    """A reference on a retrieved answer whose closed-book twin nobody computed: the retrieval route is labelled at
+    once, and the twin is queued with the reference (ahead of sampled work), which then gives closed-wrong."""
+    import ragate
+
+    with ragate.Pipeline(
+        "standard-rag", lm=llama_backend, feedback_store=tmp_path / "fb.db", shadow=1e-9, k=2,  # type: ignore[arg-type]
+    ) as rag:  # fmt: skip  (a shadow worker that samples nothing by itself)
+        assert rag.shadow is not None and rag.store is not None
+        ans = rag.answer("where do the greasers live in the outsiders")
+        assert ans.retrieved and ans.id and rag.shadow.describe()["sampled"] == 0
+        said = rag.feedback(ans, reference="Tulsa, Oklahoma")
+        assert [kind for kind, _ in said.labels] == ["retrieved-wrong"] and said.pending == ("closed-wrong",)
+        assert rag.shadow.wait(300)
+        seen = rag.shadow.describe()
+        assert seen["done"] == 1 and seen["failed"] == 0, seen
+        counts = rag.store.counts()
+        assert sum(counts["closed-wrong"].values()) == 1 and sum(counts["retrieved-wrong"].values()) == 1
+        row = rag.store.get(ans.id)
+        assert row is not None and row.closed_answer is not None  # the twin came from the shadow context
+        assert rag.turns is not None and rag.turns.describe()["shadow_steps"] > 0
+    assert getattr(llama_backend, "step", None) is None  # the caller's backend is left without the pipeline's turns
+
+
+def _store_for_comparison(path: Path, *, gate_ranks: bool, n: int = 60, seed: int = 0) -> FeedbackStore:
+    """Labelled answers whose hidden states carry the label (a learned gate ranks them well), scored when they were
+    answered by a targ-entropy gate that ranks them perfectly (``gate_ranks``) or at random."""
+    rng = np.random.default_rng(seed)
+    y = rng.random(n) < 0.5
+    store = FeedbackStore(path)
+    for i in range(n):
+        hidden = rng.normal(size=16).astype(np.float32)
+        hidden[2] += 1.2 * y[i]
+        gate_score = float(y[i]) + 0.01 * i if gate_ranks else float(rng.random())
+        store.record_answer(
+            f"a{i}", question=f"question {i}?", method="targ-entropy", prompts="targ-question-first",
+            answer="x", retrieved=False, features={"words": 3.0, "gate:targ-entropy": gate_score}, hidden=hidden,
+            model={"model": "smollm2-135m", "engine": "llama.cpp"},
+        )  # fmt: skip
+        store.add_label(f"a{i}", source="feedback", kind="closed-wrong", value=bool(y[i]))
+    return store
+
+
+@pytest.mark.parametrize("gate_ranks", [True, False])
+def test_a_learned_gate_is_compared_with_the_gate_that_scored_the_answers(tmp_path: Path, gate_ranks: bool) -> None:
+    from ragate.learning import learn_from_store
+
+    with _store_for_comparison(tmp_path / "fb.db", gate_ranks=gate_ranks) as store:
+        learned = learn_from_store(store, tmp_path / "gate.json", label=None, prompts="targ-question-first")
+    compared = learned.comparison
+    assert compared is not None and compared.gate == "targ-entropy" and compared.n == 60
+    if gate_ranks:  # the gate in force ranks every label right: the new one cannot beat it
+        assert compared.in_force == 1.0 and not compared.earns and "stays in force" in learned.summary()
+    else:
+        assert compared.earns and compared.learned > compared.in_force and "earns its place" in learned.summary()
+    saved = load_learned(tmp_path / "gate.json").meta["report"]["compared"]
+    assert saved["gate"] == "targ-entropy" and saved["earns"] is compared.earns  # the file records it
+
+
+def test_pipeline_learn_puts_a_gate_in_force_only_when_it_earns_it(llama_backend: object, tmp_path: Path) -> None:
+    import ragate
+
+    _store_for_comparison(tmp_path / "fb.db", gate_ranks=True).close()
+    with ragate.Pipeline("targ-entropy", lm=llama_backend, feedback_store=tmp_path / "fb.db") as rag:  # type: ignore[arg-type]
+        learned = rag.learn(tmp_path / "gate.json")
+        assert learned.comparison is not None and not learned.comparison.earns
+        assert rag.spec.gate.kind == "targ-entropy" and rag.gate_file is None  # the gate in force stays
+        assert not (tmp_path / "gate.json").exists() and learned.path == tmp_path / "gate.candidate.json"
+    _store_for_comparison(tmp_path / "fb2.db", gate_ranks=False).close()
+    with ragate.Pipeline("targ-entropy", lm=llama_backend, feedback_store=tmp_path / "fb2.db") as rag:  # type: ignore[arg-type]
+        for q in ("Who wrote Hamlet?", "What is the capital of France?"):
+            rag.answer(q)  # the traffic's rate: the new gate's tau keeps it
+        rate = rag._band.rate()
+        learned = rag.learn(tmp_path / "gate2.json")
+        assert learned.comparison is not None and learned.comparison.earns
+        assert rag.spec.gate.kind == "learned" and rag.gate_file == str(tmp_path / "gate2.json")
+        tau = rag.spec.gate.threshold
+        assert rate is not None and tau is not None
+        assert abs(float(np.mean(np.array(learned.cross_fitted) > tau)) - rate) <= 0.05
+
+
+def test_a_learned_gate_fitted_elsewhere_warns_what_it_was_fitted_on(demo_gate: Path, llama_backend: object) -> None:
+    import ragate
+
+    fitted_on = r"was fitted on .* questions, \d+% of them labelled 'retrieve'"
+    with (
+        pytest.warns(RuntimeWarning, match=fitted_on),
+        ragate.Pipeline("learned", gate_weights=demo_gate, lm=llama_backend) as rag,  # type: ignore[arg-type]
+    ):
+        assert rag.spec.gate.kind == "learned"

@@ -5,6 +5,7 @@ survives kill -9, and a learned gate file rewritten while the server runs is the
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -192,3 +193,53 @@ def test_a_learned_gate_rewritten_while_serving_is_the_gate_in_force(
             )
     finally:
         _stop(proc)
+
+
+def test_sigterm_stops_serve_with_shadow_work_queued(tmp_path: Path, smollm2_path: Path) -> None:
+    """SIGTERM while shadow jobs are queued, one runs and a long request is being answered: the server exits 0
+    within 10 s (the request gets the shutdown's grace, then stops at its next model step; the shadow jobs are
+    dropped), and the feedback store opens afterwards with every answer it gave."""
+    import threading
+
+    from ragate.feedback import FeedbackStore
+
+    store = tmp_path / "feedback.db"
+    log = tmp_path / "serve.log"
+    args = ["--method", "targ-entropy", "--feedback-store", str(store), "--shadow", "1.0", "--log-level", "info"]
+    proc, url = _serve([*args, "--max-tokens-limit", "1500"], log)
+    try:
+        with httpx.Client(base_url=url, timeout=120) as http:
+            ids = [http.post("/v1/answer", json={"question": q}).json()["id"] for q in QUESTIONS * 2]
+            shadow = _learning(http)["shadow"]
+            assert shadow["sampled"] == len(ids) and shadow["done"] < len(ids), shadow  # shadow work left to do
+
+            def long_request() -> None:  # up to 1,500 tokens: longer than the grace a stopping server gives
+                with contextlib.suppress(httpx.HTTPError):  # cut off by the shutdown, or answered within it
+                    http.post(
+                        "/v1/answer",
+                        json={"question": "Tell me a very long story about a dragon.", "options": {"max_tokens": 1500}},
+                    )
+
+            talking = threading.Thread(target=long_request)
+            talking.start()
+            for _ in range(100):  # bounded: until the request holds its slot
+                if http.get("/healthz").json()["in_progress"] >= 1:
+                    break
+                time.sleep(0.05)
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                status = proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"ragate serve did not stop within 10 s of SIGTERM:\n{log.read_text(errors='replace')[-3000:]}")
+            took = time.monotonic() - start
+            talking.join(30)
+    finally:
+        _stop(proc)
+    said = log.read_text(errors="replace")
+    assert status == 0, f"exit status {status} after {took:.1f} s:\n{said[-3000:]}"
+    cut = said.count("CancelledError: Task cancelled, timeout graceful shutdown exceeded")  # uvicorn's, past the grace
+    assert said.count("Traceback") == cut <= 1, said[-3000:]
+    with FeedbackStore(store) as s:  # closed cleanly: it opens, and holds every answer it acknowledged
+        assert all(s.get(i) is not None for i in ids)
+        assert s.counts()["answers"] >= len(ids)

@@ -404,7 +404,7 @@ def test_a_framework_reads_with_the_gates_own_model_and_never_pays_the_draft_twi
             rag.complete([("tool", "x")])
 
         with ragate.Pipeline(method="no-retrieval", model_of=rag, search=nothing) as other:
-            assert other.lm is rag.lm and other.model_lock() is rag.model_lock()
+            assert other.lm is rag.lm and other._lock is rag._lock and other.turns is rag.turns  # one model, one lock
         with pytest.raises(RagateError, match="drop model="):
             ragate.Pipeline(method="no-retrieval", model_of=rag, model="smollm2-135m", search=nothing)
         saved = rag.savings(answered.trace)

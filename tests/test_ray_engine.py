@@ -139,6 +139,40 @@ def test_a_wrong_ray_address_is_refused_naming_it(tmp_path: Path) -> None:
         run_eval(config(1, ("no-retrieval",)), tmp_path / "y", progress=False, ray_address="auto")
 
 
+def test_a_ray_address_where_nothing_answers_fails_within_the_start_timeout(tmp_path: Path) -> None:
+    """``--ray-start-timeout 1`` and an address where nothing listens: a ragate error naming the address and the
+    timeout within seconds (not minutes of Ray's own warnings), no traceback, and no run directory."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        out = tmp_path / "run"
+        cmd = [sys.executable, "-m", "ragate.cli.main", "eval", "--dataset", "demo", "--limit", "1", "--methods",
+               "no-retrieval", "--engine", "ray", "--ray-address", address, "--ray-start-timeout", "1", "--out",
+               str(out), "--quiet"]  # fmt: skip
+        start = time.monotonic()
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - start
+        assert done.returncode == 2, done.stderr[-3000:]
+        said = done.stderr.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith(f"ragate: error: --ray-address {address}:"), said
+        assert "within 1 s" in said[0] and "--ray-start-timeout" in said[0], said
+        assert "Traceback" not in done.stderr and "GCS" not in done.stderr
+        assert took < 30, took  # the interpreter's start included
+        assert not out.exists()
+    one = config(1, ("no-retrieval",))
+    with pytest.raises(RagateError, match=f"127.0.0.1:{port}: no Ray cluster answered there within 0.5 s"):
+        run_eval(one, tmp_path / "api", progress=False, engine="ray", ray_address=f"127.0.0.1:{port}",
+                 ray_start_timeout=0.5)  # fmt: skip
+    assert not (tmp_path / "api").exists()
+    with pytest.raises(RagateError, match="--ray-start-timeout is a positive number of seconds"):
+        run_eval(one, tmp_path / "zero", progress=False, engine="ray", ray_start_timeout=0)
+
+
 def test_tune_runs_each_value_on_ray(cluster: None, tmp_path: Path) -> None:
     from ragate.eval.tune import tune
 

@@ -34,10 +34,12 @@ class _Pipeline:
     def __init__(self) -> None:
         self.store, self.fitted = _Store(), []
 
-    def learn(self, out: Any, *, label: str, cascade: Any, use: bool) -> Any:
+    def learn(self, out: Any, *, label: str | None, cascade: Any, use: bool) -> Any:
         self.fitted.append(label)
 
         class _Learned:
+            comparison = None  # no comparison could be made: it goes in force
+
             def summary(self) -> str:
                 return f"fitted on {label}"
 
@@ -65,10 +67,10 @@ def test_a_refit_check_returns_while_the_store_hangs_and_looks_again_afterwards(
     assert refit.describe()["looking_since"] is not None and not refit.describe()["running"]  # /healthz shows it
     store.go.set()
     refit.wait(30)  # the first look (now due: a fit), then the one asked for while it hung (not due)
-    assert pipeline.fitted == ["retrieval-changed"] and store.reads == 3
+    assert pipeline.fitted == [None] and store.reads == 3  # the label: the one the store can fit (learning.choose_label)
     assert refit.describe() | {"last_at": None} == {
         "every": 2, "fits": 1, "labels_at_last_fit": 2, "running": False, "looking_since": None, "last_error": None,
-        "last_summary": "fitted on retrieval-changed", "last_at": None,
+        "last_summary": "fitted on None", "last_in_force": True, "last_at": None,
     }  # fmt: skip
 
 
@@ -86,4 +88,4 @@ def test_a_failing_store_costs_the_look_and_the_next_check_starts_afresh(tmp_pat
     pipeline.store.label_rows = lambda: 1  # type: ignore[method-assign]
     refit.check()  # the store is back: the next check looks again, and fits
     refit.wait(30)
-    assert pipeline.fitted == ["retrieval-changed"]
+    assert pipeline.fitted == [None]

@@ -12,9 +12,12 @@ from typing import Any
 from ragate.errors import ArgumentTypeError, RagateError
 
 
-def check_types(*, method: Any, index: Any, calibration: Any, budget_state: Any, base_url: Any) -> None:
+def check_types(
+    *, method: Any, index: Any, calibration: Any, budget_state: Any, base_url: Any, feedback_store: Any = None
+) -> None:
     """The arguments a wrong type of would fail deep inside ragate or the standard library (``method=None``:
-    "'NoneType' object is not iterable"): an :class:`~ragate.errors.ArgumentTypeError` naming each."""
+    "'NoneType' object is not iterable"): an :class:`~ragate.errors.ArgumentTypeError` naming each (a feedback
+    store's URL of a scheme ragate does not serve: a :class:`~ragate.errors.RagateError`)."""
     if not isinstance(method, str) or not method.strip():
         raise ArgumentTypeError(
             f"method must be a method's name (a non-empty string, e.g. 'targ-margin'; ragate.all_methods() "
@@ -23,6 +26,12 @@ def check_types(*, method: Any, index: Any, calibration: Any, budget_state: Any,
     for name, value in (("index", index), ("calibration", calibration), ("budget_state", budget_state)):
         if value is not None and not isinstance(value, str | Path):
             raise ArgumentTypeError(f"{name} must be a path (str or pathlib.Path), not {type(value).__name__}")
+    if feedback_store is not None:
+        from ragate.feedback import FeedbackRules
+        from ragate.shared_feedback import is_shared_store
+
+        if not isinstance(feedback_store, FeedbackRules):
+            is_shared_store(feedback_store)
     urls = [base_url] if isinstance(base_url, str) else base_url
     if base_url is not None and (
         not isinstance(urls, Sequence) or not urls or not all(isinstance(u, str) and u for u in urls)

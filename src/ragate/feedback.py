@@ -15,7 +15,9 @@ model's hidden state (float32 bytes), and the model, corpus, encoder and ragate 
 label row names its answer, source, kind (``closed-wrong`` / ``retrieval-changed``) and value (1: retrieval was
 needed). The file is written in transactions with SQLite's write-ahead log and full sync, so a label is on disk
 when its call returns (a process killed after that loses none), and it is bounded: past ``max_answers`` the oldest
-answers and their labels are dropped. A damaged file is an error naming it and the fix.
+answers and their labels are dropped. A damaged file is an error naming it and the fix; so is a file that cannot be
+created or opened for writing (a read-only folder), when the store opens. A write that fails later (a full or failing
+disk) is a :class:`StoreWriteError`: a fault of the store, not of the caller, which the service answers with 503.
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ from typing import Any, Literal, Self
 import numpy as np
 
 from ragate.errors import RagateError
+from ragate.shared import StoreUnavailable
 
 AGREE_F1 = 0.5
 DEFAULT_MAX_ANSWERS = 50_000
 MAX_REFERENCE_CHARS = 2000
-LabelKind = Literal["closed-wrong", "retrieval-changed"]
-LABEL_KINDS: tuple[LabelKind, ...] = ("closed-wrong", "retrieval-changed")
+LabelKind = Literal["closed-wrong", "retrieval-changed", "retrieved-wrong"]
+LABEL_KINDS: tuple[LabelKind, ...] = ("closed-wrong", "retrieval-changed")  # what a gate is fitted on
+# the retrieval route's answer judged (a label of that route, kept for route policies; not a gate label)
+ROUTE_KINDS: tuple[LabelKind, ...] = ("retrieved-wrong",)
+ALL_KINDS: tuple[LabelKind, ...] = LABEL_KINDS + ROUTE_KINDS
 SOURCES = ("shadow", "feedback", "run")
 
 _SCHEMA = """
@@ -81,6 +87,11 @@ class UnknownAnswer(RagateError):
     """Feedback named an answer id the store does not hold (never given, or dropped as the oldest)."""
 
 
+class StoreWriteError(StoreUnavailable):
+    """The SQLite store could not be written (a full or failing disk, a lock held too long): the store's fault, not
+    the caller's; the same kind of failure as the replicas' shared store not answering."""
+
+
 def answers_agree(a: str, b: str) -> bool:
     """Two answers agree when their SQuAD token F1 (lower case, no punctuation or articles) is at least
     :data:`AGREE_F1` (exact agreement is too strict for answers written as sentences)."""
@@ -90,10 +101,21 @@ def answers_agree(a: str, b: str) -> bool:
 
 
 def answer_correct(prediction: str, reference: str) -> bool:
-    """Whether ``prediction`` holds the reference answer (normalised), the ``acc`` of ragate's reports."""
+    """Whether ``prediction`` holds the reference answer as whole words (both normalised SQuAD-style, the reference's
+    words a run of the prediction's): "1" is not found in "10", nor "cat" in "concatenate"."""
     from ragate.eval.metrics import contains
 
-    return contains(prediction, [reference]) > 0
+    return contains(prediction, [reference], mode="tokens") > 0
+
+
+@dataclass(frozen=True)
+class FeedbackResult:
+    """What a user's word on an answer gave: the ``labels`` made now, as (kind, value) pairs (value True: the answer
+    of that kind was wrong / retrieval was needed), and the kinds ``pending``: labels that wait for the other
+    route's answer, which shadow work computes with the reference attached (empty where nothing will compute it)."""
+
+    labels: tuple[tuple[LabelKind, bool], ...]
+    pending: tuple[LabelKind, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +146,23 @@ class LabelledRows:
     models: tuple[str, ...]
 
 
+def value_key(kind: str, value: bool) -> str:
+    """How counts name a label's value: a gate label says whether retrieval was needed ("retrieve" /
+    "no_retrieve"), a route label whether that route's answer was "wrong" or "right"."""
+    if kind in ROUTE_KINDS:
+        return "wrong" if value else "right"
+    return "retrieve" if value else "no_retrieve"
+
+
+def label_json(kind: str, value: bool) -> dict[str, Any]:
+    """One label as a reply shows it: ``{"kind", "retrieve"}`` for a gate label, ``{"kind", "wrong"}`` for a route's."""
+    return {"kind": kind, ("wrong" if kind in ROUTE_KINDS else "retrieve"): value}
+
+
+def empty_counts() -> dict[str, dict[str, int]]:
+    return {kind: {value_key(kind, True): 0, value_key(kind, False): 0} for kind in ALL_KINDS}
+
+
 def unknown_answer(answer_id: str) -> UnknownAnswer:
     return UnknownAnswer(
         f"no answer {answer_id[:80]!r} in the feedback store: feedback names the id an answer came with "
@@ -132,8 +171,8 @@ def unknown_answer(answer_id: str) -> UnknownAnswer:
 
 
 def check_label(source: str, kind: str) -> None:
-    if source not in SOURCES or kind not in LABEL_KINDS:
-        raise RagateError(f"a label's source is one of {SOURCES} and its kind one of {LABEL_KINDS}")
+    if source not in SOURCES or kind not in ALL_KINDS:
+        raise RagateError(f"a label's source is one of {SOURCES} and its kind one of {ALL_KINDS}")
 
 
 class FeedbackRules:
@@ -161,10 +200,14 @@ class FeedbackRules:
         self, answer_id: str, *, correct: bool | None = None, reference: str | None = None
     ) -> list[tuple[LabelKind, bool]]:
         """A user's word on an answer: ``correct`` (the answer was right or wrong) and/or a ``reference`` answer.
-        Returns the gate labels it gave (none where it says nothing about the closed-book answer: a retrieved answer
-        judged without a shadow twin to score)."""
+        Every word labels the route the answer took at once: ``closed-wrong`` for a closed-book answer,
+        ``retrieved-wrong`` for a retrieved one; a reference also scores the other route's answer where it is known
+        (a shadow twin), which gives ``closed-wrong`` for a retrieved answer. Returns the labels made; what still
+        waits for the other route's answer is :func:`pending_labels`."""
         if correct is None and reference is None:
             raise RagateError("feedback needs correct (true or false) or a reference answer")
+        if correct is not None and not isinstance(correct, bool):
+            raise RagateError(f"correct is true or false, not {correct!r:.40}")
         if reference is not None:
             if not isinstance(reference, str) or not reference.strip():
                 raise RagateError("the reference answer must be non-empty text")
@@ -175,21 +218,34 @@ class FeedbackRules:
         row = self.get(answer_id)
         if row is None:
             raise unknown_answer(answer_id)
-        labels: list[tuple[LabelKind, bool]] = []
-        closed_wrong: bool | None = None
-        if reference is not None and row.closed_answer is not None:
-            closed_wrong = not answer_correct(row.closed_answer, reference)
-        elif correct is not None and not row.retrieved:
-            closed_wrong = not correct
         detail = {"correct": correct, "reference": reference}
-        if closed_wrong is not None:
-            self.add_label(
-                answer_id, source="feedback", kind="closed-wrong", value=closed_wrong, detail=detail
-            )
-            labels.append(("closed-wrong", closed_wrong))
-        else:  # kept with the answer, for a later shadow twin or reader; not a gate label
-            self.add_label_note(answer_id, detail)
+        labels: list[tuple[LabelKind, bool]] = []
+        for kind, text, own in (
+            ("closed-wrong", row.closed_answer, not row.retrieved),
+            ("retrieved-wrong", row.open_answer, row.retrieved),
+        ):
+            if reference is not None and text is not None:
+                wrong = not answer_correct(text, reference)
+            elif own and correct is not None:
+                wrong = not correct
+            else:
+                continue
+            self.add_label(answer_id, source="feedback", kind=kind, value=wrong, detail=detail)  # type: ignore[arg-type]
+            labels.append((kind, wrong))  # type: ignore[arg-type]
+        if reference is not None and pending_labels(row, reference):
+            self.add_label_note(answer_id, detail)  # the reference, for the twin that settles the rest
         return labels
+
+
+def pending_labels(row: StoredAnswer, reference: str | None) -> tuple[LabelKind, ...]:
+    """The labels a reference on ``row`` leaves waiting for the other route's answer (not yet computed)."""
+    if reference is None:
+        return ()
+    if row.retrieved and row.closed_answer is None:
+        return ("closed-wrong",)
+    if not row.retrieved and row.open_answer is None:
+        return ("retrieved-wrong",)
+    return ()
 
 
 class FeedbackStore(FeedbackRules):
@@ -206,9 +262,21 @@ class FeedbackStore(FeedbackRules):
             raise RagateError(
                 f"the feedback store {self.path} is a directory: name a file, e.g. {self.path / 'feedback.db'}"
             )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                self.path.touch()  # made here, so that a folder it cannot be written in is named now
+        except OSError as err:
+            raise RagateError(
+                f"the feedback store {self.path} cannot be written ({err.strerror or err}): name a file in a folder "
+                "this process can write (ragate serve --feedback-store FILE, Pipeline(feedback_store=FILE)), or set "
+                "RAGATE_HOME to one (shadow work keeps its store there when none is named)"
+            ) from None
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        except sqlite3.Error as err:
+            raise self._unwritable(err) from None
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -223,11 +291,21 @@ class FeedbackStore(FeedbackRules):
                     f"{self.path} is not a ragate feedback store of version {FORMAT_VERSION} "
                     f"(it says {found.get('format')!r} {found.get('version')!r}): name another file"
                 )
+        except sqlite3.OperationalError as err:  # the file may be fine; its folder or disk is not (read-only, full)
+            self._db.close()
+            raise self._unwritable(err) from None
         except sqlite3.DatabaseError as err:
+            self._db.close()
             raise RagateError(
                 f"the feedback store {self.path} cannot be opened ({err}): it is damaged or not SQLite; move it "
                 "aside and a new one is started"
             ) from None
+
+    def _unwritable(self, err: sqlite3.Error) -> RagateError:
+        return RagateError(
+            f"the feedback store {self.path} cannot be opened for writing ({err}): check its folder and disk, or name "
+            "a file elsewhere (ragate serve --feedback-store FILE, Pipeline(feedback_store=FILE))"
+        )
 
     # -- writing -----------------------------------------------------------------------------------------------
     def record_answer(
@@ -353,11 +431,10 @@ class FeedbackStore(FeedbackRules):
             rows = self._db.execute(
                 "SELECT kind, value, COUNT(DISTINCT answer_id) FROM labels WHERE kind != 'note' GROUP BY kind, value"
             ).fetchall()
-        out: dict[str, Any] = {"answers": answers}
-        for kind in LABEL_KINDS:
-            out[kind] = {"retrieve": 0, "no_retrieve": 0}
+        out: dict[str, Any] = {"answers": answers, **empty_counts()}
         for kind, value, n in rows:
-            out[kind]["retrieve" if value else "no_retrieve"] = n
+            if kind in ALL_KINDS:
+                out[kind][value_key(kind, bool(value))] = n
         return out
 
     def gate_path(self) -> Path:
@@ -366,18 +443,21 @@ class FeedbackStore(FeedbackRules):
     # -- plumbing ----------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (committed on return, so on disk with full sync; rolled back on an error)."""
+        """One write transaction (committed on return, so on disk with full sync; rolled back on an error, a
+        failed commit included, so that the next write starts afresh once the disk has room again)."""
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
+                    self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._db.execute("ROLLBACK")
                     raise
-                self._db.execute("COMMIT")
             except sqlite3.DatabaseError as err:
-                raise RagateError(
+                raise StoreWriteError(
                     f"the feedback store {self.path} could not be written ({err}): check the disk, or move the "
                     "file aside to start a new one"
                 ) from None

@@ -6,7 +6,6 @@ the learned gate's file (:func:`learn_from_store`, :func:`learn_labelled`). The 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,13 +18,15 @@ from ragate.errors import RagateError
 from ragate.eval.learn import (
     DEFAULT_C,
     DEFAULT_COMPONENTS,
+    MIN_CLASS,
     Labelled,
     check_labels,
     cross_fitted_curve,
     learn_gate,
+    shortfall,
     tune,
 )
-from ragate.gates.learned import DRAFT_FEATURES, LEARNED_LABELS, draft_scores, save_learned
+from ragate.gates.learned import DRAFT_FEATURES, LEARNED_LABELS, draft_scores, question_digest, save_learned
 from ragate.gates.signals import QUESTION_FEATURES, signals
 
 # the question-side signals that need no index (rarity counts the index's passages)
@@ -33,20 +34,60 @@ TEXT_FEATURES = tuple(n for n in QUESTION_FEATURES if n != "rarity")
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """A new gate against the gate in force, on the store's own labelled answers that the gate in force scored
+    when it answered them: each one's cross-fitted AUROC and the paired difference (new minus in force) with its
+    bootstrap 95% interval. The new gate earns its place when the difference is not below 0."""
+
+    gate: str
+    n: int
+    learned: float
+    in_force: float
+    gap: tuple[float, float, float]
+
+    @property
+    def earns(self) -> bool:
+        return self.gap[0] >= 0.0
+
+    def summary(self) -> str:
+        verdict = (
+            "higher" if self.gap[1] > 0 else "lower" if self.gap[2] < 0 else "not established either way"
+        )
+        head = "it earns its place" if self.earns else f"it ranks worse: {self.gate} stays in force"
+        return (
+            f"against the gate in force ({self.gate}) on {self.n} labelled answers it scored: AUROC "
+            f"{self.learned:.3f} vs {self.in_force:.3f}, paired {self.gap[0]:+.3f} [{self.gap[1]:+.3f}, "
+            f"{self.gap[2]:+.3f}] ({verdict}): {head}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate, "n": self.n, "learned_auroc": round(self.learned, 4),
+            "in_force_auroc": round(self.in_force, 4), "gap": [round(v, 4) for v in self.gap], "earns": self.earns,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Learned:
     """A learned gate written to ``path``, with its cross-fitted ``report`` (AUROC and interval, calibration
-    error, the cascade's band and drafted share) and the label ``counts`` it was fitted on."""
+    error, the cascade's band and drafted share), the label ``counts`` it was fitted on and their kind
+    (``label``: closed-wrong or retrieval-changed), its ``comparison`` with the gate in force where one was made,
+    and each fitted question's cross-fitted probability (``ids``, ``cross_fitted``)."""
 
     path: Path
     report: Mapping[str, Any]
     counts: Mapping[str, int]
+    label: str
+    comparison: Comparison | None = None
+    ids: tuple[str, ...] = ()
+    cross_fitted: tuple[float, ...] = ()
 
     def summary(self) -> str:
         r = self.report
         auc = r["cheap_auroc"]
         text = (
-            f"learned gate {self.path}: {r['n']} labelled questions ({r['positives']} 'retrieve'); cross-fitted "
-            f"AUROC {auc[0]:.3f} [{auc[1]:.3f}, {auc[2]:.3f}], calibration error {r['cheap_ece']:.3f}"
+            f"learned gate {self.path}: {r['n']} questions labelled {self.label} ({r['positives']} 'retrieve'); "
+            f"cross-fitted AUROC {auc[0]:.3f} [{auc[1]:.3f}, {auc[2]:.3f}], calibration error {r['cheap_ece']:.3f}"
         )
         if "rate_at_0.5" in r:
             text += f", retrieves for {100 * float(r['rate_at_0.5']):.0f}% at tau 0.5"
@@ -56,7 +97,42 @@ class Learned:
                 f"; cascade AUROC {c[0]:.3f} drafting {100 * float(r['drafted_share']):.0f}% "
                 f"(band {r['band'][0]:.3f}-{r['band'][1]:.3f}; full gate {r['full_auroc'][0]:.3f})"
             )
+        if self.comparison is not None:
+            text += "\n" + self.comparison.summary()
         return text
+
+
+GATE_SCORE = "gate:"  # an answer's features keep its gate's score under "gate:KIND" (not a feature a fit reads)
+MIN_COMPARED = 3  # answers of each class the gate in force must have scored for a comparison
+
+
+def compare_with_gate(
+    ids: Sequence[str],
+    features: Sequence[Mapping[str, float]],
+    y: np.ndarray,
+    learned: Mapping[str, float],
+    gate: str,
+    *,
+    seed: int = 0,
+) -> Comparison | None:
+    """The new gate's cross-fitted probabilities (``learned``, by answer id) against the scores the gate ``gate``
+    gave the same labelled answers when it answered them (their ``gate:KIND`` feature); None where it scored fewer
+    than :data:`MIN_COMPARED` of a class."""
+    from ragate.eval.analysis import auroc
+    from ragate.eval.learn import paired_auroc_gap
+
+    key = GATE_SCORE + gate
+    keep = [i for i, (a, f) in enumerate(zip(ids, features, strict=True)) if key in f and a in learned]
+    yy = np.asarray(y, dtype=bool)[keep]
+    if min(int(yy.sum()), int((~yy).sum())) < MIN_COMPARED:
+        return None
+    mine = np.array([learned[ids[i]] for i in keep])
+    theirs = np.array([float(features[i][key]) for i in keep])
+    gap = paired_auroc_gap(mine, theirs, yy, seed=seed)
+    learned_auc = auroc(list(map(float, mine)), list(map(bool, yy)))
+    in_force = auroc(list(map(float, theirs)), list(map(bool, yy)))
+    assert learned_auc is not None and in_force is not None
+    return Comparison(gate, len(keep), float(learned_auc), float(in_force), gap)
 
 
 def answer_features(question: str, draft: Any = None) -> dict[str, float]:
@@ -118,7 +194,7 @@ def _rows_labelled(rows: Any, *, hidden: bool, draft: bool) -> Labelled:
 
 def question_digests(questions: Sequence[str]) -> list[str]:
     """The sorted sha256 prefixes of the questions a gate was fitted on (its file's record of them, no text)."""
-    return sorted({hashlib.sha256(q.encode()).hexdigest()[:16] for q in questions})
+    return sorted({question_digest(q) for q in questions})
 
 
 def learn_labelled(
@@ -134,12 +210,15 @@ def learn_labelled(
     questions: Sequence[str] = (),
     source: str = "",
     tuned: bool = False,
+    against: tuple[Sequence[Mapping[str, float]], str] | None = None,
 ) -> Learned:
     """Fit (:func:`ragate.eval.learn.learn_gate`) and write the gate file atomically. ``tuned``: choose the PCA
-    size and L2 strength by cross-fitted AUROC on these labels first (:func:`ragate.eval.learn.tune`)."""
+    size and L2 strength by cross-fitted AUROC on these labels first (:func:`ragate.eval.learn.tune`).
+    ``against``: the rows' recorded features and the name of the gate in force, to compare the new gate with it
+    (:func:`compare_with_gate`; the result goes in the report and the file)."""
     from ragate.version import __version__
 
-    check_labels(data.y, f"the {label!r} labels")
+    check_labels(data.y, label)
     chosen = None
     if tuned:
         cheap_rows = data.select(
@@ -160,9 +239,16 @@ def learn_labelled(
         "hidden_dim": None if data.hidden is None else int(data.hidden.shape[1]),
         "questions": question_digests(questions),
     }
-    gate, report = learn_gate(
+    gate, report, probabilities = learn_gate(
         data, label=label, components=components, c=c, seed=seed, cascade_share=cascade, meta=meta
     )
+    cross_fitted = tuple(float(v) for v in probabilities)
+    comparison = None
+    if against is not None:
+        comparison = compare_with_gate(
+            data.ids, against[0], data.y, dict(zip(data.ids, cross_fitted, strict=True)), against[1], seed=seed
+        )
+        report["compared"] = comparison.as_dict() if comparison is not None else {"gate": against[1], "n": 0}
     report["params"] = {"components": components, "C": c, "tuned": chosen is not None}
     p = gate.cheap.probabilities(
         data.select([n for n in data.names if n not in DRAFT_FEATURES]).scalars, data.hidden
@@ -178,14 +264,51 @@ def learn_labelled(
         for n, v in cross_fitted_curve(cheap_rows, components=components, c=c, seed=seed)
     ]
     path = save_learned(gate, out)
-    return Learned(path, report, {"retrieve": int(data.y.sum()), "no_retrieve": int((~data.y).sum())})
+    counts = {"retrieve": int(data.y.sum()), "no_retrieve": int((~data.y).sum())}
+    return Learned(path, report, counts, label, comparison, tuple(data.ids), cross_fitted)
+
+
+def label_counts(store: Any, prompts: str | None = None) -> dict[str, dict[str, int]]:
+    """The store's labelled answers (of prompt set ``prompts``, as a fit reads them) by label kind and class:
+    ``{"closed-wrong": {"retrieve": n, "no_retrieve": m}, "retrieval-changed": {...}}``."""
+    out = {}
+    for kind in LEARNED_LABELS:
+        y = store.labelled(kind, prompts=prompts).y
+        out[kind] = {"retrieve": int(y.sum()), "no_retrieve": int((~y).sum())}
+    return out
+
+
+def choose_label(counts: Mapping[str, Mapping[str, int]]) -> tuple[str, str]:
+    """The label a fit learns when none is asked for, and why in words: ``closed-wrong`` (gold) where it has
+    :data:`MIN_CLASS` of both classes, else ``retrieval-changed`` (shadow answers' silver) where that has; a store
+    that can fit neither is refused, naming both kinds' counts and what each needs. ``counts``: as
+    :func:`label_counts` gives them."""
+
+    def have(kind: str) -> tuple[int, int]:
+        found = counts.get(kind) or {}
+        return int(found.get("retrieve", 0)), int(found.get("no_retrieve", 0))
+
+    gold, silver = have("closed-wrong"), have("retrieval-changed")
+    if min(gold) >= MIN_CLASS:
+        return "closed-wrong", f"gold labels, {gold[0]} 'retrieve' and {gold[1]} 'no-retrieve'"
+    if min(silver) >= MIN_CLASS:
+        return "retrieval-changed", (
+            f"shadow answers' silver labels, {silver[0]} 'retrieve' and {silver[1]} 'no-retrieve': "
+            f"closed-wrong has {gold[0]} and {gold[1]}, and needs {shortfall(*gold)} to be fitted"
+        )
+    raise RagateError(
+        f"no label can be fitted yet: closed-wrong (gold) has {gold[0]} 'retrieve' and {gold[1]} 'no-retrieve' "
+        f"labels, retrieval-changed (shadow answers' silver) {silver[0]} and {silver[1]}; a fit needs at least "
+        f"{MIN_CLASS} of each class, so {shortfall(*gold)} labels of closed-wrong, or {shortfall(*silver)} of "
+        "retrieval-changed (post feedback with a reference, keep shadow answers on, or import a labelled sweep)"
+    )
 
 
 def learn_from_store(
     store: Any,
     out: str | Path,
     *,
-    label: str = "closed-wrong",
+    label: str | None = "closed-wrong",
     prompts: str | None = None,
     cascade: float | None = None,
     hidden: bool = True,
@@ -193,18 +316,34 @@ def learn_from_store(
     c: float = DEFAULT_C,
     model: Mapping[str, Any] | None = None,
     tuned: bool = False,
+    in_force: str | None = None,
 ) -> Learned:
-    """The learned gate fitted on a feedback store's labels, written to ``out``."""
+    """The learned gate fitted on a feedback store's labels of ``label`` (None: the one the store can fit,
+    :func:`choose_label`), written to ``out``; the returned :class:`Learned` names the label it learned and its
+    comparison with the gate in force (``in_force``, a gate's name; None: the gate that scored most of the labelled
+    answers when it answered them), made on the store's labels (:func:`compare_with_gate`)."""
+    if label is None:
+        label, _ = choose_label(label_counts(store, prompts))
     if label not in LEARNED_LABELS:
         raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
     rows = store.labelled(label, prompts=prompts)  # one read: the fitting rows and their provenance agree
     data = _rows_labelled(rows, hidden=hidden, draft=cascade is not None)
     if model is None and rows.models:  # the model whose answers and hidden states the rows hold
         model = {"model": rows.models[0]}
+    gate = in_force or scored_by(rows.features)
     return learn_labelled(
         data, out, label=label, cascade=cascade, components=components, c=c, model=model,
         questions=rows.questions, source=f"feedback store {store.name}", tuned=tuned,
+        against=(rows.features, gate) if gate else None,
     )  # fmt: skip
+
+
+def scored_by(features: Sequence[Mapping[str, float]]) -> str | None:
+    """The gate that scored most of these answers when it answered them (their ``gate:KIND`` features)."""
+    from collections import Counter
+
+    kinds = Counter(k[len(GATE_SCORE) :] for f in features for k in f if k.startswith(GATE_SCORE))
+    return kinds.most_common(1)[0][0] if kinds else None
 
 
 def sweep_labelled(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
@@ -39,6 +39,7 @@ from ragate.answers import (  # noqa: F401 (ragate.Answer, ragate.Document, ... 
 from ragate.arguments import check_arguments, check_types
 from ragate.backends import Backend, load_backend
 from ragate.backends.threads import thread_options
+from ragate.backends.turns import DEFAULT_SHARE, stop_when_given_up
 from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
 from ragate.methods import MethodSpec, get_method, run_method
@@ -50,7 +51,7 @@ from ragate.paper_tau import TauHints
 from ragate.retrieval.types import Retriever
 from ragate.savings import AlwaysRetrieveCost, Savings
 from ragate.tracing import Tracing
-from ragate.traffic import TrafficLearning
+from ragate.traffic import TrafficLearning, left_open
 
 if TYPE_CHECKING:
     from ragate.types import Role
@@ -89,8 +90,9 @@ class Pipeline(TrafficLearning):
     features a learned gate reads (the question's signals, the draft's TARG scores, the model's hidden state at the
     direct prompt's last token) under ``Answer.id``; ``shadow`` (a share of answers, e.g. 0.05) runs the path the
     gate did not take after the answer returns, which labels the question (:mod:`ragate.shadow`; a store under
-    RAGATE_HOME when none is named); :meth:`feedback` adds a user's word on an answer; :meth:`learn` fits the learned
-    gate on the store's labels and puts it in force.
+    RAGATE_HOME when none is named), taking ``shadow_share`` of a local model's time while requests wait (all of it
+    when none do; a request waits for it one model step at most: :mod:`ragate.backends.turns`); :meth:`feedback`
+    adds a user's word on an answer; :meth:`learn` fits the learned gate on the store's labels and puts it in force.
     """
 
     def __init__(
@@ -134,10 +136,11 @@ class Pipeline(TrafficLearning):
         feedback_store: str | Path | Any = None,
         shadow: float = 0.0,
         shadow_queue: int = 64,
+        shadow_share: float = DEFAULT_SHARE,
         model_of: Pipeline | None = None,
     ) -> None:
         check_types(method=method, index=index, calibration=calibration, budget_state=budget_state,
-                    base_url=base_url)  # fmt: skip
+                    base_url=base_url, feedback_store=feedback_store)  # fmt: skip
         check_arguments(
             method=method, model=model, backend=backend, threshold=threshold, budget=budget, window=window,
             budget_gain=budget_gain, max_tokens=max_tokens, k=k, seed=seed, max_question_chars=max_question_chars,
@@ -185,7 +188,7 @@ class Pipeline(TrafficLearning):
         if gate_weights is not None and spec.gate.kind == "no-model-lr":
             from ragate.gates.weights import load_weights
 
-            load_weights(gate_weights)  # a damaged file (a NaN coefficient) is refused now, not per request
+            load_weights(gate_weights)  # a damaged file (a NaN coefficient) is refused before the model loads
         if (
             budget is not None and budget_state is not None
         ):  # before the model loads: a state it could not keep
@@ -201,9 +204,7 @@ class Pipeline(TrafficLearning):
         self._owned: list[Any] = []
         self._lock = threading.RLock() if model_of is None else model_of._lock
         self._savings = AlwaysRetrieveCost()
-        self._tau_hints = (
-            TauHints()
-        )  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
+        self._tau_hints = TauHints()  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
         self._encoder = encoder
         try:
             self.index_name, self._retriever = self._open_retriever(index, search, retriever, corpus)
@@ -216,9 +217,13 @@ class Pipeline(TrafficLearning):
                 options |= thread_options(engine, threads, batch_threads)
                 lm = load_backend(model, engine, **options)
                 self._owned.append(lm)
+            raw = lm
             lm = self._with_proxy(lm, spec, threads)
-            self.lm: Backend = _exact_calls(lm)
+            from ragate.eval.calls import exact_calls
+
+            self.lm: Backend = exact_calls(lm)
             self.spec: MethodSpec = require(spec, lm.capabilities, engine=lm.engine, fallback=fallback)
+            self._check_gate_file()
             self.budget = None
             if budget is not None:
                 from ragate.budget import BudgetController
@@ -242,6 +247,7 @@ class Pipeline(TrafficLearning):
         self.store, self.shadow, self.gate_file = None, None, None
         self._side_errors: set[str] = set()
         try:
+            self._open_turns(raw, shadow_share, model_of)
             self._open_learning(feedback_store, shadow, shadow_queue)
         except BaseException:
             self.close()
@@ -344,9 +350,15 @@ class Pipeline(TrafficLearning):
         """Whether the budget controller sets this call's threshold: this pipeline's method, no threshold given."""
         return self.budget is not None and method in (None, self.method) and threshold is None
 
-    def model_lock(self) -> contextlib.AbstractContextManager[Any]:
-        """Held while a local model answers (one question at a time); a no-op for a model server."""
-        return self._lock if self._local else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def model_lock(self) -> Iterator[None]:
+        """Held while a local model answers (one question at a time), counted as a request in flight from before
+        it waits (shadow work then takes only its share: :mod:`ragate.backends.turns`); a no-op for a server."""
+        if self.turns is None:
+            yield
+            return
+        with self.turns.in_flight(), self._lock:
+            yield
 
     def answer(
         self,
@@ -362,23 +374,20 @@ class Pipeline(TrafficLearning):
         """Answer ``question``: the gate decides, documents are read if it says so, the model answers.
 
         ``method``, ``threshold``, ``k`` and ``max_tokens`` change this call only. ``progress`` is called with
-        each stage's name as it starts. ``still_wanted`` is asked once the model is free; False gives up before
-        any work (a caller that timed out)."""
+        each stage's name as it starts. ``still_wanted`` is asked once the model is free and before each stage
+        (each model step on a local model); False stops the work there (a caller that timed out)."""
         question = check_question(question, self.max_question_chars)
         spec = self.spec_for(method, threshold=threshold, k=k, max_tokens=max_tokens)
         model, engine = self.model_label, self.lm.engine
         with self.tracing.span("ragate.answer", spec.name, model=model, engine=engine) as span:
-            # counted from before the lock: shadow work gives the model up at its next stage
-            with self._count_answering(), self.model_lock():
+            with self._count_answering(), self.model_lock(), self._wanted(still_wanted):
                 if still_wanted is not None and not still_wanted():
                     raise TimeoutError("given up while waiting for the model")
                 retriever = self.retriever if spec.retrieves else self._retriever
-                early = self.early_exit and not self.controls(
-                    method, threshold
-                )  # the controller ranks scores
+                early = self.early_exit and not self.controls(method, threshold)  # the controller ranks scores
                 trace = run_method(
-                    spec, question, self.lm, retriever, seed=self.seed, progress=progress, early_exit=early,
-                    hidden=self.store is not None and spec.dynamic is None,
+                    spec, question, self.lm, retriever, seed=self.seed, early_exit=early,
+                    progress=stop_when_given_up(progress, still_wanted), hidden=self.store is not None and spec.dynamic is None,
                 )  # fmt: skip
             self.tracing.finish(span, trace, model=model, engine=engine)
         if self.controls(method, threshold) and self.budget is not None:
@@ -556,16 +565,25 @@ class Pipeline(TrafficLearning):
 
     # -- lifetime -----------------------------------------------------------------------------------------------
     def close(self, *, wait: float | None = None) -> None:
-        """Free the model and the index this pipeline opened (ready-made ones stay open). A question being
-        answered finishes first; ``wait`` bounds how many seconds to wait for it."""
+        """Free what this pipeline opened (ready-made models and indexes stay open). Shadow work stops first, without
+        waiting for the model: its queued jobs are dropped and a running one stops at its next model step. A question
+        being answered then finishes before the rest is freed; ``wait`` bounds how many seconds to wait for it. Past
+        them the feedback store is closed all the same, but the model and the index the question may still be using
+        are left open for the process's exit to free (freeing them under a running model step could crash it)."""
+        self._stop_shadow()
+        store = getattr(self, "store", None)
         held = self._lock.acquire(timeout=-1 if wait is None else wait)
         try:
             self._closed = True
             while self._owned:
-                self._owned.pop().close()
+                opened = self._owned.pop()
+                if held or opened is store:
+                    opened.close()
         finally:
             if held:
                 self._lock.release()
+        if not held:
+            left_open(wait)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -579,13 +597,3 @@ class Pipeline(TrafficLearning):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _exact_calls(lm: Backend) -> Backend:
-    """``lm`` computing each call from a cleared cache and kept prompt states, where the engine keeps them
-    (llama.cpp's ``exact_prefix_reuse``); other backends as they are."""
-    from ragate.eval.calls import CallCache
-
-    if isinstance(lm, CallCache) or not hasattr(lm, "exact_prefix_reuse"):
-        return lm
-    return CallCache(lm, None, f"{lm.engine}:{lm.model}", exact_prefixes=True)

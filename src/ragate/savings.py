@@ -225,10 +225,19 @@ def read_log(path: str | Path) -> Iterator[dict[str, Any]]:
         yield entry
 
 
+LAST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last time a report can print as a date
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
 def _check_entry(entry: dict[str, Any]) -> None:
-    """A ValueError or TypeError naming the first field of an answer-log entry that is not of its type: ``time`` a finite
-    number, ``retrieved`` true or false, ``method`` a string, ``spent`` a cost, ``always_retrieve`` and ``saved``
-    a cost or null (a cost: whole ``tokens`` and finite ``seconds``; ``saved`` may be negative)."""
+    """A ValueError or TypeError naming the first field of an answer-log entry that is not of its type: ``time`` a
+    number of seconds since 1970 that is a date up to the year 9999, ``retrieved`` true or false, ``method`` a
+    string, ``spent`` a cost, ``always_retrieve`` and ``saved`` a cost or null (a cost: whole ``tokens`` of at most
+    2**53 and finite ``seconds``; ``saved`` may be negative). A report can add such numbers and print them."""
     from ragate.eval.records import is_count, is_number
 
     def cost(name: str, signed: bool = False) -> None:
@@ -236,14 +245,16 @@ def _check_entry(entry: dict[str, Any]) -> None:
         if not isinstance(value, dict):
             raise TypeError(f"{name} is {value!r}, not a cost (tokens and seconds)")
         tokens, seconds = value.get("tokens"), value.get("seconds")
-        whole = isinstance(tokens, int) and not isinstance(tokens, bool) and (signed or is_count(tokens))
-        if not whole:
-            raise ValueError(f"{name}.tokens is {tokens!r}, not a whole number of tokens")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or (tokens < 0 and not signed):
+            raise ValueError(f"{name}.tokens is {_shown(tokens)}, not a whole number of tokens")
+        if not is_count(abs(tokens)):
+            raise ValueError(f"{name}.tokens is {_shown(tokens)}, more than 2**53 tokens")
         if not is_number(seconds) or isinstance(seconds, bool):
             raise ValueError(f"{name}.seconds is {seconds!r}, not a finite number")
 
-    if not is_number(entry.get("time")) or isinstance(entry.get("time"), bool):
-        raise ValueError(f"time is {entry.get('time')!r}, not a finite number")
+    at = entry.get("time")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not is_number(at) or not 0 <= at <= LAST_TIME:
+        raise ValueError(f"time is {_shown(at)}, not seconds since 1970 up to the year 9999")
     if not isinstance(entry.get("retrieved"), bool):
         raise TypeError(f"retrieved is {entry.get('retrieved')!r}, not true or false")
     if not isinstance(entry.get("method"), str):

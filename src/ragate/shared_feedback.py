@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,8 +25,9 @@ from typing import Any, Self
 
 import numpy as np
 
-from ragate.errors import RagateError
+from ragate.errors import ArgumentTypeError, RagateError
 from ragate.feedback import (
+    ALL_KINDS,
     DEFAULT_MAX_ANSWERS,
     LABEL_KINDS,
     FeedbackRules,
@@ -34,9 +36,11 @@ from ragate.feedback import (
     LabelledRows,
     StoredAnswer,
     check_label,
+    empty_counts,
     unknown_answer,
+    value_key,
 )
-from ragate.shared import Link, StoreUnavailable, connect, parse_state_url
+from ragate.shared import SCHEMES, Link, StoreUnavailable, connect, parse_state_url
 
 PREFIX = "ragate:feedback:"
 CHUNK = 500  # answers read per round trip by labelled() and counts()
@@ -251,14 +255,12 @@ class SharedFeedbackStore(FeedbackRules):
                     p.lrange(self._key("labels", a), 0, -1)
 
             lists += self._do(build, transaction=False, bulk=True)
-        out: dict[str, Any] = {"answers": answers}
-        for kind in LABEL_KINDS:
-            out[kind] = {"retrieve": 0, "no_retrieve": 0}
+        out: dict[str, Any] = {"answers": answers, **empty_counts()}
         for a, labels in zip(ids, lists, strict=True):
             seen = {(lab["kind"], bool(lab["value"])) for lab in (_label(raw, a) for raw in labels)
-                    if lab.get("kind") in LABEL_KINDS}  # fmt: skip
+                    if lab.get("kind") in ALL_KINDS}  # fmt: skip
             for kind, value in seen:
-                out[kind]["retrieve" if value else "no_retrieve"] += 1
+                out[kind][value_key(kind, value)] += 1
         return out
 
     def gate_path(self) -> Path:
@@ -301,10 +303,35 @@ def _answer(answer_id: str, row: Mapping[str, str], key: str) -> StoredAnswer:
         raise RagateError(f"the shared feedback store's {key} is damaged ({type(err).__name__}: {err})") from None
 
 
+STORE_FORMS = (
+    "a SQLite file's path (str or pathlib.Path), a redis://HOST:PORT/DB URL (rediss://, valkey://, valkeys:// too), "
+    "or a store object (ragate.feedback.FeedbackStore, ragate.shared_feedback.SharedFeedbackStore)"
+)
+
+
+def is_shared_store(where: str | Path) -> bool:
+    """Whether ``where`` names the replicas' shared store (a URL of a scheme in :data:`ragate.shared.SCHEMES`) rather
+    than a SQLite file; a URL of another scheme (``http://``, a typo) is refused naming those ragate takes, where it
+    would otherwise become a file at ``./http:/...``."""
+    if not isinstance(where, str | Path):
+        raise ArgumentTypeError(f"feedback_store must be {STORE_FORMS}, not {type(where).__name__}")
+    found = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", where) if isinstance(where, str) else None
+    if found is None or not isinstance(where, str):  # a pathlib.Path is a file's
+        return False
+    if found.group(1).lower() in SCHEMES:
+        return True
+    shown = re.sub(r"//[^/@]*@", "//", where)[:120]  # without a password
+    raise RagateError(
+        f"the feedback store {shown!r}: ragate keeps no feedback at {found.group(1)}:// URLs; give a "
+        f"{', '.join(s + '://' for s in SCHEMES[:-1])} or {SCHEMES[-1]}:// URL (e.g. redis://127.0.0.1:6379/0) or a "
+        "SQLite file's path "
+        "(e.g. feedback.db)"
+    )
+
+
 def open_feedback_store(where: str | Path, *, max_answers: int = DEFAULT_MAX_ANSWERS) -> FeedbackRules:
     """The store ``where`` names: a ``redis://`` / ``valkey://`` URL (the replicas' shared store) or a SQLite
-    file (:class:`ragate.feedback.FeedbackStore`)."""
-    text = str(where)
-    if "://" in text and text.split("://", 1)[0] in ("redis", "rediss", "valkey", "valkeys"):
-        return SharedFeedbackStore(text, max_answers=max_answers)
+    file (:class:`ragate.feedback.FeedbackStore`); a URL of another scheme is refused (:func:`is_shared_store`)."""
+    if is_shared_store(where):
+        return SharedFeedbackStore(str(where), max_answers=max_answers)
     return FeedbackStore(where, max_answers=max_answers)

@@ -6,6 +6,7 @@ gate did not take, a user's feedback, and the learned gate fitted and put in for
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import threading
 from collections.abc import Iterator
@@ -14,6 +15,77 @@ from typing import TYPE_CHECKING, Any
 
 from ragate.errors import RagateError
 from ragate.methods import MethodSpec, run_method
+
+SHADOW_STEP_TOKENS = 16  # prompt tokens per step of shadow work: a request waits for no more than that
+UNCERTAIN_BAND = 0.1  # an answer whose gate score sits within this share of recent scores of tau is "uncertain"
+
+
+class UncertainBand:
+    """Whether a gate score sits near its threshold: within :data:`UNCERTAIN_BAND` of the recent scores (the last
+    ``size``) of it, by rank; where the gate's label is least sure, so a label there teaches the gate most. It keeps
+    the last decisions too: the traffic's retrieval rate a new gate's threshold keeps."""
+
+    def __init__(self, size: int = 200) -> None:
+        from collections import deque
+
+        self._scores: deque[float] = deque(maxlen=size)
+        self._retrieved: deque[bool] = deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def rate(self) -> float | None:
+        """The share of the last answers that retrieved (None before any)."""
+        with self._lock:
+            return sum(self._retrieved) / len(self._retrieved) if self._retrieved else None
+
+    def observe(self, score: float, threshold: float, retrieved: bool) -> bool:
+        """Note an answer's gate score and decision; whether the score sits near the threshold."""
+        with self._lock:
+            self._retrieved.append(bool(retrieved))
+            if not (math.isfinite(score) and math.isfinite(threshold)):
+                return False
+            self._scores.append(score)
+            seen = list(self._scores)
+        if len(seen) < 20:
+            return False
+        low, high = min(score, threshold), max(score, threshold)
+        between = sum(low <= s <= high for s in seen) - 1
+        return between / len(seen) <= UNCERTAIN_BAND
+
+
+def left_open(wait: float | None) -> None:
+    """A pipeline closed while a question was still being answered past ``wait`` seconds."""
+    import warnings
+
+    warnings.warn(
+        f"ragate: a question was still being answered {wait or 0:g} s after close(): the model and the index it uses "
+        "are left for the process's exit to free",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+class _Unhook:
+    """On close, takes the pipeline's turns off a backend (one the caller gave stays usable without them)."""
+
+    def __init__(self, backend: Any, step: Any) -> None:
+        self.backend, self.step = backend, step
+
+    def close(self) -> None:
+        if getattr(self.backend, "step", None) == self.step:
+            self.backend.step = None
+
+
+class _ShadowWork:
+    """Closes shadow work in order: the worker stops (a running job at its next model step), then its context."""
+
+    def __init__(self, shadow: Any, twin: Any, stop: threading.Event) -> None:
+        self.shadow, self.twin, self.stop = shadow, twin, stop
+
+    def close(self) -> None:
+        self.stop.set()
+        self.shadow.close(wait=1.0)  # a running job stops at its next step
+        if self.twin is not None and not self.shadow.alive:
+            self.twin.close()  # a worker still inside a step keeps its context (freed with the process)
 
 
 class TrafficLearning:
@@ -31,6 +103,12 @@ class TrafficLearning:
     _answering: int
     _count_lock: threading.Lock
     _side_errors: set[str]
+    _local: bool
+    turns: Any
+    _engine_lm: Any
+    _shadow_lm: Any
+    _shadow_stop: threading.Event
+    _band: UncertainBand
 
     if TYPE_CHECKING:  # the pipeline's own, which these methods use
 
@@ -43,6 +121,23 @@ class TrafficLearning:
 
         @property
         def model_label(self) -> str: ...
+
+    def _open_turns(self, raw: Any, share: float, model_of: Any) -> None:
+        """Turns at a local model between requests and shadow work (:mod:`ragate.backends.turns`), shared with the
+        pipeline whose model this one shares; each of ``raw``'s steps is a request's."""
+        from ragate.backends.turns import ModelTurns, check_share
+
+        check_share(share)
+        self._engine_lm, self._shadow_lm, self._shadow_stop = raw, None, threading.Event()
+        self._band = UncertainBand()
+        if not self._local:
+            self.turns = None
+        elif model_of is not None and model_of.turns is not None:
+            self.turns = model_of.turns
+        else:
+            self.turns = ModelTurns(share)
+            raw.step = self.turns.request_step
+            self._owned.append(_Unhook(raw, raw.step))
 
     def _open_learning(self, store: Any, shadow: float, queue_size: int) -> None:
         """The feedback store and the shadow worker, where asked for."""
@@ -64,13 +159,80 @@ class TrafficLearning:
         if shadow > 0:
             from ragate.shadow import Shadow
 
+            twin = self._shadow_engine()
             self.shadow = Shadow(
-                float(shadow), self._shadow_answer, self._shadow_label, busy=lambda: self._answering > 0,
+                float(shadow), self._shadow_answer, self._shadow_label,
+                busy=(lambda: False) if twin is not None else (lambda: self._answering > 0),
                 queue_size=queue_size, seed=self.seed,
             )  # fmt: skip
-            self._owned.append(self.shadow)
+            self._owned.append(_ShadowWork(self.shadow, twin, self._shadow_stop))
         if self.spec.gate.kind == "learned":
             self.gate_file = self.spec.gate.weights
+            self._warn_if_fitted_elsewhere()
+
+    def _warn_if_fitted_elsewhere(self) -> None:
+        """A learned gate fitted on other traffic (another store, a sweep) may rank this traffic worse than a fixed
+        gate: say what it was fitted on, once, when the pipeline opens."""
+        import warnings
+
+        from ragate.gates.learned import load_learned
+
+        if self.gate_file is None:
+            return
+        try:
+            meta = load_learned(self.gate_file).meta
+        except RagateError:
+            return  # the gate's own loader names a damaged file when it decides
+        source = str(meta.get("source") or "unknown traffic")
+        if self.store is not None and source == f"feedback store {self.store.name}":
+            return
+        report = meta.get("report") or {}
+        n, positives = int(report.get("n") or 0), int(report.get("positives") or 0)
+        auc = (report.get("cheap_auroc") or [None])[0]
+        share = f"{100 * positives / n:.0f}% of them labelled 'retrieve'" if n else "labels unknown"
+        warnings.warn(
+            f"ragate: the learned gate {self.gate_file} was fitted on {source} ({n} questions, {share}; cross-fitted "
+            f"AUROC {auc if auc is not None else '-'}), not on this traffic: there it may rank worse than a fixed gate. "
+            "Keep a feedback store, label some answers (POST /v1/feedback, Pipeline.feedback) and `ragate gate learn "
+            "--store FILE` compares the two on your labels",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _shadow_engine(self) -> Any:
+        """A context of its own over the model's weights for shadow work, taking the model a step at a time under
+        the pipeline's turns (:mod:`ragate.backends.turns`), where the engine has one (llama.cpp); else None (shadow
+        work then waits for idle time and gives the model up at stage boundaries)."""
+        raw, turns = self._engine_lm, self.turns
+        if turns is None or not hasattr(raw, "twin"):
+            return None
+        from ragate.eval.calls import exact_calls
+
+        twin = raw.twin(step_tokens=SHADOW_STEP_TOKENS)
+        stop = self._shadow_stop
+        twin.step = lambda: turns.shadow_step(stop)
+        self._shadow_lm = exact_calls(twin)
+        return twin
+
+    def _check_gate_file(self) -> None:
+        """A gate file fitted on another model, or with numbers that overflow, is refused when the pipeline opens,
+        not per request (the gate's own check: ``Gate.check_file``)."""
+        if self.spec.gate.weights is not None:
+            from ragate.gates.registry import get_gate
+
+            get_gate(self.spec.gate.kind).check_file(str(self.spec.gate.weights), self.lm)
+
+    def _stop_shadow(self) -> None:
+        """Shadow work stops first on close, without waiting for the model: its queue is dropped and a running job
+        stops at its next model step (the worker, or what closes it with its model context, leaves the owned)."""
+        shadow = getattr(self, "shadow", None)
+        for work in [o for o in self._owned if shadow is not None and shadow in (o, getattr(o, "shadow", None))]:
+            self._owned.remove(work)
+            work.close()
+
+    def _wanted(self, still_wanted: Any) -> contextlib.AbstractContextManager[None]:
+        """While a request holds the model: its steps stop once its caller gave it up (a local model's turns)."""
+        return self.turns.wanted(still_wanted) if self.turns is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _count_answering(self) -> Iterator[None]:
@@ -88,13 +250,17 @@ class TrafficLearning:
         import dataclasses
         import uuid
 
-        from ragate.learning import answer_features
+        from ragate.learning import GATE_SCORE, answer_features
         from ragate.shadow import ShadowJob
 
         assert self.store is not None
         answer_id = uuid.uuid4().hex
+        gate = answer.trace.gate
+        uncertain = self._band.observe(gate.score, gate.threshold, answer.retrieved)
         try:
             features = answer_features(answer.question, answer.trace.draft)
+            if math.isfinite(gate.score):  # the gate in force's score, which a new gate is compared with
+                features[GATE_SCORE + spec.gate.kind] = float(gate.score)
             self.store.record_answer(
                 answer_id, question=answer.question, method=spec.name, prompts=spec.prompts.name,
                 answer=answer.text, retrieved=answer.retrieved, features=features, hidden=answer.trace.hidden,
@@ -105,7 +271,8 @@ class TrafficLearning:
             return answer
         answer = dataclasses.replace(answer, id=answer_id)
         if self.shadow is not None:
-            self.shadow.offer(ShadowJob(answer_id, answer.question, answer.retrieved, answer.text, method))
+            job = ShadowJob(answer_id, answer.question, answer.retrieved, answer.text, method)
+            self.shadow.offer(job, uncertain=uncertain)
         return answer
 
     def _side_warning(self, what: str, err: Exception) -> None:
@@ -121,20 +288,27 @@ class TrafficLearning:
             )
 
     def _shadow_answer(self, job: Any) -> str:
-        """The path the gate did not take for ``job`` (see :mod:`ragate.shadow`)."""
+        """The path the gate did not take for ``job`` (see :mod:`ragate.shadow`): on the shadow context, a step at a
+        time, where there is one; else on the model, giving it up at each stage a request waits."""
         from dataclasses import replace as _replace
 
+        from ragate.backends.turns import GivenUp
         from ragate.gates.spec import GateSpec
         from ragate.shadow import Preempted
 
+        spec = self.spec_for(job.method)
+        other = _replace(spec, gate=GateSpec("never" if job.retrieved else "always"))
+        retriever = None if job.retrieved else self.retriever
+        if self._shadow_lm is not None:
+            return run_method(other, job.question, self._shadow_lm, retriever, seed=self.seed).answer
+
         def yield_to_requests(stage: str) -> None:  # at each stage: a request waiting takes the model first
+            if self._shadow_stop.is_set():
+                raise GivenUp("shadow work stops: the pipeline closes")
             if self._answering > 0:
                 raise Preempted(stage)
 
-        spec = self.spec_for(job.method)
-        other = _replace(spec, gate=GateSpec("never" if job.retrieved else "always"))
-        with self.model_lock():
-            retriever = None if job.retrieved else self.retriever
+        with self._lock if self._local else contextlib.nullcontext():
             trace = run_method(
                 other, job.question, self.lm, retriever, seed=self.seed, progress=yield_to_requests
             )
@@ -149,6 +323,7 @@ class TrafficLearning:
         labels = {"retrieval-changed": not answers_agree(closed, opened)}
         if job.reference is not None:
             labels["closed-wrong"] = not answer_correct(closed, job.reference)
+            labels["retrieved-wrong"] = not answer_correct(opened, job.reference)
         for kind, value in labels.items():
             self.store.add_label(
                 job.answer_id, source="shadow", kind=kind, value=value, detail={"other": other[:500]}
@@ -157,9 +332,15 @@ class TrafficLearning:
 
     def feedback(
         self, answer: Any, *, correct: bool | None = None, reference: str | None = None
-    ) -> list[tuple[str, bool]]:
+    ) -> Any:
         """A user's word on an answer (an :class:`ragate.Answer` this pipeline gave, or its ``id``): ``correct`` and/or the
-        ``reference`` answer. Returns the gate labels it gave (:meth:`ragate.feedback.FeedbackStore.feedback`)."""
+        ``reference`` answer. Every word labels the route the answer took at once; a reference on an answer whose
+        other route is not known yet also queues that route's answer with the reference attached, ahead of other
+        shadow work, and its label is pending until it is done. Returns :class:`ragate.feedback.FeedbackResult`
+        (the labels made and those pending)."""
+        from ragate.feedback import FeedbackResult, pending_labels, unknown_answer
+        from ragate.shadow import ShadowJob
+
         if self.store is None:
             raise RagateError(
                 "this pipeline keeps no feedback: make it with feedback_store='feedback.db' (or shadow=)"
@@ -167,39 +348,70 @@ class TrafficLearning:
         answer_id = answer if isinstance(answer, str) else getattr(answer, "id", None)
         if not isinstance(answer_id, str) or not answer_id:
             raise RagateError("feedback names an answer this pipeline gave (its Answer, or Answer.id)")
-        return list(self.store.feedback(answer_id, correct=correct, reference=reference))
+        labels = tuple(self.store.feedback(answer_id, correct=correct, reference=reference))
+        row = self.store.get(answer_id)
+        if row is None:
+            raise unknown_answer(answer_id)
+        pending = pending_labels(row, reference)
+        if pending and self.shadow is not None and reference is not None:
+            job = ShadowJob(answer_id, row.question, row.retrieved, row.answer, row.method, reference=reference)
+            if not self.shadow.settle(job):
+                pending = ()
+        elif self.shadow is None:
+            pending = ()
+        return FeedbackResult(labels, pending)
 
     def learn(
         self,
         out: str | Path | None = None,
         *,
-        label: str = "closed-wrong",
+        label: str | None = None,
         cascade: float | None = None,
         hidden: bool = True,
         use: bool = True,
     ) -> Any:
         """Fit the learned gate on the store's labels of ``label`` (``closed-wrong``: gold; ``retrieval-changed``:
-        shadow's silver) for this pipeline's prompts, write it to ``out`` (default: beside the store), and with
-        ``use`` put it in force as this pipeline's gate. ``cascade``: the share of questions whose TARG draft the
-        cascade may pay (None: the cheap gate alone). Returns :class:`ragate.learning.Learned` (the file and the
-        cross-fitted report). Refuses, naming how many more labels it needs, while a class has fewer than 10."""
+        shadow's silver; None: the one the store can fit, gold first) for this pipeline's prompts and compare it
+        with the gate in force on the same labels (:func:`ragate.learning.compare_with_gate`). With ``use``, the
+        new gate goes in force only when it ranks the labels at least as well (or no comparison can be made yet):
+        it is written to ``out`` (default: beside the store) and decides at the threshold that keeps this
+        traffic's retrieval rate (the budget's, else the rate of the last answers). A gate that ranks worse stays a
+        candidate file beside ``out`` and the gate in force stays. Without ``use`` it is written to ``out``.
+        ``cascade``: the share of questions whose TARG draft the cascade may pay (None: the cheap gate alone).
+        Returns :class:`ragate.learning.Learned` (the file, the cross-fitted report, the comparison). Refuses,
+        naming how many more labels it needs, while a class has fewer than 10."""
+        import os
         from dataclasses import replace as _replace
 
         from ragate.learning import learn_from_store
 
         if self.store is None:
             raise RagateError("this pipeline keeps no labels: make it with feedback_store= or shadow=")
-        target = (
-            Path(out) if out is not None else self.store.gate_path()
-        )
+        target = Path(out) if out is not None else self.store.gate_path()
+        candidate = target.with_name(f"{target.stem}.candidate{target.suffix}") if use else target
         learned = learn_from_store(
-            self.store, target, label=label, prompts=self.spec.prompts.name, cascade=cascade, hidden=hidden,
-            model={"model": self.model_label, "engine": self.lm.engine},
+            self.store, candidate, label=label, prompts=self.spec.prompts.name, cascade=cascade, hidden=hidden,
+            model={"model": self.model_label, "engine": self.lm.engine}, in_force=self.spec.gate.kind,
         )  # fmt: skip
-        if use:
-            from ragate.gates.spec import GateSpec
+        if not use or (learned.comparison is not None and not learned.comparison.earns):
+            return learned
+        os.replace(candidate, target)
+        learned = _replace(learned, path=target)
+        from ragate.gates.spec import GateSpec
 
-            with self._lock:
-                self.spec = _replace(self.spec, gate=GateSpec("learned", weights=str(learned.path)))
-                self.gate_file = str(learned.path)
+        tau = self._traffic_tau(learned.cross_fitted)
+        with self._lock:
+            self.spec = _replace(self.spec, gate=GateSpec("learned", threshold=tau, weights=str(target)))
+            self.gate_file = str(target)
         return learned
+
+    def _traffic_tau(self, probabilities: Any) -> float | None:
+        """The threshold at which a new gate retrieves at this traffic's rate: the live budget's, else the rate of
+        the last answers (None where neither is known: the gate's own default)."""
+        import numpy as np
+
+        budget = getattr(self, "budget", None)
+        rate = float(budget.budget) if budget is not None else self._band.rate()
+        if rate is None or not len(probabilities):
+            return None
+        return float(np.quantile(np.asarray(probabilities, dtype=float), min(1.0, max(0.0, 1.0 - rate))))

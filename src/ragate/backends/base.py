@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from ragate.backends.decoding import Watch, replay
@@ -64,6 +65,9 @@ class Backend(Closeable, ABC):
     engine: str
     model: str
     capabilities: Capabilities
+    # a local engine takes each model step under this context, where a pipeline sets one (turns at the model between
+    # requests and background work, and a request's time limit: :mod:`ragate.backends.turns`)
+    step: Callable[[], AbstractContextManager[None]] | None = None
 
     @abstractmethod
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...

@@ -9,6 +9,7 @@ of TARG's variance gate, a draft continued after a gate) only pays for the new t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -118,7 +119,8 @@ class TransformersBackend(Backend):
                 )  # a negative argument removes that many tokens (transformers 4.x and 5.x)
         else:
             self._past, keep = None, 0
-        with torch.inference_mode():
+        step = self.step if self.step is not None else contextlib.nullcontext
+        with step(), torch.inference_mode():
             out = self._model(
                 input_ids=torch.tensor([list(token_ids[keep:])], dtype=torch.long),
                 past_key_values=self._past,

@@ -64,11 +64,14 @@ class LlamaCppBackend(Backend):
         n_threads: int | str | None = None,
         n_threads_batch: int | str | None = None,
         prompt_state_bytes: int = DEFAULT_STATE_BYTES,
+        step_tokens: int | None = None,
     ) -> None:
         """``prompt_state_bytes`` bounds the prompt states kept for :meth:`exact_prefix_reuse` (0: none).
         ``n_threads`` (decoding) and ``n_threads_batch`` (prompt evaluation, default: as ``n_threads``) are whole
         numbers, or None / "auto": the CPUs of this process that other processes leave free
-        (:mod:`ragate.backends.threads`)."""
+        (:mod:`ragate.backends.threads`). ``step_tokens``: evaluate prompts at most this many tokens per model step
+        (None: llama.cpp's batches), so that a step taken under :attr:`step` (:mod:`ragate.backends.turns`) is
+        short: what the background context of a pipeline's shadow work uses."""
         try:
             threads = ThreadPolicy(
                 check_threads(n_threads, "n_threads"), check_threads(n_threads_batch, "n_threads_batch")
@@ -92,6 +95,7 @@ class LlamaCppBackend(Backend):
         )
         self.model = name or str(path)
         self.max_context = n_ctx
+        self._path, self._thread_args = path, (n_threads, n_threads_batch)
         self._states = PromptStates(prompt_state_bytes)
         self.evaluated_tokens = 0  # tokens the engine has evaluated (prompt and generated), for cost measurements
         self._reuse: PrefixReuse | None = None
@@ -119,6 +123,9 @@ class LlamaCppBackend(Backend):
         )
         self._hidden_from_state: np.ndarray | None = None
         self._hidden_wanted = False
+        if step_tokens is not None and step_tokens < 1:
+            raise RagateError(f"step_tokens must be at least 1, not {step_tokens}")
+        self.step_tokens = step_tokens
 
     # -- LogitSource -------------------------------------------------------------------------------------------
     def is_end(self, token_id: int) -> bool:
@@ -179,15 +186,27 @@ class LlamaCppBackend(Backend):
         are on, so only that one step pays for the output head."""
         llm = self._llm
         if not (self._hidden_wanted and final and tokens):
-            llm.eval(tokens)
+            self._steps(tokens)
             return
         if len(tokens) > 1:
-            llm.eval(tokens[:-1])
+            self._steps(tokens[:-1])
         self._lib.llama_set_embeddings(llm.ctx, True)
         try:
-            llm.eval(tokens[-1:])
+            self._steps(tokens[-1:])
         finally:
             self._lib.llama_set_embeddings(llm.ctx, False)
+
+    def _steps(self, tokens: list[int]) -> None:
+        """``Llama.eval`` of ``tokens``, each model step (at most :attr:`step_tokens` tokens) taken under
+        :attr:`step` where a pipeline set one (turns at the model: :mod:`ragate.backends.turns`)."""
+        step, size = self.step, self.step_tokens
+        if step is None:
+            self._llm.eval(tokens)
+            return
+        size = size or len(tokens) or 1
+        for start in range(0, len(tokens), size):
+            with step():
+                self._llm.eval(tokens[start : start + size])
 
     def _last_hidden(self) -> np.ndarray:
         ptr = self._lib.llama_get_embeddings_ith(self._llm.ctx, -1)
@@ -339,6 +358,16 @@ class LlamaCppBackend(Backend):
 
     def clear_cache(self) -> None:
         self._llm.reset()
+
+    def twin(self, *, step_tokens: int | None = None, prompt_state_bytes: int = 0) -> LlamaCppBackend:
+        """Another context over the same GGUF file (its weights are memory-mapped, so the pages are shared): a
+        key/value cache of its own, for background work that must not evict this one's (a pipeline's shadow
+        answers). The same name, context size and thread settings; ``step_tokens`` as in the constructor."""
+        n_threads, n_threads_batch = self._thread_args
+        return LlamaCppBackend(
+            self._path, name=self.model, n_ctx=self.max_context, n_threads=n_threads,
+            n_threads_batch=n_threads_batch, prompt_state_bytes=prompt_state_bytes, step_tokens=step_tokens,
+        )  # fmt: skip
 
     def close(self) -> None:
         states = getattr(self, "_states", None)

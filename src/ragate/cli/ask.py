@@ -298,7 +298,9 @@ def run(args: argparse.Namespace) -> int:
     if args.calibration and not args.method:
         raise RagateError("--calibration goes with --method (the method whose threshold it sets)")
     if args.gate_weights and not args.method:
-        raise RagateError("--gate-weights goes with --method no-model-lr (the trained gate that reads them)")
+        raise RagateError(
+            "--gate-weights goes with --method no-model-lr or learned (the trained gates that read them)"
+        )
     if args.max_tokens is not None and args.max_tokens < 1:
         raise RagateError(f"max_tokens must be >= 1, got {args.max_tokens}")
     if args.no_early_exit and not args.method:
@@ -522,7 +524,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--gate-weights",
         default=None,
         metavar="FILE",
-        help="with --method no-model-lr: the trained gate's weights (`ragate gate fit`)",
+        help="with --method no-model-lr or learned: the file the trained gate reads (`ragate gate fit`, "
+        "`ragate gate learn`)",
     )
     parser.add_argument(
         "--proxy-model",

@@ -93,7 +93,7 @@ def register(subparsers: Any) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="with --gate no-model-lr: its weights (`ragate gate fit`)",
+        help="with --gate no-model-lr or learned: the file it reads (`ragate gate fit`, `ragate gate learn`)",
     )
     cal.add_argument(
         "--prefixes",
@@ -163,6 +163,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
             run_engine=args.run_engine,
             ray_address=args.ray_address,
             ray_workers=args.ray_workers,
+            ray_start_timeout=args.ray_start_timeout,
         )
         source = Path(args.dev).stem
     elif args.from_sweep is not None:
@@ -219,7 +220,7 @@ def _calibrate_prefixes(args: argparse.Namespace) -> int:
         limit=args.limit, model=args.model, engine=args.engine, base_url=base_urls(args.base_url),
         index=args.index, seed=args.seed, progress=not args.quiet, concurrency=args.concurrency,
         extra_body=args.extra_body, metric=args.metric, run_engine=args.run_engine, ray_address=args.ray_address,
-        ray_workers=args.ray_workers,
+        ray_workers=args.ray_workers, ray_start_timeout=args.ray_start_timeout,
     )  # fmt: skip
     source = args.from_sweep.name if args.from_sweep is not None else Path(args.dev).stem
     print(f"{args.gate} at budget {args.budget:g} on {result['n']} questions:")
@@ -293,6 +294,7 @@ def _ray_scores(args: argparse.Namespace, questions: list[str]) -> list[tuple[fl
     return map_ray(
         list(enumerate(questions)), PipelineScores, (_pipeline_options(args),), address=args.ray_address,
         workers=args.ray_workers, progress=not args.quiet, desc=f"score {args.gate}",
+        start_timeout=args.ray_start_timeout,
     )  # fmt: skip
 
 

@@ -203,7 +203,7 @@ def _thread_note(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _gate_weights(args: argparse.Namespace, names: tuple[str, ...]) -> str | None:
-    """``--gate-weights``, which goes with a method whose gate reads them (no-model-lr)."""
+    """``--gate-weights``, which goes with a method whose gate reads them (no-model-lr, learned)."""
     from ragate.eval.config import reads_weights
 
     path = getattr(args, "gate_weights", None)
@@ -211,7 +211,7 @@ def _gate_weights(args: argparse.Namespace, names: tuple[str, ...]) -> str | Non
         return None
     if not reads_weights(names):
         raise RagateError(
-            "--gate-weights goes with a trained gate that reads them (--methods no-model-lr), which this run "
+            "--gate-weights goes with a trained gate that reads them (--methods no-model-lr or learned), which this run "
             f"does not run ({', '.join(names)})"
         )
     return str(path)
@@ -250,6 +250,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         engine=args.run_engine,
         ray_address=args.ray_address,
         ray_workers=args.ray_workers,
+        ray_start_timeout=args.ray_start_timeout,
     )
     paid, charged = results["calls"]["paid"], results["calls"]["charged"]
     if charged["calls"]:
@@ -319,6 +320,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             engine=args.run_engine,
             ray_address=args.ray_address,
             ray_workers=args.ray_workers,
+            ray_start_timeout=args.ray_start_timeout,
         )
     fronts = write_sweep(out, records, args.metric)
     print(sweep_markdown(fronts, args.metric))

@@ -67,8 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     learn.add_argument(
         "--label", choices=("closed-wrong", "retrieval-changed"), default=None,
         help="closed-wrong: the closed-book answer is wrong (gold: references, feedback); retrieval-changed: "
-        "retrieval changed the answer (shadow answers' silver label). Default: closed-wrong where there are enough "
-        "of them, else retrieval-changed",
+        "retrieval changed the answer (shadow answers' silver label). Default with --store: closed-wrong where it has "
+        "10 labels of each class, else retrieval-changed where that has (the choice is printed); with --sweep: "
+        "closed-wrong",
     )  # fmt: skip
     learn.add_argument(
         "--cascade", type=float, default=None, metavar="SHARE",
@@ -154,8 +155,8 @@ def _fit(args: argparse.Namespace) -> int:
 def _learn(args: argparse.Namespace) -> int:
     from ragate.cli.options import check_engine_args
     from ragate.errors import RagateError
-    from ragate.eval.learn import DEFAULT_C, DEFAULT_COMPONENTS, MIN_CLASS
-    from ragate.learning import learn_from_store, learn_labelled, sweep_labelled
+    from ragate.eval.learn import DEFAULT_C, DEFAULT_COMPONENTS
+    from ragate.learning import choose_label, label_counts, learn_from_store, learn_labelled, sweep_labelled
 
     if args.out.suffix != ".json":
         raise RagateError(f"--out {args.out}: name the gate file FILE.json")
@@ -175,19 +176,20 @@ def _learn(args: argparse.Namespace) -> int:
 
         prompts = args.prompts or get_method("learned").prompts.name
         with _open_store(args.store) as store:
-            counts = store.counts()
+            counts = label_counts(store, prompts)
+            print(
+                f"{args.store}: {store.counts()['answers']} answers; labels of prompt set {prompts}: "
+                + "; ".join(
+                    f"{kind} {n['retrieve']} 'retrieve', {n['no_retrieve']} 'no-retrieve'"
+                    for kind, n in counts.items()
+                )
+            )
             label = args.label
             if label is None:
-                gold = counts["closed-wrong"]
-                label = (
-                    "closed-wrong"
-                    if min(gold["retrieve"], gold["no_retrieve"]) >= MIN_CLASS
-                    else "retrieval-changed"
-                )
-            print(
-                f"{args.store}: {counts['answers']} answers; labels {counts['closed-wrong']} closed-wrong, "
-                f"{counts['retrieval-changed']} retrieval-changed; learning {label!r}"
-            )
+                label, why = choose_label(counts)  # refuses, naming both kinds' counts, where neither fits
+                print(f"learning {label!r} (the default: {why})")
+            else:
+                print(f"learning {label!r}")
             learned = learn_from_store(
                 store, args.out, label=label, prompts=prompts, cascade=args.cascade, hidden=not args.no_hidden,
                 components=components, c=c, tuned=tuned,
@@ -207,6 +209,7 @@ def _learn(args: argparse.Namespace) -> int:
             found = map_ray(
                 list(enumerate(questions)), HiddenStates, (model, "learned", worker_threads(None, "llama.cpp")),
                 address=args.ray_address, workers=args.ray_workers, desc="hidden states",
+                start_timeout=args.ray_start_timeout,
             )  # fmt: skip
             names.extend(name for _, name in found[:1])
             return [state for state, _ in found]
@@ -251,6 +254,8 @@ def _learn(args: argparse.Namespace) -> int:
 def _feedback(args: argparse.Namespace) -> int:
     import json
 
+    from ragate.feedback import label_json
+
     correct = True if args.correct else (False if args.wrong else None)
     with _open_store(args.store) as store:
         labels = store.feedback(args.id, correct=correct, reference=args.reference)
@@ -258,7 +263,7 @@ def _feedback(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "id": args.id,
-                    "labels": [{"kind": k, "retrieve": v} for k, v in labels],
+                    "labels": [label_json(k, v) for k, v in labels],
                     "counts": store.counts(),
                 }
             )

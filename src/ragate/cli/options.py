@@ -49,8 +49,8 @@ def common_options(p: argparse.ArgumentParser, *, dataset_required: bool = True)
         type=Path,
         default=None,
         metavar="FILE",
-        help="the weights the trained gate no-model-lr reads (from `ragate gate fit`); its training questions "
-        "must not be this run's",
+        help="the file a trained gate reads: no-model-lr's weights (`ragate gate fit`) or a learned gate "
+        "(`ragate gate learn`); its training questions must not be this run's",
     )
     p.add_argument(
         "--cross-encoder",
@@ -177,7 +177,7 @@ def check_concurrency(args: argparse.Namespace) -> None:
 
 
 def engine_options(p: argparse.ArgumentParser) -> None:
-    """--engine, --ray-workers, --ray-address (eval, sweep, tune, calibrate, gate learn)."""
+    """--engine, --ray-workers, --ray-address, --ray-start-timeout (eval, sweep, tune, calibrate, gate learn)."""
     p.add_argument(
         "--engine",
         dest="run_engine",  # --backend's dest is engine (the LM's)
@@ -198,13 +198,21 @@ def engine_options(p: argparse.ArgumentParser) -> None:
         help="with --engine ray: the cluster to join (auto, HOST:6379 or ray://HOST:10001); default: start a "
         "local one",
     )
+    p.add_argument(
+        "--ray-start-timeout", type=float, default=30.0, metavar="SECONDS",
+        help="with --engine ray: seconds the cluster has to answer (an address where nothing does is refused "
+        "before any run directory is written) or a local one to start (default 30; raise it on a busy machine)",
+    )  # fmt: skip
 
 
 def check_engine_args(args: argparse.Namespace) -> None:
-    """The engine's settings, before any work (a wrong --ray-address fails here)."""
-    from ragate.eval.ray_engine import check_engine
+    """The engine's settings, before any work (a wrong --ray-address, or one where no cluster answers within
+    --ray-start-timeout, fails here)."""
+    from ragate.eval.ray_engine import check_engine, reach_cluster
 
     check_engine(
         args.run_engine, ray_address=args.ray_address, ray_workers=args.ray_workers, workers=getattr(args, "workers", 1),
-        handed_in=False, concurrency=getattr(args, "concurrency", 1),
+        handed_in=False, concurrency=getattr(args, "concurrency", 1), ray_start_timeout=args.ray_start_timeout,
     )  # fmt: skip
+    if args.run_engine == "ray":
+        reach_cluster(args.ray_address, args.ray_start_timeout)

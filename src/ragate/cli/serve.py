@@ -8,17 +8,27 @@ Binds 127.0.0.1 unless told otherwise; a non-loopback ``--host`` without an API 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ragate.backends import ENGINES
+from ragate.backends.turns import DEFAULT_SHARE
 from ragate.cli.ask import early_exit_argument, thread_arguments, trace_options
 from ragate.cli.options import base_urls
 from ragate.errors import RagateError
 from ragate.methods.needs import DEFAULT_TEXT_GATE
+
+# Seconds a stopping server (SIGTERM, Ctrl-C) gives the requests in flight to finish; then they are cancelled (and
+# stop computing at their next model step). Shadow work is not waited for (ragate.service.app, its shutdown).
+GRACE_SECONDS = 3
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -72,6 +82,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             trace_content=args.trace_content,
             feedback_store=str(args.feedback_store) if args.feedback_store else None,
             shadow=args.shadow,
+            shadow_share=args.shadow_share,
             refit_every=args.refit_every,
             learned_gate=str(args.learned_gate) if args.learned_gate else None,
             refit_cascade=args.refit_cascade,
@@ -104,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "port": settings.port,
         "log_level": args.log_level,
         "server_header": False,
-        "timeout_graceful_shutdown": 10,
+        "timeout_graceful_shutdown": GRACE_SECONDS,
         "http": HeaderDeadline,  # a client gets --read-timeout for its headers too, not forever
     }
     os.environ[READ_TIMEOUT_ENV] = str(settings.read_timeout)  # read by every worker's protocol
@@ -130,8 +141,49 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, **common)
+    server = uvicorn.Server(uvicorn.Config(app, **common))
+    with _stop_signals(server):
+        server.run()
+    if not server.started:
+        return 3  # uvicorn's own status for a server that could not start (a port in use; its log says why)
+    _leave_cancelled_requests()
     return 0
+
+
+@contextlib.contextmanager
+def _stop_signals(server: Any) -> Iterator[None]:
+    """SIGTERM and SIGINT (Ctrl-C) stop ``server`` gracefully, and the stop exits 0. uvicorn shuts down on either,
+    then sends the signal again to the handler it found, which (Python's own) would end a clean stop by the signal
+    (status -15, or 130 for Ctrl-C). The handler it finds is the server's: before uvicorn installs its own it stops
+    the server, after the shutdown it does nothing more."""
+    signals = (signal.SIGTERM, signal.SIGINT)
+    before = {sig: signal.signal(sig, server.handle_exit) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _leave_cancelled_requests(wait: float = 0.5) -> None:
+    """End the process now where a request cancelled by the shutdown is still inside a model step. Nobody reads
+    its answer, but Python would wait for its thread (a worker thread, not a daemon) until the step ends, which on
+    a busy CPU can take many seconds; the service has closed what it opened (the feedback store, the answer log)."""
+    me = threading.current_thread()
+    deadline = time.monotonic() + wait
+    for thread in threading.enumerate():
+        if thread is not me and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    busy = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+    if busy:
+        print(
+            f"ragate serve: stopped without waiting for {len(busy)} worker thread(s) still in a cancelled request's "
+            "model step",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -327,6 +379,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--shadow", type=float, default=0.0, metavar="SHARE",
         help="for this share of answers (e.g. 0.05) run the path the gate did not take after the response, in the "
         "background, and label the question by whether retrieval changed the answer (default 0: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--shadow-share", type=float, default=DEFAULT_SHARE, metavar="SHARE",
+        help="the part of a local model's time shadow work takes while requests wait (it takes all of it when none "
+        "do, and a request waits for it one model step at most; default %(default)s)",
     )  # fmt: skip
     p.add_argument(
         "--refit-every", type=int, default=0, metavar="N",

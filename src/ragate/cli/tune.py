@@ -139,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
         run_engine=args.run_engine,
         ray_address=args.ray_address,
         ray_workers=args.ray_workers,
+        ray_start_timeout=args.ray_start_timeout,
     )
     from ragate.eval.tune import GridRow
 

@@ -49,6 +49,7 @@ def calibrate(
     run_engine: str = "local",
     ray_address: str | None = None,
     ray_workers: int | None = None,
+    ray_start_timeout: float = 30.0,
 ) -> dict[str, Any]:
     """Score ``method``'s gate on the dev questions and pick tau: F^-1(1 - budget) (``objective="budget"``; with
     ``confidence``, the :func:`conservative_threshold` that keeps new questions' rate at most ``budget`` with that
@@ -56,8 +57,8 @@ def calibrate(
     and retrieval answers too, so it runs a sweep pass in ``work_dir``). Returns what ``ragate calibrate``
     saves. ``concurrency``: questions scored at once over a server backend (``base_url``). A gate that searches or
     embeds to decide reads ``index`` (default: the demo index); a trained gate reads ``gate_weights``.
-    ``run_engine="ray"``: the scores (or the sweep pass) computed on Ray workers (``ray_address``, ``ray_workers``;
-    :mod:`ragate.eval.ray_engine`), the same as here."""
+    ``run_engine="ray"``: the scores (or the sweep pass) computed on Ray workers (``ray_address``, ``ray_workers``,
+    ``ray_start_timeout``; :mod:`ragate.eval.ray_engine`), the same as here."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ragate.eval.datasets import load_dataset
@@ -68,7 +69,7 @@ def calibrate(
     check_calibratable(spec)
     check_engine(
         run_engine, ray_address=ray_address, ray_workers=ray_workers, workers=1, handed_in=False,
-        concurrency=concurrency,
+        concurrency=concurrency, ray_start_timeout=ray_start_timeout,
     )  # fmt: skip
     config = EvalConfig(
         dev, (method,), model, engine, index, limit, seed, base_url=base_url, extra_body=extra_body,
@@ -100,7 +101,7 @@ def calibrate(
         if run_engine == "ray":
             scores = map_ray(
                 jobs, GateScores, (one_thread(config), method), address=ray_address, workers=ray_workers,
-                progress=progress, desc=f"score {method}",
+                progress=progress, desc=f"score {method}", start_timeout=ray_start_timeout,
             )  # fmt: skip
         else:
             with GateScores(config, method, concurrency) as scoring, tqdm(
@@ -127,7 +128,7 @@ def calibrate(
     )
     records = sweep_pass(
         config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency,
-        engine=run_engine, ray_address=ray_address, ray_workers=ray_workers,
+        engine=run_engine, ray_address=ray_address, ray_workers=ray_workers, ray_start_timeout=ray_start_timeout,
     )  # fmt: skip
     best = frontier(records, method)["best_em"]
     return result | {"tau": best["tau"], "dev_retrieval_rate": best["retrieval_rate"], "dev_em": best["em"]}
@@ -231,6 +232,7 @@ def calibrate_prefixes(
     run_engine: str = "local",
     ray_address: str | None = None,
     ray_workers: int | None = None,
+    ray_start_timeout: float = 30.0,
 ) -> dict[str, Any]:
     """k and tau together for a retrieval ``budget`` (TARG A.8; :func:`ragate.eval.prefixes.choose_prefix`): from
     a sweep that scored every ``gate@k=...`` of the grid (no model call), or by sweeping the ``dev`` questions into
@@ -262,6 +264,7 @@ def calibrate_prefixes(
         records = sweep_pass(
             config, work, resume=True, progress=progress, examples=examples, concurrency=concurrency,
             engine=run_engine, ray_address=ray_address, ray_workers=ray_workers,
+            ray_start_timeout=ray_start_timeout,
         )  # fmt: skip
         source, n_dev = dev, len(examples)
     found = choose_prefix(records, gate, prefixes, budget, metric)

@@ -440,3 +440,11 @@ def _cost(gens: Sequence[Generation], cpu_seconds: float, wall: float) -> Cost:
         completion_tokens=sum(g.completion_tokens for g in gens),
         calls=1,
     )
+
+
+def exact_calls(lm: Backend) -> Backend:
+    """``lm`` computing each call from a cleared cache and kept prompt states, where the engine keeps them
+    (llama.cpp's ``exact_prefix_reuse``: what a Pipeline answers with); other backends as they are."""
+    if isinstance(lm, CallCache) or not hasattr(lm, "exact_prefix_reuse"):
+        return lm
+    return CallCache(lm, None, f"{lm.engine}:{lm.model}", exact_prefixes=True)

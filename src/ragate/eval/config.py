@@ -42,7 +42,7 @@ class EvalConfig:
     # `ragate tune` files whose trigger thresholds this run uses (ragate.eval.tunefile.apply_tuned): none of their
     # validation questions may be scored; not compared on resume (the thresholds they set are)
     tuned: tuple[str, ...] = ()
-    gate_weights: str | None = None  # a trained gate's weights (`ragate gate fit`) that no-model-lr reads
+    gate_weights: str | None = None  # a trained gate's file: no-model-lr's weights or a learned gate's
     # TARG's entropy and margin gates stop their draft once "retrieve" is settled (same decisions and answers,
     # fewer tokens; ragate.gates.targ); compared on resume, so that a run's costs are of one kind
     early_exit: bool = True
@@ -323,44 +323,45 @@ def check_no_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[str, 
     }
 
 
-def reads_weights(methods: Sequence[str]) -> bool:
-    """Whether any of ``methods`` (names) has a gate that reads a fitted weights file."""
+def weights_gates(methods: Sequence[str]) -> list[str]:
+    """The gates of ``methods`` (names) that read a fitted file (``--gate-weights``), each once, in run order."""
     from ragate.methods import all_methods
 
     known = all_methods()
-    return any(
-        m in known and known[m].dynamic is None and get_gate(known[m].gate.kind).reads_weights for m in methods
-    )
+    kinds = [known[m].gate.kind for m in methods if m in known and known[m].dynamic is None]
+    return [kind for kind in dict.fromkeys(kinds) if get_gate(kind).reads_weights]
+
+
+def reads_weights(methods: Sequence[str]) -> bool:
+    """Whether any of ``methods`` (names) has a gate that reads a fitted weights file."""
+    return bool(weights_gates(methods))
 
 
 def check_weights_leak(config: EvalConfig, examples: Sequence[Example]) -> dict[str, Any] | None:
-    """A trained gate must not score the questions it was fitted on: a run whose questions overlap the weights
-    file's training questions is refused, naming them and the fix. Returns what the run records of the file."""
-    if not reads_weights(config.methods):
+    """A trained gate must not score the questions it was fitted on: the file is read with its gate's own loader
+    (no-model-lr's weights, a learned gate's file) and a run whose questions overlap the file's training questions
+    is refused, naming them and the fix. Returns what the run records of the file."""
+    kinds = weights_gates(config.methods)
+    if not kinds:
         return None
-    from ragate.gates.weights import load_weights, overlap
-
-    if config.gate_weights is None:
+    if len(kinds) > 1:
         raise RagateError(
-            "no-model-lr needs --gate-weights FILE: run `ragate sweep` on a training split (e.g. --offset 300), "
-            "then `ragate gate fit --sweep DIR --out FILE.json`"
+            f"--gate-weights is one file, read by one trained gate, and this run has {len(kinds)} ("
+            f"{', '.join(kinds)}): run each in its own run with its own file"
         )
-    weights = load_weights(config.gate_weights)
-    shared = overlap(weights, [ex.question for ex in examples])
+    gate = get_gate(kinds[0])
+    if config.gate_weights is None:
+        raise RagateError(f"{gate.name} needs --gate-weights FILE: {gate.weights_source}")
+    fitted = gate.fitted_file(config.gate_weights)
+    shared = fitted.overlap([ex.question for ex in examples])
     if shared:
         raise RagateError(
             f"{len(shared)} of this run's {len(examples)} questions trained the gate weights {config.gate_weights} "
-            f"(e.g. {shared[0][:60]!r}): their scores would be fitted, not predicted. Fit the weights on another "
-            "split (`ragate sweep --offset N` then `ragate gate fit`) or evaluate other questions"
+            f"(e.g. {shared[0][:60]!r}): their scores would be fitted, not predicted. Fit {gate.name}'s file on "
+            f"other questions ({gate.weights_source}) or evaluate other questions"
         )
     path = Path(config.gate_weights).expanduser()
-    return {
-        "path": str(path.resolve()),
-        "sha256": sha256_file(path),
-        "questions": int(weights.meta.get("n") or 0),
-        "label": weights.meta.get("label"),
-        "features": list(weights.features),
-    }
+    return {"path": str(path.resolve()), "sha256": sha256_file(path), "gate": gate.name, **fitted.record}
 
 
 def _index_path(index: str | None) -> str:

@@ -58,16 +58,26 @@ class Labelled:
         )
 
 
-def check_labels(y: np.ndarray, what: str = "the labels") -> None:
-    """Refuse a fit while either class has fewer than :data:`MIN_CLASS` questions, naming how many more it needs."""
+def shortfall(retrieve: int, no_retrieve: int) -> str:
+    """How many more labels of each class a fit needs, in words ("10 more 'retrieve' and 4 more 'no-retrieve'";
+    empty where both classes have :data:`MIN_CLASS`)."""
+    return " and ".join(
+        f"{MIN_CLASS - n} more {name!r}"
+        for name, n in (("retrieve", retrieve), ("no-retrieve", no_retrieve))
+        if n < MIN_CLASS
+    )
+
+
+def check_labels(y: np.ndarray, label: str | None = None) -> None:
+    """Refuse a fit while either class has fewer than :data:`MIN_CLASS` questions, naming how many more of each
+    class it needs (of the label kind ``label``, where given)."""
     pos, neg = int(np.sum(y)), int(len(y) - np.sum(y))
     if min(pos, neg) < MIN_CLASS:
-        short = "retrieve" if pos < neg else "no-retrieve"
-        have = min(pos, neg)
+        of = f" of {label}" if label else ""
         raise RagateError(
-            f"{what} hold {pos} questions labelled 'retrieve' and {neg} labelled 'no retrieval needed': a fit needs "
-            f"at least {MIN_CLASS} of each, so {MIN_CLASS - have} more '{short}' labels (keep shadow answers on, "
-            "post feedback, or import a labelled sweep)"
+            f"the labels{of} hold {pos} questions labelled 'retrieve' and {neg} labelled 'no-retrieve': a fit needs "
+            f"at least {MIN_CLASS} of each, so {shortfall(pos, neg)} labels{of} (keep shadow answers on, post "
+            "feedback, or import a labelled sweep)"
         )
 
 
@@ -227,8 +237,9 @@ def learn_gate(
     seed: int = 0,
     cascade_share: float | None = None,
     meta: dict[str, object] | None = None,
-) -> tuple[LearnedGateFile, dict[str, object]]:
-    """The learned gate on ``data`` and its cross-fitted report. With ``cascade_share`` (and draft scores among
+) -> tuple[LearnedGateFile, dict[str, object], np.ndarray]:
+    """The learned gate on ``data``, its cross-fitted report, and each question's cross-fitted probability of the
+    gate as it runs (the cascade's where there is one; each question scored by a fit that did not see it). With ``cascade_share`` (and draft scores among
     ``data.names``), a cascade: the cheap probe reads every feature but the draft's, the full probe all of them,
     and the band drafts that share of questions."""
     cheap_names = [n for n in data.names if n not in DRAFT_FEATURES]
@@ -250,8 +261,9 @@ def learn_gate(
         report |= _summary("full", p_full, data.y, seed) | _summary("cascade", p_cas, data.y, seed)
         report["band"] = list(band)
         report["drafted_share"] = float(drafted.mean())
+        p_cheap = p_cas
     gate = LearnedGateFile(cheap, full, band, {"label": label, "report": report, **(meta or {})})
-    return gate, report
+    return gate, report, p_cheap
 
 
 def _summary(name: str, p: np.ndarray, y: np.ndarray, seed: int) -> dict[str, object]:

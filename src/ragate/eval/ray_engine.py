@@ -18,7 +18,10 @@ states of a sweep's questions) write no run directory: :func:`map_ray` returns t
 order, the same values a local run computes.
 
 Without ``--ray-address`` it starts a local cluster with the CPUs this process may use (one actor per CPU by
-default); ``--ray-address auto`` or ``ray://HOST:10001`` joins an existing one. On a cluster of several machines
+default); ``--ray-address auto`` or ``ray://HOST:10001`` joins an existing one. A cluster must answer within
+``--ray-start-timeout`` seconds (default 30): an address where nothing answers is a ragate error naming it before
+any run directory is written, and a local start that Ray gives up on (its own 30-second limit, on a busy machine)
+is tried again until that many seconds have passed. On a cluster of several machines
 the run's model, index and dataset paths must exist on every worker node (or give ``--base-url`` servers); the call
 cache is a SQLite file, so give ``--no-call-cache`` unless its path is on storage every node shares.
 Ray stays optional: ``pip install 'ragate[ray]'``.
@@ -27,8 +30,11 @@ Ray stays optional: ``pip install 'ragate[ray]'``.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
+import socket
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -44,6 +50,7 @@ from ragate.eval.records import RecordWriter
 
 Job = tuple[Any, ...]  # (question index, example, method or family, ...): what ``make``'s record takes
 RETRIES = 3  # restarts of a dead worker, and runs of a batch it was answering
+RAY_START_TIMEOUT = 30.0  # seconds a cluster has to answer (Ray's own limit for a local start is 30 s)
 
 
 class _Worker:
@@ -76,13 +83,15 @@ def one_thread(config: EvalConfig) -> EvalConfig:
 
 
 def check_engine(
-    engine: str, *, ray_address: str | None, ray_workers: int | None, workers: int, handed_in: bool, concurrency: int
-) -> None:
+    engine: str, *, ray_address: str | None, ray_workers: int | None, workers: int, handed_in: bool, concurrency: int,
+    ray_start_timeout: float = RAY_START_TIMEOUT,
+) -> None:  # fmt: skip
     """Refuse settings a run's engine cannot honour (``run_eval`` and ``sweep_pass``), naming the fix."""
     if engine not in ("local", "ray"):
         raise RagateError(f"--engine is local or ray, not {engine!r}")
     if (ray_address is not None or ray_workers is not None) and engine != "ray":
         raise RagateError("--ray-address and --ray-workers go with --engine ray")
+    check_start_timeout(ray_start_timeout)
     if engine != "ray":
         return
     if handed_in or concurrency > 1:
@@ -105,6 +114,44 @@ def check_address(address: str | None) -> None:
         )
 
 
+def check_start_timeout(seconds: float) -> None:
+    """Refuse a ``--ray-start-timeout`` that is not a positive number of seconds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
+        raise RagateError(f"--ray-start-timeout is a positive number of seconds, not {seconds!r}")
+
+
+def reach_cluster(address: str | None, timeout: float = RAY_START_TIMEOUT) -> None:
+    """Wait up to ``timeout`` seconds for something to answer at ``address`` (HOST:PORT, a head node's GCS, or
+    ray://HOST:PORT, Ray Client), and refuse it naming the address and the timeout where nothing does, before Ray
+    tries (it retries an address that does not answer for minutes, printing its own warnings). A local cluster
+    (None, local) and ``auto`` (found by Ray) are not probed."""
+    check_address(address)
+    check_start_timeout(timeout)
+    if address is None or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        where = (host.strip("[]") or "127.0.0.1", int(port))
+    except ValueError:
+        raise RagateError(f"--ray-address {address!r}: the port {port!r} is not a number") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection(where, timeout=max(0.05, min(left, 2.0))).close()
+            return
+        except OSError as err:
+            why = err.strerror or type(err).__name__
+        if left <= 0.25:
+            break
+        time.sleep(min(0.25, left))
+    raise RagateError(
+        f"--ray-address {address}: no Ray cluster answered there within {timeout:g} s (--ray-start-timeout; the "
+        f"last try: {why}): start one there (`ray start --head` on that machine), check the host and port "
+        "(HOST:6379 for a head node, ray://HOST:10001 for Ray Client), or give it longer"
+    )
+
+
 def run_ray(
     config: EvalConfig,
     jobs: Sequence[Job],
@@ -117,6 +164,7 @@ def run_ray(
     batch: int = 4,
     progress: bool = True,
     desc: str = "eval",
+    start_timeout: float = RAY_START_TIMEOUT,
 ) -> None:
     """Answer ``jobs`` on Ray actors and append their records to ``path`` as batches return. ``make(config,
     store)`` opens what a worker answers with (:class:`ragate.eval.run.Answering`), once per worker."""
@@ -129,6 +177,7 @@ def run_ray(
         on_ray(
             jobs, make, (one_thread(config), store), write, address=address,
             workers=workers, batch=batch, progress=progress, desc=f"{desc} {config.dataset}",
+            start_timeout=start_timeout,
         )  # fmt: skip
 
 
@@ -142,6 +191,7 @@ def map_ray(
     batch: int = 4,
     progress: bool = True,
     desc: str = "score",
+    start_timeout: float = RAY_START_TIMEOUT,
 ) -> list[Any]:
     """``make(*args).record(job)`` of every job, computed on Ray actors (each opens ``make(*args)`` once), in the
     jobs' order: the scores ``ragate calibrate`` and the hidden states ``ragate gate learn`` read."""
@@ -153,7 +203,7 @@ def map_ray(
 
     on_ray(
         jobs, make, args, keep, address=address, workers=workers, batch=batch, progress=progress, desc=desc,
-        lost="nothing was saved: run it again",
+        lost="nothing was saved: run it again", start_timeout=start_timeout,
     )  # fmt: skip
     return found
 
@@ -170,6 +220,7 @@ def on_ray(
     progress: bool = True,
     desc: str = "eval",
     lost: str = "the answers so far are kept: rerun with --resume",
+    start_timeout: float = RAY_START_TIMEOUT,
 ) -> None:
     """Send ``jobs`` in batches of ``batch`` to N Ray actors (one per CPU of the cluster by default) and hand each
     batch's results to ``sink(position of its first job, results)`` as it returns, in this process; a lost worker
@@ -178,7 +229,7 @@ def on_ray(
     if batch < 1:
         raise RagateError(f"a Ray batch holds at least 1 job, not {batch}")
     pool: list[Any] = []
-    with cluster(address) as ray:
+    with cluster(address, start_timeout) as ray:
         try:
             cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1)))
             n = min(workers or int(cpus), max(1, -(-len(jobs) // batch)))  # no more workers than batches
@@ -227,31 +278,51 @@ def _dispatch(
 
 
 @contextmanager
-def cluster(address: str | None) -> Iterator[Any]:
+def cluster(address: str | None, start_timeout: float = RAY_START_TIMEOUT) -> Iterator[Any]:
     """The ``ray`` module, joined to the cluster at ``address`` (auto, HOST:PORT, ray://HOST:10001) or to a local
-    one started with this process's CPUs and stopped at the end; a cluster already joined is used as it is."""
+    one started with this process's CPUs and stopped at the end; a cluster already joined is used as it is. An
+    address must answer within ``start_timeout`` seconds (:func:`reach_cluster`); a local start Ray gives up on is
+    tried again while they last; either failure is a ragate error naming the address and the timeout."""
     try:
         import ray
     except ImportError:
         raise RagateError("--engine ray needs Ray: pip install 'ragate[ray]' (or pip install ray)") from None
-    check_address(address)
     started_here = not ray.is_initialized()
     if started_here:
-        import logging
-
-        mine = len(os.sched_getaffinity(0)) if address is None else None  # a local cluster: this process's CPUs
-        try:
-            ray.init(
-                address=address, num_cpus=mine, include_dashboard=False, log_to_driver=False,
-                logging_level=logging.ERROR,
-            )  # fmt: skip
-        except (ConnectionError, ValueError, RuntimeError) as err:
-            raise RagateError(f"--ray-address {address}: cannot join the Ray cluster ({err})") from None
+        _start(ray, address, start_timeout)
     try:
         yield ray
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _start(ray: Any, address: str | None, timeout: float) -> None:
+    """``ray.init`` joining ``address`` (after :func:`reach_cluster`) or starting a local cluster, again while
+    ``timeout`` seconds last where Ray gave up; a failure is a ragate error (Ray's traceback is no help)."""
+    import logging
+
+    deadline = time.monotonic() + timeout
+    reach_cluster(address, timeout)
+    mine = len(os.sched_getaffinity(0)) if address is None else None  # a local cluster: this process's CPUs
+    where = f"--ray-address {address}" if address is not None else "a local Ray cluster"
+    while True:
+        try:
+            ray.init(
+                address=address, num_cpus=mine, include_dashboard=False, log_to_driver=False,
+                logging_level=logging.ERROR,
+            )  # fmt: skip
+            return
+        except Exception as err:  # noqa: BLE001 (Ray raises bare Exceptions: "timed out during startup")
+            ray.shutdown()  # what a failed start left running
+            if address is None and time.monotonic() < deadline and "timed out" in str(err):
+                continue  # a busy machine: Ray's own start limit is 30 s, the user's may be longer
+            said = _plain(err) or type(err).__name__
+    raise RagateError(
+        f"{where}: Ray could not start within {timeout:g} s (--ray-start-timeout): {said}; "
+        + ("check that a cluster runs there" if address is not None else "give it longer on a busy machine, or "
+           "start one by hand (`ray start --head`) and pass --ray-address auto")
+    )  # fmt: skip
 
 
 def _plain(err: BaseException) -> str:

@@ -44,7 +44,7 @@ from ragate.eval.config import (
 from ragate.eval.datasets import Example
 from ragate.eval.metrics import recall_at_k, score
 from ragate.eval.provenance import provenance
-from ragate.eval.ray_engine import check_engine, run_ray
+from ragate.eval.ray_engine import RAY_START_TIMEOUT, check_engine, reach_cluster, run_ray
 from ragate.eval.records import RecordWriter, latest, read_records
 from ragate.eval.rundir import (
     LOCK_FILE,
@@ -172,6 +172,7 @@ def run_eval(
     engine: str = "local",
     ray_address: str | None = None,
     ray_workers: int | None = None,
+    ray_start_timeout: float = RAY_START_TIMEOUT,
 ) -> dict[str, Any]:
     """Run (or finish) ``config`` into ``out_dir``; returns the results dict also written to ``results.json``.
 
@@ -183,7 +184,9 @@ def run_eval(
     (default :func:`default_call_cache`), and charged to every method that makes it; ``cache=False`` computes
     every call (same predictions, every call paid). ``accept_rebuilt_index``: see :func:`ragate.eval.config.check_config`.
     ``engine="ray"`` sends the questions to Ray actors instead (``ray_workers`` of them; default one per CPU of the
-    cluster), joining the cluster at ``ray_address`` or starting a local one (:mod:`ragate.eval.ray_engine`).
+    cluster), joining the cluster at ``ray_address`` or starting a local one (:mod:`ragate.eval.ray_engine`), which
+    must answer within ``ray_start_timeout`` seconds (an address where nothing answers is refused before ``out_dir``
+    is written).
     ``config.tuned`` (``ragate tune`` files) sets those methods' trigger thresholds and refuses to score any of
     their validation questions (:func:`ragate.eval.tunefile.check_tuned`).
     """
@@ -192,6 +195,9 @@ def run_eval(
         from ragate.eval.tunefile import apply_tuned
 
         config = apply_tuned(config)
+    # a cluster address where nothing answers: refused before the run directory is written
+    if engine == "ray":
+        reach_cluster(ray_address, ray_start_timeout)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
         recorded, examples = open_run(
@@ -206,6 +212,7 @@ def run_eval(
         check_engine(
             engine, ray_address=ray_address, ray_workers=ray_workers, workers=workers,
             handed_in=lm is not None or retriever is not None, concurrency=concurrency,
+            ray_start_timeout=ray_start_timeout,
         )  # fmt: skip
         if workers > 1 and engine == "local" and (lm is not None or retriever is not None or concurrency > 1):
             raise RagateError(
@@ -232,7 +239,10 @@ def run_eval(
         if store is not None and jobs:  # a damaged or misplaced cache: refused before any model loads
             check_call_cache(store)
         if engine == "ray" and jobs:
-            run_ray(config, jobs, path, store, Answering, address=ray_address, workers=ray_workers, progress=progress)
+            run_ray(
+                config, jobs, path, store, Answering, address=ray_address, workers=ray_workers, progress=progress,
+                start_timeout=ray_start_timeout,
+            )  # fmt: skip
         elif workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
             try:

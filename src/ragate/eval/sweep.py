@@ -33,7 +33,7 @@ from ragate.eval.calls import check_call_cache
 from ragate.eval.config import EvalConfig, open_run
 from ragate.eval.datasets import Example
 from ragate.eval.provenance import provenance
-from ragate.eval.ray_engine import check_engine, run_ray
+from ragate.eval.ray_engine import RAY_START_TIMEOUT, check_engine, reach_cluster, run_ray
 from ragate.eval.records import (
     RecordWriter,
     is_count,
@@ -116,6 +116,7 @@ def sweep_pass(
     engine: str = "local",
     ray_address: str | None = None,
     ray_workers: int | None = None,
+    ray_start_timeout: float = RAY_START_TIMEOUT,
 ) -> list[dict[str, Any]]:
     """Pass 1 into ``out_dir/sweep.jsonl``: per (question, family) the two answers and every gate's score.
 
@@ -123,14 +124,17 @@ def sweep_pass(
     order, so its record is the one a single job at a time writes).
     ``workers``, ``call_cache`` and ``cache`` as in :func:`ragate.eval.run.run_eval`: with the default shared
     store, a sweep over the questions of an earlier ``ragate eval`` with the same model reuses its calls;
-    ``accept_rebuilt_index`` as in :func:`ragate.eval.config.check_config`; ``engine``, ``ray_address`` and
-    ``ray_workers`` as in :func:`ragate.eval.run.run_eval`."""
+    ``accept_rebuilt_index`` as in :func:`ragate.eval.config.check_config`; ``engine``, ``ray_address``,
+    ``ray_workers`` and ``ray_start_timeout`` as in :func:`ragate.eval.run.run_eval`."""
     if config.fallback is not None:
         raise RagateError(
             f"--fallback {config.fallback} stands in for a gate in `ragate eval` and `serve`; a sweep scores each gate "
             f"it names, so sweep the stand-in itself (--methods {config.fallback})"
         )
     out_dir = Path(out_dir)
+    # a cluster address where nothing answers: refused before the run directory is written
+    if engine == "ray":
+        reach_cluster(ray_address, ray_start_timeout)
     out_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out_dir / LOCK_FILE, f"run directory {out_dir}"):  # one writer at a time
         recorded, examples = open_run(
@@ -157,6 +161,7 @@ def sweep_pass(
         check_engine(
             engine, ray_address=ray_address, ray_workers=ray_workers, workers=workers,
             handed_in=lm is not None or retriever is not None, concurrency=concurrency,
+            ray_start_timeout=ray_start_timeout,
         )  # fmt: skip
         if workers > 1 and (lm is not None or retriever is not None or concurrency > 1):
             raise RagateError(
@@ -184,7 +189,7 @@ def sweep_pass(
             check_call_cache(store)
         if engine == "ray" and jobs:
             run_ray(config, jobs, path, store, Sweeping, address=ray_address, workers=ray_workers,
-                    progress=progress, desc="sweep")  # fmt: skip
+                    progress=progress, desc="sweep", start_timeout=ray_start_timeout)  # fmt: skip
         elif workers > 1 and jobs:
             shares = [[j for j in jobs if j[0] % workers == w] for w in range(workers)]
             try:

@@ -272,6 +272,7 @@ def tune(
     run_engine: str = "local",
     ray_address: str | None = None,
     ray_workers: int | None = None,
+    ray_start_timeout: float = 30.0,
 ) -> dict[str, Any]:
     """Run ``method`` over the validation questions (``dataset`` after ``offset``, ``limit`` of them) once per
     value of ``grid`` (default: the trigger's, :data:`PARAMETERS`), each into ``out/<parameter>-<value>`` (an
@@ -280,7 +281,7 @@ def tune(
     in the test split (``test_dataset``, default ``dataset``, ``test_offset``/``test_limit``, default its first
     :data:`DEFAULT_TEST_LIMIT`). Returns the tune file's content (:func:`save_tune` writes it). ``lm`` /
     ``retriever``: ready-made ones (tests), which stay the caller's. ``run_engine="ray"`` answers each value's
-    run on Ray actors (``ray_address``, ``ray_workers``; :mod:`ragate.eval.ray_engine`)."""
+    run on Ray actors (``ray_address``, ``ray_workers``, ``ray_start_timeout``; :mod:`ragate.eval.ray_engine`)."""
     from ragate.eval.config import EvalConfig
     from ragate.eval.datasets import dataset_files, load_dataset
     from ragate.eval.provenance import index_identity
@@ -341,11 +342,11 @@ def tune(
 
     check_engine(
         run_engine, ray_address=ray_address, ray_workers=ray_workers, workers=workers, handed_in=lm is not None,
-        concurrency=concurrency,
+        concurrency=concurrency, ray_start_timeout=ray_start_timeout,
     )  # fmt: skip
     todo = run_engine == "ray" and any(_missing(out / run_name(parameter, v), examples, method) for v in grid)
     try:
-        with cluster(ray_address) if todo else nullcontext():  # one cluster for every value with answers to compute
+        with cluster(ray_address, ray_start_timeout) if todo else nullcontext():  # one cluster for every value with answers to compute
             for k, value in enumerate(grid, 1):
                 run_dir = out / run_name(parameter, value)
                 if progress:
@@ -359,7 +360,7 @@ def tune(
                 run_eval(
                     config, run_dir, resume=True, progress=progress, concurrency=concurrency, lm=lm,
                     retriever=retriever, workers=workers, call_cache=call_cache, cache=cache, engine=run_engine,
-                    ray_address=ray_address, ray_workers=ray_workers,
+                    ray_address=ray_address, ray_workers=ray_workers, ray_start_timeout=ray_start_timeout,
                 )  # fmt: skip
                 runs[value] = latest(read_records(run_dir / "questions.jsonl"))
                 where[value] = str(run_dir)

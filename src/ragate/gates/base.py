@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
 from ragate.types import Generation, GenerationRequest, Message
 
 if TYPE_CHECKING:
+    from ragate.backends.base import Capabilities
     from ragate.gates.spec import GateSpec
     from ragate.retrieval.types import ScoredHits
 
@@ -86,6 +87,48 @@ class Need:
         if self.sampling:
             parts.append("seeded sampling")
         return " and ".join(parts) or "text only"
+
+
+Support = Literal["exact", "approximate", "text", "unavailable"]
+
+
+def support(need: Need, caps: Capabilities) -> tuple[Support, str]:
+    """How a method with ``need`` runs on a backend with ``caps``, and (unless exact) what is missing."""
+    if need.sampling and not caps.sampling:
+        return "unavailable", "the backend cannot sample"
+    if need.hidden and not caps.hidden_states:
+        return "unavailable", (
+            "the backend gives no hidden state (learn a gate without it for this backend: "
+            "`ragate gate learn --no-hidden`)"
+        )
+    if need.token_logprobs and not caps.logprobs:
+        if need.text_fallback:
+            return "text", "no logprobs: decided from the reply text"
+        return "unavailable", "the backend returns no logprobs"
+    if need.top_k > caps.top_k:
+        if need.text_fallback:
+            return "text", f"top-{caps.top_k} logprobs: decided from the reply text"
+        return "unavailable", f"the backend returns top-{caps.top_k} logprobs, {need.top_k} are needed"
+    if need.tokens and not caps.logprobs:
+        return "approximate", "no per-token output: sampled texts compared word by word"
+    if need.entropy and not caps.full_distribution:
+        return "approximate", f"entropy estimated from the top-{caps.top_k} logprobs (no full distribution)"
+    return "exact", ""
+
+
+@dataclass(frozen=True)
+class FittedFile:
+    """A fitted gate file (``GateSpec.weights``) as a run checks and records it: the digests of the questions it
+    was fitted on (``trained``, each made by ``digest`` from a question's text; a run must not score those), and
+    what the run keeps of it besides its path and sha256 (``record``: its label, features and question count)."""
+
+    trained: frozenset[str] = frozenset()
+    digest: Callable[[str], str] = str
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+    def overlap(self, questions: Sequence[str]) -> list[str]:
+        """The given questions that trained the file."""
+        return [q for q in questions if self.digest(q) in self.trained] if self.trained else []
 
 
 class GateContext(Protocol):
@@ -185,6 +228,7 @@ class Gate:
     reads_index: ClassVar[bool] = False  # searches the index or counts its passages to decide (gates/nomodel.py)
     counts_terms: ClassVar[bool] = False  # counts terms in the corpus: an index's passages or Pipeline(corpus=)
     reads_weights: ClassVar[bool] = False  # reads a fitted weights file (GateSpec.weights, `ragate gate fit`)
+    weights_source: ClassVar[str] = "fit one"  # with reads_weights: how a user makes the file it reads
     thresholded: ClassVar[bool] = True  # False: the decision ignores tau (never, always): nothing to sweep
     budget_control: ClassVar[bool] = True  # `serve --budget` can move its tau (a score that ranks questions)
     calibration_note: ClassVar[str | None] = None  # why `ragate calibrate` does not take it, where it does not
@@ -201,6 +245,16 @@ class Gate:
                 "(higher: more reason to retrieve)"
             )
         return threshold_decision(self.name, float(score), tau)
+
+    def fitted_file(self, path: str) -> FittedFile:
+        """With ``reads_weights``: the file at ``path`` read with this gate's own loader (a damaged or foreign file
+        is an error naming the fix) as a run checks it before any answer; the default knows no training questions."""
+        return FittedFile()
+
+    def check_file(self, path: str, lm: Any) -> None:
+        """With ``reads_weights``: refuse the file at ``path`` for a run answering with ``lm`` (a backend) before any
+        answer, where no answer could use it (fitted on another model, numbers that overflow), naming the file, what
+        it was fitted on and the fix; the default checks nothing."""
 
     def token_uncertainty(self, draft: Generation, params: GateSpec) -> TokenUncertainty | None:
         """What this gate reads in each token of ``draft`` (the greedy draft it asked for), or None where its score

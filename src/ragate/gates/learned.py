@@ -27,10 +27,14 @@ names the stage that decided.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
+import os
+import threading
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +42,9 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.fileio import atomic_writer, lone_surrogate, parse_json, utf8_text
-from ragate.gates.base import Gate, GateContext, GateDecision, Need
+from ragate.gates.base import FittedFile, Gate, GateContext, GateDecision, Need
 from ragate.gates.signals import FEATURES, RETRIEVAL_FEATURES, SIGNAL_K, signals
+from ragate.gates.weights import REACH, logit_bound, overflow_fault
 
 LEARNED_FORMAT = "ragate-learned-gate"
 LEARNED_VERSION = 1
@@ -197,7 +202,12 @@ def _probe_fault(p: Probe) -> str | None:
         return "every scale must be positive"
     if not p.width:
         return "it reads no feature"
-    return None
+    reach = np.full(p.width, REACH)
+    if p.components is not None and p.hidden_mean is not None:  # a component of a state with |h| <= REACH
+        with np.errstate(over="ignore", invalid="ignore"):
+            spread = (REACH + np.max(np.abs(p.hidden_mean))) * np.sum(np.abs(p.components), axis=1)
+        reach[len(p.features) :] = np.maximum(spread, REACH)
+    return overflow_fault(logit_bound(p.coef, p.scale, p.mean, p.intercept, p.platt, reach), p.coef, p.scale)
 
 
 @dataclass(frozen=True, eq=False)
@@ -300,6 +310,124 @@ def _load(path: str, mtime_ns: int, size: int) -> LearnedGateFile:
         raise RagateError(f"{path}: damaged learned gate: the band must be two numbers; {fix}") from None
 
 
+def serving_fault(gate: LearnedGateFile, lm: Any) -> str | None:
+    """Why ``gate`` cannot decide for a run answering with ``lm`` (a backend: its ``model`` and ``capabilities``),
+    in words that end with the fix, or None: learned on another model's answers and hidden states, or reading what
+    the backend cannot give (a hidden state over a server)."""
+    fitted = (gate.meta.get("model") or {}).get("model")
+    if fitted and Path(str(fitted)).name != Path(str(lm.model)).name:
+        return (
+            f"was learned on the answers and hidden states of {fitted!r}, but this run answers with {lm.model!r}: "
+            "learn one on this model's traffic (`ragate gate learn --store FEEDBACK.db --out GATE.json`, or "
+            "Pipeline.learn()), or serve the model it was learned on"
+        )
+    caps = getattr(lm, "capabilities", None)
+    if caps is None:
+        return None
+    from ragate.gates.base import support
+
+    status, why = support(gate.need, caps)
+    if status == "unavailable":
+        return f"reads what the {getattr(lm, 'engine', '')} backend cannot give: {why}"
+    return None
+
+
+@dataclass(frozen=True)
+class GateFileState:
+    """The learned gate in force from one file while runs read it (:func:`gate_in_force`): ``gate``, the last
+    version of the file that loaded and checked; ``problem``, why the file as it is now is not in force (None: it
+    is); ``refusals``, how many versions of it were refused; ``stamp`` and ``refused``, the (mtime, size) of the
+    version in force and of the one refused last ((0, -1): no file)."""
+
+    gate: LearnedGateFile
+    problem: str | None = None
+    refusals: int = 0
+    stamp: tuple[int, int] = (0, -1)
+    refused: tuple[int, int] | None = None
+
+
+# The gate in force per file (by absolute path), so that a file being rewritten, damaged or deleted while a service
+# answers leaves the last good gate deciding rather than failing every answer.
+_IN_FORCE: dict[str, GateFileState] = {}
+_IN_FORCE_LOCK = threading.Lock()
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+def _checked(path: str, lm: Any) -> LearnedGateFile:
+    """The file at ``path`` loaded and checked for a run answering with ``lm`` (None: loaded only)."""
+    gate = load_learned(path)
+    fault = serving_fault(gate, lm) if lm is not None else None
+    if fault is not None:
+        raise RagateError(f"the learned gate file {path} {fault}")
+    return gate
+
+
+def put_in_force(path: str | Path, lm: Any) -> LearnedGateFile:
+    """Load and check the file at ``path`` for a run answering with ``lm`` and make it the gate in force: a run's
+    start, where a damaged file, numbers that overflow or a gate learned on another model are refused, naming it."""
+    key = os.path.abspath(Path(path).expanduser())
+    with _IN_FORCE_LOCK:
+        stamp = _stamp(key)
+        gate = _checked(key, lm)
+        old = _IN_FORCE.get(key)
+        _IN_FORCE[key] = GateFileState(gate, None, old.refusals if old is not None else 0, stamp)
+    return gate
+
+
+def gate_in_force(path: str | Path, lm: Any = None) -> GateFileState:
+    """The learned gate in force from ``path``: the file as it is now where it loads and checks for ``lm``
+    (:func:`serving_fault`), else the last version that did, with the reason (a file rewritten in place and read
+    half-written, a damaged one swapped in, one deleted or learned on another model; a warning says so once per
+    version); a file that never loaded is an error naming the fix. A file swapped in whole (``save_learned``)
+    replaces the gate at the next call."""
+    key = os.path.abspath(Path(path).expanduser())
+    with _IN_FORCE_LOCK:
+        stamp = _stamp(key)
+        state = _IN_FORCE.get(key)
+        if state is not None and stamp == state.stamp:  # the version in force (back again, if it had gone)
+            if state.problem is not None:
+                state = _IN_FORCE[key] = replace(state, problem=None, refused=None)
+            return state
+        if state is not None and stamp == state.refused:  # refused already: counted and said once
+            return state
+        try:
+            gate = _checked(key, lm)
+        except RagateError as err:
+            if state is None:
+                raise
+            state = replace(state, problem=str(err), refusals=state.refusals + 1, refused=stamp)
+            _IN_FORCE[key] = state
+            warnings.warn(
+                f"ragate: {err}; the learned gate read from it before stays in force",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return state
+        state = GateFileState(gate, None, state.refusals if state is not None else 0, stamp)
+        _IN_FORCE[key] = state
+        return state
+
+
+def learned_in_force(path: str | Path) -> LearnedGateFile:
+    """The gate a run keeps in force from ``path`` (:func:`gate_in_force`), else the file as it is: what a method
+    reads from a backend follows the gate that decides."""
+    with _IN_FORCE_LOCK:
+        state = _IN_FORCE.get(os.path.abspath(Path(path).expanduser()))
+    return state.gate if state is not None else load_learned(path)
+
+
+def question_digest(question: str) -> str:
+    """A training question's identity in a gate file: 16 hex digits of the sha256 of its text (no text kept)."""
+    return hashlib.sha256(question.encode()).hexdigest()[:16]
+
+
 def draft_scores(draft: Any) -> dict[str, float]:
     """TARG's entropy (Eq. 1) and margin (Eq. 2) scores of a draft's first 20 tokens, divided by k = 20."""
     from ragate.gates.targ import targ_entropy, targ_margin
@@ -349,6 +477,34 @@ class Learned(Gate):
     reads_weights = True
     reads_index = True
     like = "targ-entropy"
+    weights_source = (
+        "`ragate gate learn --store FEEDBACK.db --out GATE.json` (or `--sweep DIR` of a training split, e.g. a sweep "
+        "run with --offset 300)"
+    )
+
+    def fitted_file(self, path: str) -> FittedFile:
+        """:func:`load_learned`; its training questions are :func:`question_digest` digests."""
+        gate = load_learned(path)
+        probes = [gate.cheap] + ([gate.full] if gate.full is not None else [])
+        features = list(dict.fromkeys(f for p in probes for f in p.features))
+        listed = gate.meta.get("questions")
+        trained = (
+            frozenset(q for q in listed if isinstance(q, str)) if isinstance(listed, list) else frozenset()
+        )
+        return FittedFile(
+            trained,
+            question_digest,
+            {
+                "questions": len(trained),
+                "label": gate.label,
+                "features": features + (["hidden"] if gate.reads_hidden else []),
+                "cascade": gate.band is not None,
+            },
+        )
+
+    def check_file(self, path: str, lm: Any) -> None:
+        """:func:`put_in_force`: the file as a whole (its numbers, its model, what it reads) before any answer."""
+        put_in_force(path, lm)
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         path = ctx.params.weights
@@ -357,13 +513,7 @@ class Learned(Gate):
                 "the learned gate needs a gate file: `ragate gate learn --store FEEDBACK.db --out GATE.json` "
                 "(or Pipeline.learn()), then pass --gate-weights GATE.json"
             )
-        gate = load_learned(path)
-        fitted = (gate.meta.get("model") or {}).get("model")
-        if fitted and Path(str(fitted)).name != Path(str(ctx.lm.model)).name:
-            raise RagateError(
-                f"the learned gate {path} was learned on {fitted!r}'s answers and hidden states, but this run "
-                f"uses {ctx.lm.model!r}: learn one for this model"
-            )
+        gate = gate_in_force(path, ctx.lm).gate  # a file that goes bad while serving leaves the last good one
         hits = ctx.scored_search(SIGNAL_K) if gate.reads_search else None
         hidden = None
         if gate.reads_hidden:

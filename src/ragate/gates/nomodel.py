@@ -51,10 +51,10 @@ weights file is :mod:`ragate.gates.weights`; this module holds the gates.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ragate.errors import RagateError
-from ragate.gates.base import Gate, GateContext, GateDecision, threshold_decision
+from ragate.gates.base import FittedFile, Gate, GateContext, GateDecision, threshold_decision
 from ragate.gates.signals import (  # noqa: F401 (most of them stay importable here)
     _FREQS,
     DOC_FREQ_FILE,
@@ -83,6 +83,7 @@ from ragate.gates.weights import (  # noqa: F401 (most of them stay importable h
     WEIGHTS_FORMAT,
     GateWeights,
     check_weights,
+    check_weights_model,
     load_weights,
     question_digest,
     save_weights,
@@ -196,6 +197,30 @@ class NoModelLR(_NoModelGate):
     default_tau = 0.5
     tau_source = "the fitted probability of the label: 0.5 is even odds (calibrate it to a budget)"
     reads_weights = True
+    weights_source = (
+        "run `ragate sweep` on a training split (e.g. --offset 300), then "
+        "`ragate gate fit --sweep DIR --out FILE.json`"
+    )
+
+    def fitted_file(self, path: str) -> FittedFile:
+        """:func:`load_weights`; its training questions are :func:`question_digest` digests."""
+        weights = load_weights(path)
+        return FittedFile(
+            frozenset(weights.meta.get("questions") or ()),
+            question_digest,
+            {
+                "questions": int(weights.meta.get("n") or 0),
+                "label": weights.meta.get("label"),
+                "features": list(weights.features),
+            },
+        )
+
+    def check_file(self, path: str, lm: Any) -> None:
+        """The file's numbers (:func:`load_weights`) and the model whose answers labelled it; the index's corpus,
+        encoder and score kind are checked where the search runs (:meth:`decide`)."""
+        from ragate.models import model_identity
+
+        check_weights_model(load_weights(path), model_identity(lm.model, lm.engine), path=path)
 
     def decide(self, ctx: GateContext, tau: float) -> GateDecision:
         path = ctx.params.weights

@@ -21,6 +21,36 @@ from ragate.gates.signals import FEATURES, RETRIEVAL_FEATURES
 LABELS = ("closed-wrong", "retrieval-fixed")
 WEIGHTS_FORMAT = "ragate-gate-weights"
 WEIGHTS_VERSION = 1
+REACH = 1e6  # inputs a fitted file must score finitely: |x| up to this (a question's words, a BM25 score, a state)
+
+
+def logit_bound(
+    coef: np.ndarray, scale: np.ndarray, mean: np.ndarray, intercept: float, platt: tuple[float, float] = (1.0, 0.0),
+    reach: np.ndarray | float = REACH,
+) -> float:  # fmt: skip
+    """The largest logit a standardised linear model ``a * (intercept + coef . (x - mean) / scale) + b`` gives for
+    inputs with ``|x| <= reach``: ``|b| + |a| (|intercept| + sum(|coef| (reach + |mean|) / scale))``; infinite where
+    its numbers overflow on such inputs (coef 1e308 over scale 1e-308), which would score every answer NaN or
+    infinity. A fit standardises its inputs, so its coefficients are a few units and its scales at least 1e-12."""
+    a, b = platt
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        # the largest |x - mean| / scale
+        spread = (np.asarray(reach, dtype=np.float64) + np.abs(mean)) / scale
+        if not np.all(np.isfinite(spread)):
+            return math.inf
+        bound = abs(b) + abs(a) * (abs(intercept) + float(np.sum(np.abs(coef) * spread)))
+    return bound if math.isfinite(bound) else math.inf
+
+
+def overflow_fault(bound: float, coef: np.ndarray, scale: np.ndarray) -> str | None:
+    """What :func:`logit_bound` found, in words (None where the numbers score every input finitely)."""
+    if math.isfinite(bound):
+        return None
+    return (
+        f"its numbers overflow (a coefficient of {float(np.max(np.abs(coef))):.3g} over a scale of "
+        f"{float(np.min(scale)):.3g}): an input of {REACH:g} or less would score NaN or infinity, and a fit gives "
+        "coefficients of a few units over scales of at least 1e-12"
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,7 +124,8 @@ def _weights_fault(features: Any, mean: Any, scale: Any, coef: Any, intercept: A
         return "every scale must be positive"
     if isinstance(intercept, bool) or not isinstance(intercept, int | float) or not math.isfinite(intercept):
         return f"the intercept must be a finite number, not {intercept!r:.40}"
-    return None
+    bound = logit_bound(arrays["coef"], arrays["scale"], arrays["mean"], float(intercept))
+    return overflow_fault(bound, arrays["coef"], arrays["scale"])
 
 
 def _record_fault(data: Mapping[str, Any]) -> str | None:
@@ -173,23 +204,8 @@ def check_weights(
 ) -> None:
     """Refuse weights fitted for another model (its answers gave the labels), another index's corpus (the
     document frequencies and the scores), another encoder or another kind of score (the retrieval signals)."""
+    check_weights_model(weights, model, where)
     meta = weights.meta
-    fitted = meta.get("model") or {}
-    if fitted.get("sha256") and model.get("sha256"):
-        same = fitted["sha256"] == model["sha256"]
-    else:
-        same = (fitted.get("engine"), fitted.get("model")) == (model.get("engine"), model.get("model"))
-    if not same:
-        digests = ""
-        if fitted.get("sha256") or model.get("sha256"):  # the same name with other bytes: say which differ
-            digests = (
-                f"; its file's sha256 {str(fitted.get('sha256'))[:16]}, this one's {str(model.get('sha256'))[:16]}"
-            )
-        raise RagateError(
-            f"the gate weights were fitted on what model {fitted.get('model')!r} ({fitted.get('engine')}) got "
-            f"wrong, but {where} uses {model.get('model')!r} ({model.get('engine')}){digests}: a sweep of this "
-            "model gives its labels (`ragate sweep ... --model M` then `ragate gate fit`)"
-        )
     if not weights.reads_corpus:
         return
     built = meta.get("index") or {}
@@ -222,6 +238,29 @@ def check_weights(
             f"the gate weights read search scores of encoder {fitted_encoder.get('name')!r}, but {where} embeds with "
             f"{now.get('name')!r}: fit them with this index (`ragate gate fit --index ...`)"
         )
+
+
+def check_weights_model(
+    weights: GateWeights, model: Mapping[str, Any], where: str = "this run", path: str | None = None
+) -> None:
+    """Refuse weights fitted on what another model got wrong (its answers gave the labels), naming the fix; ``path``
+    names the file (a run that checks it at start)."""
+    fitted = weights.meta.get("model") or {}
+    if fitted.get("sha256") and model.get("sha256"):
+        same = fitted["sha256"] == model["sha256"]
+    else:
+        same = (fitted.get("engine"), fitted.get("model")) == (model.get("engine"), model.get("model"))
+    if same:
+        return
+    digests = ""
+    if fitted.get("sha256") or model.get("sha256"):  # the same name with other bytes: say which differ
+        digests = f"; its file's sha256 {str(fitted.get('sha256'))[:16]}, this one's {str(model.get('sha256'))[:16]}"
+    raise RagateError(
+        f"the gate weights {f'{path} ' if path else ''}were fitted on what model {fitted.get('model')!r} "
+        f"({fitted.get('engine')}) got wrong, but {where} uses {model.get('model')!r} ({model.get('engine')})"
+        f"{digests}: a sweep of this model gives its labels (`ragate sweep ... --model M` then `ragate gate fit`), "
+        "or serve them with the model they were fitted on"
+    )
 
 
 def question_digest(question: str) -> str:

@@ -51,7 +51,7 @@ def configure_method(
     if gate_weights is not None:
         if not get_gate(spec.gate.kind).reads_weights:
             raise RagateError(
-                f"--gate-weights goes with a trained gate (--method no-model-lr), not {spec.gate.kind!r}"
+                f"--gate-weights goes with a trained gate (--method no-model-lr or learned), not {spec.gate.kind!r}"
             )
         spec = spec.with_(gate=replace(spec.gate, weights=str(gate_weights)))
     if proxy_model is not None:

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Literal
 
 from ragate.backends.base import Backend, Capabilities
 from ragate.errors import CapabilityError, IndexNeedError, RagateError
-from ragate.gates.base import Need
+from ragate.gates.base import Need, Support, support
 from ragate.gates.registry import gate_names, get_gate
 from ragate.methods.spec import RERANK_SELECTORS, GateSpec, MethodSpec
 from ragate.methods.triggers import trigger_need
 from ragate.retrieval.types import Retriever
 
-Support = Literal["exact", "approximate", "text", "unavailable"]
 # the gate `ragate serve` falls back to when no method was named and the backend cannot serve the default's:
 # PAIRS's agreement needs only answer text (verbalised confidence is cheaper, but Qwen2.5-Coder-1.5B states
 # 0.9 for nearly every answer: benchmarks/topk_fidelity.py)
@@ -51,34 +49,10 @@ def method_need(spec: MethodSpec) -> Need:
     if spec.crag is not None:
         return _CRAG
     if spec.gate.kind == "learned" and spec.gate.weights is not None:  # what its file reads, not every file
-        from ragate.gates.learned import load_learned
+        from ragate.gates.learned import learned_in_force
 
-        return load_learned(spec.gate.weights).need
+        return learned_in_force(spec.gate.weights).need  # the gate in force while its file is being replaced
     return gate_need(spec.gate.kind)
-
-
-def support(need: Need, caps: Capabilities) -> tuple[Support, str]:
-    """How a method with ``need`` runs on a backend with ``caps``, and (unless exact) what is missing."""
-    if need.sampling and not caps.sampling:
-        return "unavailable", "the backend cannot sample"
-    if need.hidden and not caps.hidden_states:
-        return "unavailable", (
-            "the backend gives no hidden state (learn a gate without it for this backend: "
-            "`ragate gate learn --no-hidden`)"
-        )
-    if need.token_logprobs and not caps.logprobs:
-        if need.text_fallback:
-            return "text", "no logprobs: decided from the reply text"
-        return "unavailable", "the backend returns no logprobs"
-    if need.top_k > caps.top_k:
-        if need.text_fallback:
-            return "text", f"top-{caps.top_k} logprobs: decided from the reply text"
-        return "unavailable", f"the backend returns top-{caps.top_k} logprobs, {need.top_k} are needed"
-    if need.tokens and not caps.logprobs:
-        return "approximate", "no per-token output: sampled texts compared word by word"
-    if need.entropy and not caps.full_distribution:
-        return "approximate", f"entropy estimated from the top-{caps.top_k} logprobs (no full distribution)"
-    return "exact", ""
 
 
 def method_support(spec: MethodSpec, caps: Capabilities) -> tuple[Support, str]:

@@ -63,6 +63,10 @@ from ragate.version import __version__
 
 log = logging.getLogger("ragate.service")
 
+# Seconds a stopping service waits for a request still using the model (cancelled, it stops at its next model step)
+# before it leaves the model and the index to the process's exit: freeing them under a running step could crash it.
+CLOSE_WAIT = 2.0
+
 ENDPOINT_LIST = (
     "POST /v1/answer, POST /v1/search, POST /v1/chat/completions, POST /v1/feedback, GET /v1/models, GET /v1/methods, "
     "GET /v1/budget, "
@@ -195,6 +199,7 @@ def load_pipeline(
             trace_content=settings.trace_content,
             feedback_store=settings.feedback_store,
             shadow=settings.shadow,
+            shadow_share=settings.shadow_share,
         )
     except BaseException:
         for close in closers:
@@ -251,9 +256,11 @@ def create_app(
     if runtime.budget is not None:
         metrics.observe_budget(runtime.budget.budget, runtime.budget.tau, runtime.budget.rate())
 
-    def close() -> None:  # a request abandoned at its timeout may still be using the model: wait for it
-        if runtime.owned:
-            runtime.pipeline.close(wait=settings.request_timeout)
+    def close() -> None:
+        # shadow work stops at once (its queue dropped); a request cancelled at the end of the shutdown's grace stops
+        # at its next model step, and the store, the model and the index are closed once it has (the store after
+        # CLOSE_WAIT at the latest); a given lm and retriever stay the caller's
+        runtime.pipeline.close(wait=CLOSE_WAIT)
         for closer in runtime.closers:  # a Milvus connection, the trace file, the answer log
             closer()
 
@@ -321,7 +328,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
 
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackRequest) -> Response:
-        from ragate.feedback import UnknownAnswer
+        from ragate.feedback import UnknownAnswer, label_json
         from ragate.shared import StoreUnavailable
 
         if rt.pipeline.store is None:
@@ -329,21 +336,30 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
                 409, "this server keeps no feedback: start it with `ragate serve --feedback-store FILE` (or --shadow)"
             )
         try:
-            labels = await anyio.to_thread.run_sync(
+            said = await anyio.to_thread.run_sync(
                 lambda: rt.pipeline.feedback(body.id, correct=body.correct, reference=body.reference)
             )
         except UnknownAnswer as err:
             raise ApiError(404, str(err)) from None
-        except StoreUnavailable as err:  # the replicas' shared store is down: not the client's fault
+        except StoreUnavailable as err:  # the store or its disk failed (full, down): not the client's fault
+            rt.metrics.observe_side_failure("feedback_store")
             raise ApiError(503, str(err), {"Retry-After": "5"}) from None
         except RagateError as err:
             raise ApiError(400, str(err)) from None
-        rt.labelled(len(labels))
+        rt.labelled(len(said.labels))
         try:  # the label is kept: a store that fails now costs the counts, not a retry that labels twice
             counts: dict[str, Any] | None = await anyio.to_thread.run_sync(rt.pipeline.store.counts)
         except RagateError:
             counts = None
-        return JSONResponse({"id": body.id, "labels": [{"kind": k, "retrieve": v} for k, v in labels], "counts": counts})
+        reply: dict[str, Any] = {
+            "id": body.id, "labels": [label_json(k, v) for k, v in said.labels], "pending": list(said.pending),
+            "counts": counts,
+        }  # fmt: skip
+        if not said.labels and not said.pending:
+            reply["note"] = "no label: give the reference answer, or correct: true/false"
+        elif said.pending:
+            reply["note"] = "the pending labels come when shadow work has answered the other route (see /healthz)"
+        return JSONResponse(reply)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -367,6 +383,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        await anyio.to_thread.run_sync(rt.gate_file_problem)  # the gate file's refused versions, counted
         content, media_type = rt.metrics.render()
         return Response(content, media_type=media_type)
 

@@ -18,6 +18,8 @@ Exposed at ``GET /metrics``:
 - ``ragate_saved_tokens_total{method}`` and ``ragate_gate_extra_tokens_total{method}``: per answer, always
   retrieving's tokens minus the answer's, counted in the first when positive and in the second when negative (the
   gate's own cost on an answer that retrieved); net savings = saved - extra
+- ``ragate_gate_file_refusals_total``: versions of the served learned gate file that were refused (half-written,
+  damaged, deleted, learned on another model) while the last good gate stayed in force (``/healthz`` says why)
 - with ``--budget``: ``ragate_budget_target_ratio``, ``ragate_budget_realised_ratio`` (the retrieval rate over the
   controller's window) and ``ragate_budget_threshold`` (the tau it sets now)
 """
@@ -77,6 +79,9 @@ class ServiceMetrics:
     always_tokens: Counter
     saved_tokens: Counter
     extra_tokens: Counter
+    gate_file_refusals: Counter
+    # counts read from elsewhere (the gate file's refusals), as last seen
+    _seen: dict[str, int] = field(default_factory=dict, repr=False)
     _tally: dict[str, tuple[int, int]] = field(
         default_factory=dict, repr=False
     )  # method -> (answers, retrieved)
@@ -113,8 +118,8 @@ class ServiceMetrics:
             ),
             errors=Counter("ragate_errors", "error answers (4xx/5xx) by type", ["type"], registry=r),
             side_failures=Counter(
-                "ragate_side_channel_failures", "writes of a side channel (the answer log) that failed; the "
-                "answers went on", ["channel"], registry=r,
+                "ragate_side_channel_failures", "writes of a side channel (the answer log, the feedback store) "
+                "that failed; the answers went on", ["channel"], registry=r,
             ),
             in_progress=Gauge(
                 "ragate_requests_in_progress", "requests holding a concurrency slot", registry=r
@@ -148,6 +153,10 @@ class ServiceMetrics:
                 "ragate_gate_extra_tokens", "tokens spent beyond always retrieving (the gate's own cost)",
                 ["method"], registry=r,
             ),
+            gate_file_refusals=Counter(
+                "ragate_gate_file_refusals", "versions of the learned gate file refused while the last good gate "
+                "stayed in force", registry=r,
+            ),
         )  # fmt: skip
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
@@ -159,6 +168,14 @@ class ServiceMetrics:
     def observe_side_failure(self, channel: str) -> None:
         """A side channel's write failed (the answer was not touched)."""
         self.side_failures.labels(channel=channel).inc()
+
+    def observe_gate_file(self, refusals: int) -> None:
+        """The served gate file's refused versions so far (:class:`ragate.gates.learned.GateFileState`)."""
+        with self._lock:
+            new = refusals - self._seen.get("gate_file_refusals", 0)
+            self._seen["gate_file_refusals"] = max(refusals, self._seen.get("gate_file_refusals", 0))
+        if new > 0:
+            self.gate_file_refusals.inc(new)
 
     def observe_error(self, error_type: str) -> None:
         self.errors.labels(error_type).inc()

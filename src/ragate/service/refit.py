@@ -1,8 +1,11 @@
 """The service's periodic refit (``ragate serve --refit-every N``): after N new labels in the feedback store
-(shadow answers and feedback together), the learned gate is fitted again in a background thread and, where the fit
-succeeds, put in force (``Pipeline.learn``: the gate file is written atomically, then the pipeline's gate is
-swapped under its lock, so a request is decided wholly by the old gate or wholly by the new). A fit that cannot be
-made yet (too few labels of a class) is reported in ``/healthz`` and tried again after the next N labels."""
+(shadow answers and feedback together), the learned gate is fitted again in a background thread (on gold labels
+where there are enough of both classes, else shadow's silver ones: :func:`ragate.learning.choose_label`) and put in
+force only when it ranks the store's labels at least as well as the gate in force (``Pipeline.learn``: the gate
+file is written atomically, then the pipeline's gate is swapped under its lock, so a request is decided wholly by
+the old gate or wholly by the new; a new gate that ranks worse stays a candidate file and ``/healthz`` says why). A
+fit that cannot be made yet (too few labels of a class) is reported in ``/healthz`` and tried again after the next
+N labels."""
 
 from __future__ import annotations
 
@@ -10,18 +13,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-from ragate.eval.learn import MIN_CLASS
-
-
-def choose_label(counts: dict[str, Any]) -> str:
-    """Gold labels (closed-wrong) where there are enough of both classes, else shadow's silver ones."""
-    gold = counts.get("closed-wrong") or {}
-    return (
-        "closed-wrong"
-        if min(gold.get("retrieve", 0), gold.get("no_retrieve", 0)) >= MIN_CLASS
-        else "retrieval-changed"
-    )
 
 
 class Refit:
@@ -39,6 +30,7 @@ class Refit:
         self.fits = 0
         self.last_error: str | None = None
         self.last_summary: str | None = None
+        self.last_in_force: bool | None = None  # whether the last fit went in force (it ranked at least as well)
         self.last_at: float | None = None
 
     def check(self) -> None:
@@ -75,7 +67,6 @@ class Refit:
             rows = self.pipeline.store.label_rows()
             if rows - self.last_fit_labels < self.every:
                 return
-            counts = self.pipeline.store.counts()
         except Exception as err:  # noqa: BLE001  # reported in /healthz
             self.last_error = f"{type(err).__name__}: {err}"[:500]
             return
@@ -84,14 +75,16 @@ class Refit:
         self.last_fit_labels = rows
         self._fitting = True
         try:
-            self._fit(choose_label(counts))
+            self._fit()
         finally:
             self._fitting = False
 
-    def _fit(self, label: str) -> None:
+    def _fit(self) -> None:
         try:
-            learned = self.pipeline.learn(self.out, label=label, cascade=self.cascade, use=True)
+            learned = self.pipeline.learn(self.out, label=None, cascade=self.cascade, use=True)
             self.fits += 1
+            compared = learned.comparison
+            self.last_in_force = compared is None or compared.earns
             self.last_error, self.last_summary = None, learned.summary()
         except Exception as err:  # noqa: BLE001  # reported in /healthz; answers go on with the gate in force
             self.last_error = f"{type(err).__name__}: {err}"[:500]
@@ -106,5 +99,6 @@ class Refit:
         return {
             "every": self.every, "fits": self.fits, "labels_at_last_fit": self.last_fit_labels,
             "running": self._fitting, "looking_since": self._looking_since,
-            "last_error": self.last_error, "last_summary": self.last_summary, "last_at": self.last_at,
+            "last_error": self.last_error, "last_summary": self.last_summary, "last_in_force": self.last_in_force,
+            "last_at": self.last_at,
         }  # fmt: skip

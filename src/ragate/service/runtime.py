@@ -223,7 +223,8 @@ class Runtime:
     ) -> tuple[Trace, dict[str, Any], Savings]:
         """Run the method through the pipeline; the trace, the timings (queueing = time not spent in a stage) and
         what the answer saved against always retrieving."""
-        self.spec(method, options)  # a bad method or option is a 400 before the request takes a slot
+        spec = self.spec(method, options)  # a bad method or option is a 400 before the request takes a slot
+        kept = self.pipeline.store is not None and spec.dynamic is None  # an answer the store should keep
         start = time.perf_counter()
 
         def go(wanted: Callable[[], bool]) -> Any:
@@ -238,6 +239,8 @@ class Runtime:
             )
 
         answered = await self.work(go)
+        if kept and not answered.id:  # the store failed (a full disk): the answer goes on without its id
+            self.metrics.observe_side_failure("feedback_store")
         trace = answered.trace
         self.labelled()
         total = time.perf_counter() - start
@@ -309,24 +312,53 @@ class Runtime:
             return None
         return float(gate.threshold if gate.threshold is not None else get_gate(gate.kind).default_tau)
 
-    def learning(self) -> dict[str, Any]:
+    def learning(self, *, authorised: bool = True) -> dict[str, Any]:
         """The learned gate in force (its file and when it was written), the store's label counts, the shadow
-        worker's and the refit's state; empty where the server learns nothing."""
+        worker's and the refit's state; empty where the server learns nothing. Not ``authorised``: no path and no
+        message that could hold one (the store's and the gate file's paths, errors, the refit's summary)."""
         p = self.pipeline
         out: dict[str, Any] = {}
+        hidden = "(send the API key to see it)"
         if p.gate_file is not None:
             path = Path(p.gate_file)
-            out["gate_file"] = {"path": str(path), "modified": path.stat().st_mtime if path.is_file() else None}
+            out["gate_file"] = {
+                "path": str(path) if authorised else hidden,
+                "modified": path.stat().st_mtime if path.is_file() else None,
+            }
         if p.store is not None:
+            name = p.store.name if authorised else hidden
             try:
-                out["store"] = {"path": p.store.name, **p.store.counts()}
+                out["store"] = {"path": name, **p.store.counts()}
             except Exception as err:  # noqa: BLE001 (a failing store is reported, not fatal
-                out["store"] = {"path": p.store.name, "error": f"{type(err).__name__}: {err}"[:300]}
+                out["store"] = {"path": name, "error": f"{type(err).__name__}: {err}"[:300] if authorised else hidden}
         if p.shadow is not None:
             out["shadow"] = p.shadow.describe()
+            if p.turns is not None:
+                out["shadow"]["turns"] = p.turns.describe()
         if self.refit is not None:
             out["refit"] = self.refit.describe()
+        if not authorised:
+            for part, keys in (("shadow", ("last_error",)), ("refit", ("last_error", "last_summary"))):
+                for key in keys:
+                    if out.get(part, {}).get(key) is not None:
+                        out[part][key] = hidden
         return out
+
+    def gate_file_problem(self) -> str | None:
+        """Why the served learned gate file is not in force as it is now (the last good gate decides meanwhile:
+        :func:`ragate.gates.learned.gate_in_force`), or None; its refused versions are counted in the metrics."""
+        if self.pipeline.gate_file is None:
+            return None
+        from ragate.gates.learned import gate_in_force
+
+        try:
+            state = gate_in_force(self.pipeline.gate_file, self.lm)
+        except RagateError as err:  # no version of it ever loaded here: nothing to fall back on
+            return f"{err} (no version of it has loaded: the learned gate cannot decide)"
+        self.metrics.observe_gate_file(state.refusals)
+        if state.problem is None:
+            return None
+        return f"{state.problem} (the gate last read from it decides until it loads and checks again)"
 
     def budget_info(self) -> dict[str, Any]:
         assert self.budget is not None
@@ -341,7 +373,8 @@ class Runtime:
 
     async def health(self, *, authorised: bool = True) -> tuple[int, dict[str, Any]]:
         """The service's state. ``/healthz`` needs no key, so without one (where the server has a key) it does
-        not say where the model and the index are on disk, nor which LM servers it uses. Over LM servers it gives
+        not say where the model, the index, the feedback store and the learned gate's file are on disk, nor which LM
+        servers it uses. Over LM servers it gives
         what the balancer believes of each (up or down, since when, why, the next probe), after probing those up
         and those down whose probe is due (docs/service.md, "Fleet health"): 200 while one is up, 503 when none
         is."""
@@ -353,12 +386,16 @@ class Runtime:
             "in_progress": self.slots.used, "max_concurrency": self.slots.n,
             "capabilities": capability_summary(self.lm),
         }  # fmt: skip
-        learning = self.learning()
+        learning = self.learning(authorised=authorised)
         if learning:
             info["learning"] = learning
         problems = [e for e in (self.answer_log.error if self.answer_log is not None else None,) if e]
         if self.budget is not None and self.budget.shared_error:  # the replicas' shared window; tau is local now
             problems.append(f"shared state: {self.budget.shared_error}")
+        if (gate_file := await anyio.to_thread.run_sync(self.gate_file_problem)) is not None:
+            problems.append(
+                f"learned gate file: {gate_file if authorised else 'refused (send the API key to see why)'}"
+            )
         if problems:  # a side channel fails; the answers go on (docs/service.md, "Degraded")
             info["status"] = "degraded: " + "; ".join(problems)
         states = self.pipeline.prompt_states

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from ragate.backends.turns import DEFAULT_SHARE
+
 SETTINGS_ENV = "RAGATE_SERVICE_SETTINGS"
 API_KEY_ENV = "RAGATE_API_KEY"
 LOOPBACK_NAMES = ("localhost",)
@@ -77,6 +79,7 @@ class ServiceSettings:
     trace_content: bool = False  # spans carry the question, answer and documents
     feedback_store: str | None = None  # a SQLite file each answer's features and labels go to (ragate.feedback)
     shadow: float = 0.0  # the share of answers whose other path runs after the response (ragate.shadow)
+    shadow_share: float = DEFAULT_SHARE  # the part of a local model's time shadow work takes while requests wait
     refit_every: int = 0  # learn the gate again after this many new labels (0: never; `ragate gate learn` by hand)
     learned_gate: str | None = None  # where a refit writes the learned gate (default: beside the store)
     refit_cascade: float | None = None  # a refit's cascade: the share of questions it may draft for (None: none)
@@ -143,6 +146,8 @@ class ServiceSettings:
                 )
         if not 0.0 <= self.shadow <= 1.0:
             raise ValueError(f"--shadow is a share of answers in [0, 1], not {self.shadow}")
+        if not 0.0 <= self.shadow_share < 1.0:
+            raise ValueError(f"--shadow-share is a part of the model's time in [0, 1), not {self.shadow_share}")
         if self.refit_every < 0:
             raise ValueError(f"--refit-every is a number of new labels (0: never), not {self.refit_every}")
         if self.refit_cascade is not None and not 0.0 <= self.refit_cascade <= 1.0:
