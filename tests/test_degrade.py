@@ -243,25 +243,119 @@ def test_two_processes_started_together_on_an_empty_cache_share_the_demo_index(t
 def test_admission_takes_only_what_can_finish_within_the_deadline() -> None:
     """Under 50 clients on a slow machine all 8 admitted requests ended in 504 after 600 s (a local model answers
     one at a time: the 8th waited for 7 others) while 42 clients heard `Retry-After: 1` thousands of times."""
-    from ragate.service.admission import Slots
+    from ragate.service.admission import SPREAD, Slots
 
     now = [0.0]
     slots = Slots(8, lambda used: None, clock=lambda: now[0], deadline=300.0, parallel=1)
-    assert slots.take()  # no measured time yet: admitted
-    slots.give(75.0)  # an answer takes 75 s here
-    taken = 0
-    while slots.take():
-        taken += 1
-    assert taken == 4  # 4 x 75 s = 300 s: a fifth would finish at 375 s, past the deadline
+    first = slots.take()  # no measured time yet: admitted
+    assert first is not None
+    slots.give(first, 60.0)  # an answer takes 60 s here (sd taken as its floor, 6 s, while one time is known)
+    taken = []
+    while (work := slots.take()) is not None:
+        taken.append(work)
+    # n answers in the queue end by 60 n + SPREAD x 6 x n s: 4 by 288 s, a fifth by 360 s, past the deadline
+    assert len(taken) == 4 and (60 + SPREAD * 6) * 5 > 300.0
     assert slots.used == 4 < slots.n  # refused with slots free: what was admitted can finish
-    assert slots.retry_after() == 75  # when the first finishes, one more fits
-    now[0] = 76.0
-    slots.give(76.0)
-    assert slots.take()  # a lane freed: admitted again
+    assert slots.retry_after() == 60  # until a fifth would end in time: 360 - 300
+    slots.begin(taken[0])  # the first gets the model; the others wait behind it
+    now[0] = 30.0
+    assert slots.retry_after() == 30 and slots.take() is None  # half of the first is done: 30 + 4 x 60 + 60 s
+    now[0] = 61.0
+    slots.give(taken[0], 61.0)
+    assert slots.take() is not None  # the first ended: 4 x 60.2 + 2 x 6.02 x 4 = 289 s
+    assert slots.take() is None
     wide = Slots(8, lambda used: None, clock=lambda: now[0], deadline=300.0, parallel=4)  # a fleet of 4 lanes
-    wide.take()
-    wide.give(75.0)
-    assert sum(wide.take() for _ in range(20)) == 8  # the concurrency limit binds first
+    one = wide.take()
+    assert one is not None
+    wide.give(one, 75.0)
+    assert sum(wide.take() is not None for _ in range(20)) == 8  # the concurrency limit binds first
+
+
+def test_admission_counts_service_time_from_the_model_and_keeps_a_margin_for_its_spread() -> None:
+    """At 5x capacity 2 of 403 arrivals were admitted and then timed out (504): the admission reckoned with each
+    answer's mean time alone, and the time it learnt ran from the slot, the wait in the queue included."""
+    from ragate.service.admission import Slots, Ticket
+
+    now = [0.0]
+    slots = Slots(32, lambda used: None, clock=lambda: now[0], deadline=5.0, parallel=1)
+    works = [slots.take() for _ in range(2)]
+    tickets = [Ticket(slots, w) for w in works if w is not None]
+    assert len(tickets) == 2 and all(t.start() for t in tickets)
+    tickets[0].wanted()  # the first gets the model at 0 s
+    now[0] = 0.5
+    tickets[0].done()
+    tickets[1].wanted()  # the second waited 0.5 s for it and was served from here
+    now[0] = 1.0
+    tickets[1].done()
+    assert slots._times["answer"].mean == 0.5  # each was served 0.5 s; the wait is not service time
+    for t in tickets:
+        t.give_up()
+    assert slots.used == 0
+    for seconds in (0.2, 0.9, 0.3, 1.0, 0.4, 0.8):  # answers of varying length, mean ~0.6 s
+        w = slots.take()
+        assert w is not None
+        slots.begin(w)
+        now[0] += seconds
+        slots.give(w, seconds)
+    times = slots._times["answer"]
+    admitted = 0
+    while slots.take() is not None:
+        admitted += 1
+    assert admitted * times.mean < 5.0 - times.mean  # fewer than the mean alone would admit: the spread is kept
+    before = (times.mean, times.var)
+    bad = Ticket(slots, slots._at_work[0])
+    assert bad.start()
+    bad.done()  # it failed before it got the model (a bad question): no time is learnt from it
+    assert (times.mean, times.var) == before
+    search = Slots(4, lambda used: None, clock=lambda: now[0])
+    w = search.take("search")
+    assert w is not None
+    ticket = Ticket(search, w, waits=False)
+    assert ticket.start()  # a search does not wait for the model: served from its thread's start
+    now[0] += 0.01
+    ticket.done()
+    assert abs(search._times["search"].mean - 0.01) < 1e-9
+
+
+def test_admission_learns_how_far_the_queue_overran_its_estimate() -> None:
+    """With service times and their spread alone, 11 of 163 arrivals at 2x capacity were admitted and then timed
+    out: on one core shared with the server's HTTP work the queue drained slower than its service times add up."""
+    from ragate.service.admission import FORGET, SPREAD, Slots
+
+    now = [0.0]
+    slots = Slots(32, lambda used: None, clock=lambda: now[0], deadline=5.0, parallel=1)
+    first = slots.take()
+    assert first is not None
+    slots.begin(first)
+    now[0] = 0.5
+    slots.give(first, 0.5)  # answers take 0.5 s
+    before = []
+    while (work := slots.take()) is not None:
+        before.append(work)
+    assert len(before) == 8  # 8 x (0.5 s + 2 x 0.05 s) = 4.8 s; a ninth would end at 5.4 s
+    assert before[-1].expected == 4.0
+    for work in before:  # the queue drains at 0.75 s an answer, not 0.5: each queued one ends 50% past its estimate
+        slots.begin(work)
+        now[0] += 0.75
+        slots.give(work, 0.5)
+    times = slots._times["answer"]
+    assert abs(times.overrun - 0.5) < 1e-9
+    assert abs(times.mean - (0.75 - 0.25 * 0.8**8)) < 1e-9  # the time each held the lane is learnt, gaps and all
+    after = []
+    while (work := slots.take()) is not None:
+        after.append(work)
+    # the 50% it overran is kept as the margin: 5 x 0.708 x 1.5 = 5.3 s (with the spread alone, 4.2 s: admitted)
+    assert len(after) == 4 and 5 * times.mean + SPREAD * times.sd * 5 < 5.0 < 5 * times.mean * 1.5
+    for work in after:
+        slots.give(work, None, ran=False)  # refused work that never ran teaches nothing
+    assert abs(slots._times["answer"].overrun - 0.5) < 1e-9
+    for _ in range(200):  # calm again: requests end on time (none queued: no overrun learnt); it is forgotten
+        work = slots.take()
+        assert work is not None
+        slots.begin(work)
+        now[0] += 0.5
+        slots.give(work, 0.5)
+    assert slots._times["answer"].overrun < 0.5 * FORGET**199  # forgotten at every request that ran
 
 
 def test_the_demo_questions_sit_clear_of_the_shipped_tau() -> None:

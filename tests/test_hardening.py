@@ -249,21 +249,27 @@ def test_retry_after_is_the_expected_wait_for_the_oldest_request_not_the_mean() 
 
     now = [0.0]
     slots = Slots(1, lambda used: None, clock=lambda: now[0])
-    assert slots.take()
-    now[0] = 40.0
-    slots.give(40.0)  # one answer took 40 s: the first of its kind is the mean
-    assert slots.take()
-    now[0] += 10.0
-    slots.give(10.0)
+
+    def served(seconds: float) -> None:
+        work = slots.take()
+        assert work is not None
+        slots.begin(work)
+        now[0] += seconds
+        slots.give(work, seconds)
+
+    served(40.0)  # one answer took 40 s: the first of its kind is the mean
+    served(10.0)
     mean = 0.8 * 40.0 + 0.2 * 10.0  # 34
-    assert slots.take()
-    assert slots.retry_after() == math.ceil(mean)  # it just started: the whole mean is left
+    work = slots.take()
+    assert work is not None
+    assert slots.retry_after() == math.ceil(mean)  # it waits for the model: the whole mean is left
+    slots.begin(work)
     now[0] += 2.0
-    assert not slots.take() and slots.retry_after() == math.ceil(mean - 2.0) == 32
+    assert slots.take() is None and slots.retry_after() == math.ceil(mean - 2.0) == 32
     now[0] += 60.0  # overdue: it may end any moment
     assert slots.retry_after() == 1
-    slots.give(62.0)
-    assert slots.take() and slots.used == 1
+    slots.give(work, 62.0)
+    assert slots.take() is not None and slots.used == 1
 
 
 def test_retry_after_is_per_kind_of_request() -> None:
@@ -273,19 +279,26 @@ def test_retry_after_is_per_kind_of_request() -> None:
 
     now = [0.0]
     slots = Slots(2, lambda used: None, clock=lambda: now[0])
+
+    def take(kind: str) -> Any:
+        work = slots.take(kind)
+        assert work is not None
+        slots.begin(work)
+        return work
+
     for _ in range(20):  # many fast searches
-        assert slots.take("search")
+        search = take("search")
         now[0] += 0.01
-        slots.give(0.01, "search")
-    assert slots.take("answer")
+        slots.give(search, 0.01)
+    answer = take("answer")
     now[0] += 42.0
-    slots.give(42.0, "answer")
-    assert slots.take("answer") and slots.take("answer")  # two answers hold both slots
+    slots.give(answer, 42.0)
+    answers = [take("answer"), take("answer")]  # two answers hold both slots
     now[0] += 2.0
-    assert not slots.take("search")
+    assert slots.take("search") is None
     assert slots.retry_after() == 40  # not 1
-    slots.give(None, "answer")  # one never ran: a slot is free again
-    assert slots.retry_after() == 1 and slots.take("search")
+    slots.give(answers[0], None)  # one never ran: a slot is free again
+    assert slots.retry_after() == 1 and slots.take("search") is not None
 
 
 # -- issue N: state files a server keeps are checked at start -------------------------------------------------

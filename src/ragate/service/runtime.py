@@ -121,7 +121,7 @@ class Runtime:
         """Run ``fn(wanted)`` in a worker thread within a slot and the timeout, mapping ragate's errors to HTTP
         ones. ``wanted()`` turns false once the request gave up: check it after waiting for a lock. ``kind``
         groups requests of like duration for the Retry-After estimate."""
-        if not self.slots.take(kind):
+        if (work := self.slots.take(kind)) is None:
             wait = self.slots.retry_after(kind)
             why = (
                 f"{self.slots.n} requests are being answered (its concurrency limit)"
@@ -129,7 +129,7 @@ class Runtime:
                 else f"the requests ahead would keep this one past its limit of {self.settings.request_timeout:g} s"
             )
             raise ApiError(429, f"the server is busy: {why}; retry after {wait} s", {"Retry-After": str(wait)})
-        ticket = Ticket(self.slots, kind)
+        ticket = Ticket(self.slots, work, waits=kind == "answer")  # an answer waits for the model
 
         def run() -> T:
             if not ticket.start():
