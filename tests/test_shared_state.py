@@ -7,11 +7,13 @@ tests skip saying so, except under CI, where they fail."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,6 +73,30 @@ class Store:
             self.proc.kill()
             self.proc.wait(10)
             self.proc = None
+
+
+def spawn(workdir: Path, *options: str) -> Store:
+    """A server with more options (a password, cluster mode), once its port accepts connections."""
+    assert SERVER is not None
+    port = free_port()
+    while port > 55000:  # cluster mode also listens on port + 10000
+        port = free_port()
+    s = Store(port, workdir)
+    s.proc = subprocess.Popen(
+        [SERVER, "--port", str(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir), *options],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", s.port), timeout=0.2).close()
+            return s
+        except OSError:
+            if time.monotonic() > deadline:
+                s.stop()
+                raise RuntimeError(f"{SERVER} did not start on port {s.port}") from None
+            time.sleep(0.05)
 
 
 @pytest.fixture
@@ -172,7 +198,80 @@ def test_the_store_killed_and_restarted_costs_no_request(store: Store) -> None:
     assert a.shared_error is None
     fresh = controller(store.url)  # what the restarted (empty) store holds now: what was pushed on re-joining
     assert fresh.rate() is not None and len(fresh.snapshot()["history"]) == 0
-    assert fresh.snapshot()["window_requests"] == 11  # 10 observed while it was down, then the one after
+    # the empty store took the replica's window (20 before the outage, 10 while it was down), then the one after;
+    # before, it held only the 11 since the outage, and tau jumped to what a handful of requests said
+    assert fresh.snapshot()["window_requests"] == 31 and fresh.tau == a.tau
+
+
+def test_a_watched_store_is_seen_down_and_back_without_a_request(store: Store) -> None:
+    """After the store was killed /healthz stayed "ok" until a request touched it; restarted empty, tau jumped from
+    0.63 to 0.26 (the window restarted from the few requests since) before it recovered."""
+    a = controller(store.url)
+    rng = random.Random(3)
+    for _ in range(300):  # the rate settles at the budget
+        score = rng.random()
+        a.observe(score, score > a.tau)
+    before = a.tau
+    a.watch(every=0.2)
+    try:
+        store.stop()
+        start = time.monotonic()
+        while a.shared_error is None and time.monotonic() - start < 5:
+            time.sleep(0.05)
+        assert a.shared_error is not None and time.monotonic() - start < 2.0  # seen with no request
+        store.start()
+        start = time.monotonic()
+        while a.shared_error is not None and time.monotonic() - start < 5:
+            time.sleep(0.05)
+        assert a.shared_error is None and time.monotonic() - start < 2.5  # back (RETRY_SECONDS), unasked
+        fresh = controller(store.url)  # the store holds the replica's window and its tau, not an empty one
+        assert fresh.snapshot()["window_requests"] == 50 and fresh.tau == a.tau == before
+        score = rng.random()
+        a.observe(score, score > a.tau)  # the next request's tau comes from 50 scores, not from 1
+        assert fresh.tau == a.tau  # set from the seeded window
+    finally:
+        a.close()
+    assert not any(t.name == "ragate-state-watch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_store_with_a_password_takes_it_from_the_url_and_shows_it_nowhere(tmp_path: Path) -> None:
+    if SERVER is None:
+        pytest.skip("no valkey-server or redis-server: `make` installs one (apt-get install redis-server)")
+    locked = spawn(tmp_path, "--requirepass", "s3cret-Pw")
+    try:
+        with pytest.raises(RagateError, match=f"127.0.0.1:{locked.port}/0: the store refused the credentials"):
+            controller(f"redis://127.0.0.1:{locked.port}/0")  # no password
+        ok = controller(f"redis://:s3cret-Pw@127.0.0.1:{locked.port}/0?timeout=2")
+        ok.observe(0.5, True)
+        assert ok.shared_error is None and "s3cret" not in json.dumps(ok.snapshot())
+        ok.close()
+        with pytest.raises(RagateError) as wrong:
+            controller(f"redis://:wrong-Pw@127.0.0.1:{locked.port}/0")
+        assert f"127.0.0.1:{locked.port}/0: the store refused the credentials" in str(wrong.value)
+        assert "wrong-Pw" not in str(wrong.value)
+    finally:
+        locked.stop()
+
+
+def test_the_store_timeout_is_the_urls_and_a_cluster_node_is_refused(tmp_path: Path) -> None:
+    url = parse_state_url("redis://127.0.0.1:6379/0?timeout=2.5")
+    assert url.timeout == 2.5 and "?" not in url.url and parse_state_url("redis://h:1/0").timeout == 0.5
+    for bad, said in (
+        ("redis://h:1/0?timeout=0", r"timeout must be seconds in \(0, 60\]"),
+        ("redis://h:1/0?timeout=soon", "timeout must be seconds"),
+        ("redis://h:1/0?db=2", "the one query read is"),
+        ("redis://h:1/0#x", "no fragment"),
+    ):
+        with pytest.raises(RagateError, match=said):
+            parse_state_url(bad)
+    if SERVER is None:
+        pytest.skip("no valkey-server or redis-server: `make` installs one (apt-get install redis-server)")
+    node = spawn(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf"))
+    try:
+        with pytest.raises(RagateError, match="is a node of a Valkey/Redis cluster: .* give a single primary"):
+            controller(node.url)
+    finally:
+        node.stop()
 
 
 def test_a_wrong_state_url_or_a_dead_store_is_refused_naming_it() -> None:
@@ -198,7 +297,9 @@ def test_replicas_with_another_budget_are_refused(store: Store) -> None:
 def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, tmp_path: Path) -> None:
     """Two `ragate serve --budget 0.3 --state URL` processes over one LM server (a latency server on 127.0.0.1),
     requests spread over both at random: the realised rate over all of them is within 0.03 of 0.3 and both serve
-    one tau. The store killed: every request is still answered and /healthz says degraded; restarted: ok again.
+    one tau. The store killed: /healthz says degraded within 2 s with no request, and every request is still
+    answered; restarted empty: ok again unasked, and tau within 0.05 of the fleet's before the outage (the store was
+    seeded with a replica's window; it jumped from 0.63 to 0.26 when it restarted from the few requests since).
     A wrong --state stops serve at start, naming it."""
     import sys
 
@@ -229,7 +330,25 @@ def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, tmp
             assert abs(rate - 0.3) <= 0.03, rate
             taus = {client.get(f"{url}/v1/budget").json()["tau"] for _, url in replicas}
             assert len(taus) == 1, taus
+
+            def healthy(want: bool) -> float:
+                """Seconds until every replica's /healthz says ok (or degraded), asking nothing else."""
+                start = time.monotonic()
+                while time.monotonic() - start < 10:
+                    said = [client.get(f"{url}/healthz").json()["status"] for _, url in replicas]
+                    if all((s == "ok") == want for s in said):
+                        return time.monotonic() - start
+                    time.sleep(0.1)
+                pytest.fail(f"/healthz still says {said}")
+
             store.stop()
+            assert healthy(False) < 2.0  # seen by the store's timer, no request needed
+            store.start()  # empty: no persistence
+            assert healthy(True) < 3.0  # re-joined unasked: the first one back seeds the store with its window
+            time.sleep(1.2)  # each replica's view of the fleet's tau is one check of the store old at most
+            after = {client.get(f"{url}/v1/budget").json()["tau"] for _, url in replicas}
+            assert len(after) == 1 and abs(after.pop() - taus.pop()) <= 0.05
+            store.stop()  # again, with requests while it is down
             for i in range(400, 410):
                 ask(i)  # answered without the store
             health = client.get(f"{replicas[0][1]}/healthz").json()

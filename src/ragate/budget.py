@@ -49,6 +49,7 @@ DEFAULT_GAIN = 16.0
 HISTORY = 500  # the points of tau and the windowed rate kept for GET /v1/budget (in memory, since start)
 LEVEL_BOUNDS = (0.001, 0.999)
 _DOWN = object()  # what BudgetController._with_store returns when the shared store was not used
+WATCH_SECONDS = 1.0  # how often a service checks the shared store with no request (BudgetController.watch)
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -173,11 +174,14 @@ class BudgetController:
         self.shared = shared  # the fleet's window in a Valkey/Redis store (ragate.shared), else None
         self._link = Link(shared.url.shown) if shared is not None else None
         self._pending: deque[tuple[float | None, bool]] = deque(maxlen=window)  # observed while the store was down
+        self._watch: tuple[threading.Event, threading.Thread] | None = None
         if shared is not None:
             scores, decisions, tau = shared.read()  # at start the store answered (connect pinged it)
             if decisions:
                 self._set_window(scores, decisions)
                 self._tau = tau if tau is not None else self._tau
+            elif self._decisions and shared.seed(list(self._scores), list(self._decisions)):
+                shared.set_tau(self._tau)  # an empty store takes the window this replica kept (--budget-state)
 
     @property
     def shared_error(self) -> str | None:
@@ -244,8 +248,14 @@ class BudgetController:
         return out
 
     def _rejoin(self) -> None:
-        """Back from an outage: push what this replica observed meanwhile, then set tau from the fleet's window."""
+        """Back from an outage: a store that came back empty (restarted without persistence) takes this replica's
+        window, its last view of the fleet's and what it observed since, so tau does not restart from a handful of
+        requests; else push what it observed meanwhile. Then set tau from the fleet's window."""
         assert self.shared is not None
+        if self._decisions and self.shared.seed(list(self._scores), list(self._decisions)):
+            self._pending.clear()
+            self.shared.set_tau(self._tau)  # already this window's (observe set it while the store was down)
+            return
         scores, decisions = self.shared.push(list(self._pending))
         self._pending.clear()
         if decisions:
@@ -320,7 +330,46 @@ class BudgetController:
                 **({"shared_error": self.shared_error} if self.shared_error else {}),
             }  # fmt: skip
 
+    def check_store(self) -> None:
+        """One round trip to the shared store, so that an outage is seen, and ended (re-joining), without a request,
+        and this replica's view of the fleet's tau (``snapshot``, ``/v1/budget``) is at most one check old: what
+        :meth:`watch` runs. While the store is up the round trip holds no lock a request waits for."""
+        if self.shared is None or self._link is None:
+            return
+        if self._link.error is None:
+            try:
+                tau = self.shared.tau()
+            except StoreUnavailable as err:
+                with self._lock:
+                    self._link.failed(err)
+                return
+            with self._lock:
+                self._tau = tau if tau is not None else self._tau
+            return
+        with self._lock:  # down: try to re-join when due (at most once per RETRY_SECONDS)
+            self._with_store(lambda store: store.ping())
+
+    def watch(self, every: float = WATCH_SECONDS) -> None:
+        """Check the shared store every ``every`` seconds on a thread of its own until :meth:`close` (a service
+        does: its /healthz then says degraded within about ``every`` seconds of an outage, no request needed)."""
+        if self.shared is None or self._watch is not None:
+            return
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(every):
+                try:
+                    self.check_store()
+                except Exception:  # a side channel: the watcher never dies of the store's errors
+                    log.exception("checking the shared state %s failed", self.shared and self.shared.url.shown)
+
+        self._watch = (stop, threading.Thread(target=loop, name="ragate-state-watch", daemon=True))
+        self._watch[1].start()
+
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch[0].set()
+            self._watch[1].join(timeout=5)
         if self.shared is not None:
             self.shared.close()
 

@@ -10,7 +10,12 @@ reads tau from it, so every replica sets its threshold from the fleet's traffic.
 The store is a side channel: when it cannot be reached, the replica keeps answering, sets tau from its own copy of
 the last window it read plus what it observed since (the controller reports ``shared_error``; ``/healthz`` says
 "degraded: shared state: ..."), tries the store again at most once per :data:`RETRY_SECONDS`, and on re-joining
-pushes what it observed meanwhile. A URL that is wrong or a store that cannot be reached is refused at start.
+pushes what it observed meanwhile; a store that comes back empty (restarted without persistence) is seeded with the
+replica's own window first, so tau does not restart from a handful of requests. A service checks the store on its own
+timer (:meth:`ragate.budget.BudgetController.watch`), so ``/healthz`` sees an outage without a request. A URL that is
+wrong, a store that cannot be reached, or a store in cluster mode (the window's keys are read in one transaction on
+one node; use a single primary with replicas, or a proxy) is refused at start. Each store command waits at most
+``?timeout=SECONDS`` of the URL (default :data:`TIMEOUT_SECONDS`).
 
 Keys, under ``ragate:budget:<digest of method and model>:``: ``scores`` and ``decisions`` (lists, newest first,
 trimmed to W), ``tau`` (a string), ``seen`` (how many observations were ever pushed), ``tau_seen`` (the ``seen`` of
@@ -30,8 +35,8 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from ragate.errors import RagateError
 
@@ -39,7 +44,8 @@ log = logging.getLogger(__name__)
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 RETRY_SECONDS = 1.0  # while the store is down, one try per this long (a request never waits on a dead store twice)
-TIMEOUT_SECONDS = 0.5  # connect and socket timeout of one store command
+TIMEOUT_SECONDS = 0.5  # connect and socket timeout of one store command (the URL's ?timeout= changes it)
+MAX_TIMEOUT_SECONDS = 60.0
 
 
 class StoreUnavailable(RagateError):
@@ -48,14 +54,15 @@ class StoreUnavailable(RagateError):
 
 @dataclass(frozen=True)
 class StateURL:
-    """A checked ``--state`` URL: ``redis://[user:password@]host:port/db`` (``valkey://`` the same; ``rediss://``
-    and ``valkeys://`` over TLS)."""
+    """A checked ``--state`` URL: ``redis://[user:password@]host:port/db[?timeout=SECONDS]`` (``valkey://`` the
+    same; ``rediss://`` and ``valkeys://`` over TLS); ``timeout``: how long one store command may take."""
 
     url: str
     host: str
     port: int
     db: int
     tls: bool
+    timeout: float = TIMEOUT_SECONDS
 
     @property
     def shown(self) -> str:
@@ -81,14 +88,30 @@ def parse_state_url(text: str) -> StateURL:
     path = parts.path.strip("/") or "0"
     if not path.isdigit() or int(path) > 15:
         raise RagateError(f"--state {text!r}: the database must be a number 0-15, got {path!r}; {form}")
-    if parts.query or parts.fragment:
-        raise RagateError(f"--state {text!r}: no query or fragment is read; {form}")
-    return StateURL(text, parts.hostname, port or 6379, int(path), parts.scheme in ("rediss", "valkeys"))
+    if parts.fragment:
+        raise RagateError(f"--state {text!r}: no fragment is read; {form}")
+    query = parse_qs(parts.query, keep_blank_values=True) if parts.query else {}
+    if set(query) - {"timeout"} or len(query.get("timeout", [])) > 1:
+        raise RagateError(f"--state {text!r}: the one query read is ?timeout=SECONDS (one store command's limit)")
+    timeout = TIMEOUT_SECONDS
+    if "timeout" in query:
+        try:
+            timeout = float(query["timeout"][0])
+        except ValueError:
+            timeout = math.nan
+        if not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+            raise RagateError(
+                f"--state {text!r}: timeout must be seconds in (0, {MAX_TIMEOUT_SECONDS:g}], got "
+                f"{query['timeout'][0]!r:.20}"
+            )
+    plain = urlunsplit(parts._replace(query=""))  # what the client reads: no option it does not know
+    return StateURL(plain, parts.hostname, port or 6379, int(path), parts.scheme in ("rediss", "valkeys"), timeout)
 
 
-def connect(url: StateURL, *, timeout: float = TIMEOUT_SECONDS) -> Any:
+def connect(url: StateURL, *, timeout: float | None = None) -> Any:
     """A client of the store (the ``valkey`` package, which speaks to Valkey and Redis alike), pinged once: a
-    store that does not answer is refused here, naming the URL and the fix."""
+    store that does not answer, or runs in cluster mode, is refused here, naming the URL and the fix. ``timeout``:
+    each command's (default the URL's)."""
     try:
         import valkey
     except ImportError:
@@ -97,17 +120,36 @@ def connect(url: StateURL, *, timeout: float = TIMEOUT_SECONDS) -> Any:
         ) from None
     client = valkey.Valkey.from_url(
         url.url.replace("valkey", "redis", 1) if url.url.startswith("valkey") else url.url,
-        socket_timeout=timeout, socket_connect_timeout=TIMEOUT_SECONDS, decode_responses=True,
+        socket_timeout=timeout or url.timeout, socket_connect_timeout=url.timeout, decode_responses=True,
         encoding_errors="replace",  # a damaged value is text that does not parse, never a decoding exception
     )  # fmt: skip
     try:
         client.ping()
     except valkey.exceptions.ValkeyError as err:
         client.close()
+        said = f"{type(err).__name__}: {err}"
+        if isinstance(err, (valkey.exceptions.AuthenticationError, valkey.exceptions.AuthorizationError)) or any(
+            code in str(err) for code in ("NOAUTH", "WRONGPASS", "NOPERM")
+        ):
+            raise RagateError(
+                f"--state {url.shown}: the store refused the credentials ({said}); give them in the URL: "
+                "redis://:PASSWORD@HOST:PORT/DB, or redis://USER:PASSWORD@... for an ACL user"
+            ) from None
         raise RagateError(
-            f"--state {url.shown}: the store does not answer ({type(err).__name__}: {err}); start Valkey or Redis "
-            "there (valkey-server / redis-server) or fix the URL"
+            f"--state {url.shown}: the store does not answer ({said}); start Valkey or Redis there "
+            "(valkey-server / redis-server) or fix the URL"
         ) from None
+    try:
+        cluster = cast("dict[str, Any]", client.info("cluster")).get("cluster_enabled")
+    except valkey.exceptions.ValkeyError:  # INFO not allowed to this user: a cluster fails at the first write
+        cluster = None
+    if str(cluster) == "1":
+        client.close()
+        raise RagateError(
+            f"--state {url.shown} is a node of a Valkey/Redis cluster: ragate reads and writes the budget window's "
+            "keys in one transaction on one node, which cluster mode does not serve; give a single primary (with "
+            "replicas for failover, e.g. Sentinel's current primary) or a proxy in front of the cluster"
+        )
     return client
 
 
@@ -140,6 +182,20 @@ redis.call('SET', KEYS[2], ARGV[2])
 return 1
 """
 
+# a store that came back empty (restarted without persistence) takes a re-joining replica's window: ARGV = the
+# settings, W, the number of scores, the scores oldest first, the decisions oldest first; -1 where it holds a window
+_SEED = """
+if redis.call('LLEN', KEYS[3]) > 0 then return -1 end
+redis.call('HSETNX', KEYS[1], 'settings', ARGV[1])
+local n = tonumber(ARGV[3])
+for i = 1, n do redis.call('LPUSH', KEYS[2], ARGV[3 + i]) end
+local m = #ARGV - 3 - n
+for i = 1, m do redis.call('LPUSH', KEYS[3], ARGV[3 + n + i]) end
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[2]) - 1)
+return redis.call('INCRBY', KEYS[4], m)
+"""
+
 
 class SharedWindow:
     """The budget controller's window in the store (see the module docstring). Every method raises
@@ -153,10 +209,12 @@ class SharedWindow:
         self.url, self.window = url, window
         self._client = connect(url)
         self._set_tau = self._client.register_script(_SET_TAU)
+        self._seed = self._client.register_script(_SEED)
         self.seen = 0  # the number of the last observation of the fleet this replica's view of the window includes
         digest = hashlib.sha256(f"{method}\0{model}".encode()).hexdigest()[:16]
         self.prefix = f"ragate:budget:{digest}:"
         mine = {"method": method, "model": model, "budget": budget, "window": window, "gain": gain}
+        self._settings = json.dumps(mine, sort_keys=True)
         try:
             self._client.script_load(_SET_TAU)  # a store that refuses scripts (an ACL) is refused here
             self._client.hsetnx(self.prefix + "meta", "settings", json.dumps(mine, sort_keys=True))
@@ -217,6 +275,21 @@ class SharedWindow:
 
     def tau(self) -> float | None:
         return _number(self._run(lambda p: p.get(self.prefix + "tau"))[0])
+
+    def ping(self) -> None:
+        self._run(lambda p: p.ping())
+
+    def seed(self, scores: Sequence[float], decisions: Sequence[bool]) -> bool:
+        """Where the store holds no window (it restarted empty), give it this replica's (oldest first) and its
+        settings; False where it holds one already (another replica seeded it, or it never lost it)."""
+        keys = [self.prefix + k for k in ("meta", "scores", "decisions", "seen")]
+        args = [self._settings, self.window, len(scores), *(repr(float(x)) for x in scores)]
+        args += ["1" if d else "0" for d in decisions]
+        got = self._run(lambda p: self._seed(keys=keys, args=args, client=p))[0]
+        if int(got) < 0:
+            return False
+        self.seen = int(got)
+        return True
 
     def set_tau(self, tau: float) -> None:
         """Set the fleet's tau, computed from the window as of this replica's last push, unless a replica has set

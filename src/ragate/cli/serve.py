@@ -337,8 +337,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--state",
         default=None,
         metavar="URL",
-        help="redis://HOST:PORT/DB (Valkey or Redis): the budget window that replicas behind one load balancer "
-        "share, so that they hold one retrieval rate; without it each replica keeps its own",
+        help="redis://[USER:PASSWORD@]HOST:PORT/DB[?timeout=SECONDS] (Valkey or Redis; rediss:// over TLS; not "
+        "cluster mode): the budget window that replicas behind one load balancer share, so that they hold one "
+        "retrieval rate; without it each replica keeps its own (docs/deployment.md)",
     )
     p.add_argument(
         "--read-timeout",

@@ -266,6 +266,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if runtime.budget is not None:  # the shared store checked on a timer: /healthz sees an outage unasked
+            runtime.budget.watch()
         yield
         await anyio.to_thread.run_sync(close)
 
