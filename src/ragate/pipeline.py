@@ -49,7 +49,7 @@ from ragate.methods.runner import decide
 from ragate.methods.trace import Stage, Trace
 from ragate.paper_tau import TauHints
 from ragate.retrieval.types import Retriever
-from ragate.savings import AlwaysRetrieveCost, Savings
+from ragate.savings import AlwaysRetrieveCost, Cost, Savings
 from ragate.tracing import Tracing
 from ragate.traffic import TrafficLearning, left_open
 
@@ -462,10 +462,11 @@ class Pipeline(TrafficLearning):
             gen = self.lm.generate([request])[0]
         return gen.text, Stage.of("read", gen)
 
-    def savings(self, trace: Trace) -> Savings:
+    def savings(self, trace: Trace, *, read: Cost | None = None) -> Savings:
         """What ``trace``'s gate saved against always retrieving, as ``ragate serve`` reports it per request
-        (:class:`ragate.savings.AlwaysRetrieveCost`, one running estimate per pipeline)."""
-        return self._savings.savings(trace)
+        (:class:`ragate.savings.AlwaysRetrieveCost`, one running estimate per pipeline). ``read``: what another
+        LLM's read of the chosen documents cost (a framework's, from its usage), for a trace that stops at them."""
+        return self._savings.savings(trace, read=read)
 
     def decide(self, question: str, *, seed: int | None = None) -> GateDecision:
         """Only the gate's decision and score for ``question`` (no answer is written). Under a budget it is decided

@@ -43,6 +43,9 @@ class Cost:
         stages = list(stages)
         return cls(sum(s.prompt_tokens + s.completion_tokens for s in stages), sum(s.seconds for s in stages))
 
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.tokens + other.tokens, self.seconds + other.seconds)
+
 
 @dataclass(frozen=True)
 class Savings:
@@ -99,18 +102,23 @@ class AlwaysRetrieveCost:
     _seen: dict[str, deque[Cost]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def savings(self, trace: Trace) -> Savings:
-        """``trace``'s savings; a trace that retrieved also feeds the estimate for the next ones."""
+    def savings(self, trace: Trace, *, read: Cost | None = None) -> Savings:
+        """``trace``'s savings; a trace that retrieved also feeds the estimate for the next ones. ``read``: where
+        another LLM read the documents (a framework's: ragate's trace then ends at the selection), what that read
+        cost, from the LLM's own usage; it is added to this answer's cost and to what always retrieving costs."""
         spent, gate = Cost.of(trace.stages), Cost.of(gate_stages(trace))
+        if read is not None:
+            spent = spent + read
         if trace.gate_stages is None:
             return Savings(
                 spent, gate, None, "n/a", f"{trace.method} decides while answering: no gate to remove"
             )
         if trace.retrieved:
-            measured = retrieval_path(trace)
+            measured = retrieval_path(trace) if read is None else retrieval_path(trace) + read
             with self._lock:
                 self._seen.setdefault(trace.method, deque(maxlen=self.window)).append(measured)
-            return Savings(spent, gate, measured, "measured", "this answer's selection and reading stages")
+            how = "this answer's selection and reading stages"
+            return Savings(spent, gate, measured, "measured", how if read is None else how + " (your LLM's read)")
         with self._lock:
             seen = list(self._seen.get(trace.method, ()))
         if not seen:

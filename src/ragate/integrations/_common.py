@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 
 from ragate.errors import RagateError
+from ragate.savings import Cost
 
 if TYPE_CHECKING:
     from ragate.answers import Answer, Retrieval
@@ -239,17 +240,29 @@ def question_of(value: Any, key: str) -> str:
     return value
 
 
-def result_record(pipeline: Pipeline, result: Answer | Retrieval, *, read_elsewhere: bool = False) -> dict[str, Any]:
+def result_record(
+    pipeline: Pipeline, result: Answer | Retrieval, *, read_elsewhere: bool = False, read: Cost | None = None
+) -> dict[str, Any]:
     """The decision and the savings of one answer, for a framework's result object: :func:`decision_record` and
     ``savings`` (:meth:`ragate.Pipeline.savings`, what ``ragate serve`` reports per request). ``read_elsewhere``:
-    the framework's own LLM read the documents, outside ragate's trace, so a retrieved one's cost is not measured
-    (``savings`` None, and it does not feed the running estimate)."""
+    the framework's own LLM read the documents, outside ragate's trace; ``read`` is what that read cost, from the
+    LLM's own usage (:func:`usage_cost`): it is added to the answer's cost and feeds the estimate that a skip's
+    savings come from. Without it a retrieved answer's savings are None (unknown) and feed nothing."""
     out = decision_record(result.method, result.decision)
-    if read_elsewhere and result.retrieved:
+    if read_elsewhere and result.retrieved and read is None:
         out["savings"] = None
     else:
-        out["savings"] = pipeline.savings(result.trace).to_json()
+        out["savings"] = pipeline.savings(result.trace, read=read if result.retrieved else None).to_json()
     return out
+
+
+def usage_cost(prompt_tokens: object, completion_tokens: object, seconds: float) -> Cost | None:
+    """What one read by a framework's LLM cost, from the usage the LLM reported; None where it reported no
+    whole-number token counts (the savings then stay unknown rather than guessed)."""
+    counts = [prompt_tokens, completion_tokens]
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+        return None
+    return Cost(int(prompt_tokens) + int(completion_tokens), max(0.0, float(seconds)))  # type: ignore[call-overload]
 
 
 class DirectAnswers:

@@ -3,21 +3,33 @@
 - :class:`RagateChatModel`: the model ragate's gate drafts with, as a LangChain chat model (loaded once);
 - :class:`RagateGateNode`: a LangGraph node that writes the route, the decision (score, τ, reason), the savings and,
   where the gate skips, the model's own answer (its draft continued: never paid twice) into the graph's state;
+  ``gate.reading(your_node)`` counts what your LLM's read of the documents cost (LangChain's own usage reports),
+  so the savings of the next skips are known;
 - :class:`RagateRetriever`: your retriever behind the gate (no documents when the model knows);
 - :class:`RagateRouter`: the gate as a Runnable returning ``"retrieve"`` or ``"answer"`` (a conditional edge).
 
 A document ragate returns is a copy of your retriever's with ``ragate_rank`` (its place in ragate's choice),
 ``ragate_score`` (the score ragate's method ranked it by: your retriever's own score where it gives one, else 1/rank,
 for a method that keeps the question's top k; the AIS score s(d) = cos(θ1 + θ2) for DTR and PAIRS) and ``ragate``
-(the decision: method, retrieved, score, threshold, reason) in its metadata."""
+(the decision: method, retrieved, score, threshold, reason) in its metadata.
+
+The gate's model work (its draft and, on a skip, the continuation) is reported to the run's LangChain callbacks as
+one chat-model call named ``ragate draft``, with its token usage: LangChain's usage callback
+(``get_usage_metadata_callback``) and tracers such as LangSmith count it beside your own LLM's calls."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ragate.integrations._common import (
+    DirectAnswers,
     FrameworkSearch,
     OwnsPipeline,
     Route,
@@ -33,23 +45,175 @@ from ragate.integrations._common import (
     result_record,
     route,
     router_search,
+    usage_cost,
 )
 
 try:
-    from langchain_core.callbacks import CallbackManagerForLLMRun, CallbackManagerForRetrieverRun
+    from langchain_core.callbacks import (
+        BaseCallbackHandler,
+        CallbackManager,
+        CallbackManagerForChainRun,
+        CallbackManagerForLLMRun,
+        CallbackManagerForRetrieverRun,
+    )
     from langchain_core.documents import Document
     from langchain_core.language_models.chat_models import BaseChatModel
-    from langchain_core.messages import AIMessage, BaseMessage
-    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.runnables import Runnable, RunnableConfig
+    from langchain_core.runnables.base import coerce_to_runnable
+    from langchain_core.tracers.context import register_configure_hook
     from pydantic import PrivateAttr
 except ImportError as err:
     raise missing("LangChain (langchain-core)", "langchain", err) from err
 
 if TYPE_CHECKING:
+    from uuid import UUID
+
     from ragate.answers import Document as Chosen
+    from ragate.answers import Retrieval
     from ragate.pipeline import Pipeline
+    from ragate.savings import Cost
+
+DRAFT_RUN = "ragate draft"  # the name of the chat-model call the gate's model work is reported as
+
+
+def reported_usage(response: LLMResult) -> tuple[int, int] | None:
+    """The prompt and completion tokens an LLM reported for one call, from LangChain's own usage reporting: the
+    replies' ``AIMessage.usage_metadata``, else the ``LLMResult.llm_output`` token usage (``token_usage`` or
+    ``usage``: ``prompt_tokens``/``completion_tokens`` or ``input_tokens``/``output_tokens``); None where it
+    reported none, or counts that are not whole numbers."""
+
+    def whole(*counts: Any) -> bool:
+        return all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
+
+    prompt = completion = 0
+    found = False
+    for generations in response.generations:
+        for generation in generations:
+            message = getattr(generation, "message", None)
+            usage = message.usage_metadata if isinstance(message, AIMessage) else None
+            if not usage:
+                continue
+            if not whole(usage.get("input_tokens"), usage.get("output_tokens")):
+                return None
+            prompt, completion = prompt + usage["input_tokens"], completion + usage["output_tokens"]
+            found = True
+    if found:
+        return prompt, completion
+    output = response.llm_output or {}
+    usage = output.get("token_usage") or output.get("usage")
+    if isinstance(usage, Mapping):
+        p = usage.get("prompt_tokens", usage.get("input_tokens"))
+        c = usage.get("completion_tokens", usage.get("output_tokens"))
+        if isinstance(p, int) and isinstance(c, int) and whole(p, c):
+            return p, c
+    return None
+
+
+class ReadUsage(BaseCallbackHandler):
+    """What the LLM calls made inside one read cost, as LangChain reports each (:func:`reported_usage`): their
+    prompt and completion tokens and their seconds (each call's start to its end). :meth:`cost` is None where no
+    call was made, or one reported no usage or failed: the read's cost is then unknown, never guessed. ragate's
+    own ``ragate draft`` calls are not the read's and are left out. Safe to share between threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._started: dict[UUID, float] = {}
+        self.calls = self.unreported = self.prompt_tokens = self.completion_tokens = 0
+        self.seconds = 0.0
+
+    def _start(self, run_id: UUID, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("name") != DRAFT_RUN:
+            with self._lock:
+                self._started[run_id] = time.perf_counter()
+
+    def on_llm_start(
+        self, serialized: dict[str, Any], prompts: list[str], *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        self._start(run_id, kwargs)
+
+    def on_chat_model_start(
+        self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        self._start(run_id, kwargs)
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        usage = reported_usage(response)
+        with self._lock:
+            started = self._started.pop(run_id, None)
+            if started is None:  # a call started outside the read, or ragate's own draft
+                return
+            self.calls += 1
+            self.seconds += time.perf_counter() - started
+            if usage is None:
+                self.unreported += 1
+            else:
+                self.prompt_tokens += usage[0]
+                self.completion_tokens += usage[1]
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            if self._started.pop(run_id, None) is not None:
+                self.calls += 1
+                self.unreported += 1  # what a failed call cost is not reported
+
+    def cost(self) -> Cost | None:
+        """What the read cost, or None where that is not known."""
+        with self._lock:
+            if not self.calls or self.unreported:
+                return None
+            return usage_cost(self.prompt_tokens, self.completion_tokens, self.seconds)
+
+
+# The ReadUsage of the read running in this context (thread or asyncio task): every callback manager LangChain
+# configures inside it gets the handler, inherited by the calls below (how langchain_core's own
+# ``get_usage_metadata_callback`` works; one variable, registered once).
+_READ_USAGE: ContextVar[ReadUsage | None] = ContextVar("ragate_read_usage", default=None)
+register_configure_hook(_READ_USAGE, True)
+
+
+def reported_as_llm_call(
+    callbacks: CallbackManager | None, pipeline: Pipeline, question: str, call: Callable[[], Retrieval]
+) -> Retrieval:
+    """``call()`` (the gate's :meth:`ragate.Pipeline.retrieve`), reported to ``callbacks`` as one chat-model call
+    named ``ragate draft`` from its start to its end: the question in, the draft (or on a skip the model's own
+    answer) out, and as usage the tokens of every model call the gate made (``usage_metadata``, with the model's
+    name in ``response_metadata``, and ``llm_output["token_usage"]``), so LangChain's usage callback and tracers
+    count it. A gate that reads no model reports 0 tokens."""
+    if callbacks is None:
+        return call()
+    label = pipeline.model_label
+    callbacks.add_metadata({"ls_provider": "ragate", "ls_model_name": label, "ls_model_type": "chat"}, False)
+    serialized = {"lc": 1, "type": "not_implemented", "id": ["ragate", "integrations", "langchain", "draft"]}
+    runs = callbacks.on_chat_model_start(
+        serialized,
+        [[HumanMessage(question)]],
+        name=DRAFT_RUN,
+        invocation_params={"_type": "ragate", "model": label, "method": pipeline.method},
+    )
+    try:
+        result = call()
+    except BaseException as err:
+        for run in runs:
+            run.on_llm_error(err)
+        raise
+    prompt = sum(s.prompt_tokens for s in result.stages)
+    completion = sum(s.completion_tokens for s in result.stages)
+    draft = result.trace.draft
+    text = result.answer if result.answer is not None else (draft.text if draft is not None else "")
+    usage = {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion}
+    meta = {"model_name": label}
+    message = AIMessage(content=text, usage_metadata=usage, response_metadata=meta)  # type: ignore[arg-type]
+    tokens = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    output = LLMResult(
+        generations=[[ChatGeneration(message=message)]], llm_output={"token_usage": tokens, "model_name": label}
+    )
+    for run in runs:
+        run.on_llm_end(output)
+    return result
 
 
 def document_id(doc: Document) -> str:
@@ -136,7 +300,9 @@ class RagateRetriever(OwnsPipeline, BaseRetriever):
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
         with collecting() as seen:
-            chosen = self.pipeline.retrieve(query)
+            chosen = reported_as_llm_call(
+                run_manager.get_child(), self.pipeline, query, lambda: self.pipeline.retrieve(query)
+            )
         if not chosen.retrieved:
             return []
         return _documents(chosen.documents, seen, decision_record(chosen.method, chosen.decision))
@@ -254,7 +420,8 @@ class RagateChatModel(OwnsPipeline, BaseChatModel):
             "output_tokens": stage.completion_tokens,
             "total_tokens": stage.prompt_tokens + stage.completion_tokens,
         }
-        message = AIMessage(content=text, usage_metadata=usage)  # type: ignore[arg-type]
+        meta = {"model_name": self.pipeline.model_label}  # LangChain's usage callback counts calls by model
+        message = AIMessage(content=text, usage_metadata=usage, response_metadata=meta)  # type: ignore[arg-type]
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
@@ -264,13 +431,23 @@ class RagateGateNode(OwnsPipeline, Runnable[Any, dict[str, Any]]):
     skips, ``{answer_key: the model's own answer}`` (the gate's draft, continued: the "answer" branch needs no
     second call). Route on it with ``graph.add_conditional_edges("gate", lambda s: s["route"], {...})``.
 
-    Only the gate runs (no search): your graph's retrieving branch searches with your retriever and reads with your
-    chat model (:class:`RagateChatModel` of the same model: ``model_of=chat.pipeline`` loads it once).
+    Only the gate runs: your graph's retrieving branch searches with your retriever and reads with your chat model
+    (:class:`RagateChatModel` of the same model: ``model_of=chat.pipeline`` loads it once, or any other). A gate
+    that searches (the corpus gates) searches with ``search=as_search(your_retriever)`` and ``corpus=`` your
+    documents' texts.
+
+    The savings: on a skip, what always retrieving costs, estimated from the retrievals your LLM read before;
+    on a retrieval, None until your reading node, wrapped as ``graph.add_node("read", gate.reading(read))``,
+    has run: its LLM calls' usage (as LangChain reports it) is then the read's cost, the state's ``ragate``
+    gets the measured savings, and the estimate learns from it. A retrieving decision carries an ``id`` that the
+    read finds it by. The gate's model work is reported to LangChain's callbacks as a chat-model call
+    (``ragate draft``, with its token usage).
 
     :param pipeline: a ready :class:`ragate.Pipeline` (you close it).
     :param question_key: where the state holds the question.
     :param route_key: / :param answer_key: the state keys it writes.
-    :param options: :class:`ragate.Pipeline`'s keywords (``method``, ``calibration``, ``budget``, ``model_of``, ...).
+    :param options: :class:`ragate.Pipeline`'s keywords (``method``, ``calibration``, ``budget``, ``model_of``,
+        ``search``, ``corpus``, ...).
     """
 
     name: str | None = "RagateGateNode"
@@ -287,20 +464,89 @@ class RagateGateNode(OwnsPipeline, Runnable[Any, dict[str, Any]]):
         search = router_search(options, None) if pipeline is None else None
         self.pipeline, self._owned = open_pipeline("RagateGateNode", pipeline, options, search)
         self.question_key, self.route_key, self.answer_key = question_key, route_key, answer_key
+        self._unread = DirectAnswers()  # the retrieving decisions whose read has not been counted yet, by id
 
-    def update(self, question: str) -> dict[str, Any]:
-        """The state update for ``question``."""
-        chosen = self.pipeline.retrieve(question, answer_skipped=True, select=False)
-        out: dict[str, Any] = {
-            self.route_key: "retrieve" if chosen.retrieved else "answer",
-            "ragate": result_record(self.pipeline, chosen, read_elsewhere=True),
-        }
-        if not chosen.retrieved:
+    def update(self, question: str, *, callbacks: CallbackManager | None = None) -> dict[str, Any]:
+        """The state update for ``question``; ``callbacks``: where the gate's model work is reported as a
+        chat-model call."""
+        chosen = reported_as_llm_call(
+            callbacks,
+            self.pipeline,
+            question,
+            lambda: self.pipeline.retrieve(question, answer_skipped=True, select=False),
+        )
+        record = result_record(self.pipeline, chosen, read_elsewhere=True)
+        out: dict[str, Any] = {self.route_key: "retrieve" if chosen.retrieved else "answer", "ragate": record}
+        if chosen.retrieved:
+            record["id"] = uuid.uuid4().hex
+            self._unread.keep(record["id"], chosen, record)
+        else:
             out[self.answer_key] = chosen.answer or ""
         return out
 
-    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
-        return self._call_with_config(
-            lambda value: self.update(question_of(value, self.question_key)), input, config
-        )
+    def read(self, state: Any, cost: Cost | None) -> dict[str, Any]:
+        """The state update once your LLM has read the documents of the retrieving decision in ``state``'s
+        ``ragate``: ``{"ragate": the decision, with its savings measured}``, where ``cost`` is what the read cost
+        (``ragate.integrations._common.usage_cost(prompt_tokens, completion_tokens, seconds)`` from your LLM's
+        usage; None: unknown, and the savings stay None). It also feeds the estimate a skip's savings come from.
+        ``{}`` where the state holds no decision of this node's still unread (a skip, or a read counted already).
+        :meth:`reading` calls it for you."""
+        record = state.get("ragate") if isinstance(state, Mapping) else getattr(state, "ragate", None)
+        key = record.get("id") if isinstance(record, Mapping) else None
+        kept = self._unread.take(key) if isinstance(key, str) else None
+        if kept is None:
+            return {}
+        chosen, earlier = kept
+        return {"ragate": {**earlier, **result_record(self.pipeline, chosen, read_elsewhere=True, read=cost)}}
 
+    def reading(self, node: Any) -> Runnable[Any, Any]:
+        """Your reading node (a function of the state, or a Runnable), with what its LLM calls cost counted:
+        ``graph.add_node("read", gate.reading(read))``. Its update gets the ``ragate`` decision with measured
+        savings (:meth:`read`): the tokens each call reported (``AIMessage.usage_metadata``, or the LLM's
+        ``llm_output`` token usage) and the seconds from each call's start to its end. Where a call reports no
+        usage, the savings stay unknown."""
+        return RagateRead(self, node)
+
+    def _invoke(self, value: Any, run_manager: CallbackManagerForChainRun) -> dict[str, Any]:
+        return self.update(question_of(value, self.question_key), callbacks=run_manager.get_child())
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
+        return self._call_with_config(self._invoke, input, config)
+
+
+class RagateRead(Runnable[Any, Any]):
+    """A LangGraph node that runs your reading node with its LLM calls' usage counted
+    (:meth:`RagateGateNode.reading`): your node's update (a dict, or None), plus ``ragate`` with the savings."""
+
+    def __init__(self, gate: RagateGateNode, node: Any) -> None:
+        self.gate, self.node = gate, coerce_to_runnable(node)
+        self.name = getattr(node, "__name__", None) or self.node.get_name()
+
+    def _merged(self, state: Any, update: Any, usage: ReadUsage) -> Any:
+        counted = self.gate.read(state, usage.cost())
+        if update is None:
+            return counted
+        if not isinstance(update, Mapping):
+            raise TypeError(
+                f"RagateGateNode.reading: your node returned a {type(update).__name__}; return a dict (the state "
+                "update) to get the savings in it"
+            )
+        return {**update, **counted}
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        usage = ReadUsage()
+        token = _READ_USAGE.set(usage)
+        try:
+            update = self.node.invoke(input, config, **kwargs)
+        finally:
+            _READ_USAGE.reset(token)
+        return self._merged(input, update, usage)
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        usage = ReadUsage()
+        token = _READ_USAGE.set(usage)
+        try:
+            update = await self.node.ainvoke(input, config, **kwargs)
+        finally:
+            _READ_USAGE.reset(token)
+        return self._merged(input, update, usage)

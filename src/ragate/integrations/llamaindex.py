@@ -12,12 +12,23 @@
   ``RetrieverQueryEngine`` that means LlamaIndex's "Empty Response": use :class:`RagateQueryEngine` there).
 
 Every response carries ``metadata["ragate"]``: the decision (``method``, ``retrieved``, ``score``, ``threshold``,
-``reason``) and ``savings`` (what the gate saved against always retrieving, as ``ragate serve`` reports it).
+``reason``) and ``savings`` (what the gate saved against always retrieving, as ``ragate serve`` reports it; where
+your LLM read the nodes, with that read's cost from the usage your LLM reported).
+
+In LlamaIndex's accounting: each call of ragate's model (the gate's draft, its continuation, ragate's own answer) is
+an LLM call, sent through the component's callback manager (so ``TokenCountingHandler`` counts it, with its token
+counts) and as ``LLMCompletionStartEvent`` / ``LLMCompletionEndEvent`` to the instrumentation; the query engines
+send ``QueryStartEvent`` / ``QueryEndEvent`` as LlamaIndex's own do.
 A node's score (``NodeWithScore.score``) is the score ragate's method ranked it by: your retriever's own (else 1/rank)
 for a method that keeps the question's top k, the AIS score for DTR and PAIRS (docs/integrations.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ragate.integrations._common import (
@@ -31,29 +42,39 @@ from ragate.integrations._common import (
     open_pipeline,
     record,
     result_record,
+    usage_cost,
 )
+from ragate.savings import Cost
 
 try:
     from llama_index.core import get_response_synthesizer
     from llama_index.core.base.base_retriever import BaseRetriever
     from llama_index.core.base.base_selector import BaseSelector, SelectorResult, SingleSelection
     from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseGen, LLMMetadata
-    from llama_index.core.base.response.schema import Response
+    from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
     from llama_index.core.bridge.pydantic import PrivateAttr
-    from llama_index.core.callbacks import CallbackManager
+    from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
     from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
     from llama_index.core.instrumentation.events import BaseEvent
+    from llama_index.core.instrumentation.events.llm import (
+        LLMChatEndEvent,
+        LLMCompletionEndEvent,
+        LLMCompletionStartEvent,
+    )
+    from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
     from llama_index.core.llms import LLM
     from llama_index.core.llms.callbacks import llm_completion_callback
     from llama_index.core.llms.custom import CustomLLM
     from llama_index.core.query_engine import CustomQueryEngine
     from llama_index.core.response_synthesizers import BaseSynthesizer
-    from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
+    from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, QueryType, TextNode
 except ImportError as err:
     raise missing("LlamaIndex (llama-index-core)", "llamaindex", err) from err
 
 if TYPE_CHECKING:
     from ragate.answers import Document
+    from ragate.methods.trace import Stage, Trace
     from ragate.pipeline import Pipeline
 
 
@@ -79,6 +100,188 @@ class RagateDecisionEvent(BaseEvent):
 
 def _announce(record: dict[str, Any]) -> None:
     dispatcher.event(RagateDecisionEvent(**record))
+
+
+# -- ragate's model calls in LlamaIndex's accounting ---------------------------------------------------------------
+def _report_calls(callback_manager: CallbackManager | None, pipeline: Pipeline, trace: Trace) -> None:
+    """Each call of ragate's model in ``trace`` (the gate's draft, its continuation, ragate's answer: every stage
+    with tokens) as one LlamaIndex LLM call, with the tokens the model reported."""
+    lm_stages = [s for s in trace.stages if s.prompt_tokens or s.completion_tokens]
+    for stage in lm_stages:
+        if stage.name == "draft" and trace.draft is not None:
+            text = trace.draft.text
+        elif stage is lm_stages[-1] and stage.name in ("answer", "continue"):
+            text = trace.answer
+        else:
+            text = ""
+        ragate_model_call(callback_manager, pipeline, trace, stage, text)
+
+
+@dispatcher.span
+def ragate_model_call(
+    callback_manager: CallbackManager | None, pipeline: Pipeline, trace: Trace, stage: Stage, text: str
+) -> None:
+    """One call of ragate's model, after it ran, as LlamaIndex reports an LLM's: ``LLMCompletionStartEvent`` and
+    ``LLMCompletionEndEvent`` in a span of its own, and an ``LLM`` event through ``callback_manager``, whose
+    ``CompletionResponse`` carries the call's usage in ``raw["usage"]`` (where ``TokenCountingHandler`` reads it).
+    The prompt is the question (ragate's prompt around it stays inside ragate)."""
+    usage = {
+        "prompt_tokens": stage.prompt_tokens,
+        "completion_tokens": stage.completion_tokens,
+        "total_tokens": stage.prompt_tokens + stage.completion_tokens,
+    }
+    response = CompletionResponse(
+        text=text, raw={"usage": usage, "ragate_stage": stage.name, "seconds": stage.seconds}
+    )
+    model = {"class_name": "ragate", "model": pipeline.model_label, "method": trace.method, "stage": stage.name}
+    extra = {"ragate_stage": stage.name}
+    dispatcher.event(LLMCompletionStartEvent(model_dict=model, prompt=trace.question, additional_kwargs=extra))
+    if callback_manager is not None:
+        start: dict[str, Any] = {
+            EventPayload.PROMPT: trace.question,
+            EventPayload.ADDITIONAL_KWARGS: extra,
+            EventPayload.SERIALIZED: model,
+        }
+        event_id = callback_manager.on_event_start(CBEventType.LLM, payload=start)
+        end: dict[str, Any] = {EventPayload.PROMPT: trace.question, EventPayload.COMPLETION: response}
+        callback_manager.on_event_end(CBEventType.LLM, payload=end, event_id=event_id)
+    dispatcher.event(LLMCompletionEndEvent(prompt=trace.question, response=response))
+
+
+# -- what your LLM's read cost, from the usage it reported -----------------------------------------------------------
+_PROMPT_KEYS = ("prompt_tokens", "input_tokens", "prompt_token_count")
+_COMPLETION_KEYS = ("completion_tokens", "output_tokens", "candidates_token_count")
+
+
+def reported_usage(response: Any) -> tuple[Any, Any] | None:
+    """The prompt and completion tokens an LLM response reports, read where LlamaIndex's ``TokenCountingHandler``
+    reads them (``raw["usage"]`` or ``raw["usage_metadata"]``, a dict or a pydantic model, under OpenAI's, Anthropic's
+    or Gemini's names); None where it reports none (``TokenCountingHandler`` would estimate them with a tokenizer:
+    ragate does not guess)."""
+    raw = getattr(response, "raw", None)
+    try:
+        found = raw if isinstance(raw, Mapping) else dict(raw or {})
+    except (TypeError, ValueError):
+        return None
+    usage = found.get("usage", found.get("usage_metadata", {}))
+    if usage is None:
+        usage = getattr(response, "additional_kwargs", None)
+    if not usage:
+        return None
+    if not isinstance(usage, Mapping):
+        dump = getattr(usage, "model_dump", None)
+        if not callable(dump):
+            return None
+        usage = dump()
+        if not isinstance(usage, Mapping):
+            return None
+    prompt = next((usage[k] for k in _PROMPT_KEYS if k in usage), None)
+    completion = next((usage[k] for k in _COMPLETION_KEYS if k in usage), None)
+    return None if prompt is None or completion is None else (prompt, completion)
+
+
+class _Reads:
+    """The LLM calls that ended inside one read (one query's only) and the usage each reported."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._raws: list[Any] = []
+        self._usages: list[tuple[Any, Any] | None] = []
+
+    def add(self, response: Any) -> None:
+        raw = getattr(response, "raw", None)
+        with self._lock:
+            # a call that wraps another (a CustomLLM's chat calling its complete) ends twice with the same raw
+            # response: counted once
+            if raw is not None and any(seen is raw for seen in self._raws):
+                return
+            self._raws.append(raw)
+            self._usages.append(None if response is None else reported_usage(response))
+
+    def cost(self, seconds: float) -> Cost | None:
+        """What the read cost: every call's tokens and the read's time; None where no call ended inside it (a
+        streamed response ends later) or one reported no usage."""
+        with self._lock:
+            usages = list(self._usages)
+        costs = [None if u is None else usage_cost(u[0], u[1], 0.0) for u in usages]
+        if not costs or any(c is None for c in costs):
+            return None
+        return Cost(sum(c.tokens for c in costs if c is not None), max(0.0, seconds))
+
+
+# The read of the query running in this context (per thread and per asyncio task; the tasks a synthesizer starts
+# inside the read copy the context, so they add to the same read); None outside one.
+_READ: contextvars.ContextVar[_Reads | None] = contextvars.ContextVar("ragate_llamaindex_read", default=None)
+
+
+class _ReadUsage(BaseEventHandler):
+    """On LlamaIndex's root dispatcher: the LLM end events of a read in progress go to that read."""
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RagateReadUsage"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        reads = _READ.get()
+        if reads is not None and isinstance(event, LLMCompletionEndEvent | LLMChatEndEvent):
+            reads.add(event.response)
+
+
+_USAGE = _ReadUsage()
+_USAGE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _reading() -> Iterator[_Reads]:
+    """The LLM calls made inside this block, by this query only (an app's other queries, in other threads or
+    tasks, add to their own)."""
+    root = get_dispatcher()
+    with _USAGE_LOCK:
+        if not any(h is _USAGE for h in root.event_handlers):
+            root.add_event_handler(_USAGE)
+    reads = _Reads()
+    token = _READ.set(reads)
+    try:
+        yield reads
+    finally:
+        _READ.reset(token)
+
+
+class _QueryEvents:
+    """``query`` and ``aquery`` as LlamaIndex's own query engines run them: a ``QueryStartEvent`` and a
+    ``QueryEndEvent`` to the instrumentation, a ``query`` trace on the callback manager (``CustomQueryEngine``'s own
+    send no events)."""
+
+    if TYPE_CHECKING:  # what the query engine it is mixed into has
+        callback_manager: CallbackManager
+
+        def custom_query(self, query_str: str) -> Any: ...
+
+        async def acustom_query(self, query_str: str) -> Any: ...
+
+    @dispatcher.span
+    def query(self, str_or_query_bundle: QueryType) -> RESPONSE_TYPE:
+        dispatcher.event(QueryStartEvent(query=str_or_query_bundle))
+        with self.callback_manager.as_trace("query"):
+            response = _response(self.custom_query(_query_str(str_or_query_bundle)))
+        dispatcher.event(QueryEndEvent(query=str_or_query_bundle, response=response))
+        return response
+
+    @dispatcher.span
+    async def aquery(self, str_or_query_bundle: QueryType) -> RESPONSE_TYPE:
+        dispatcher.event(QueryStartEvent(query=str_or_query_bundle))
+        with self.callback_manager.as_trace("query"):
+            response = _response(await self.acustom_query(_query_str(str_or_query_bundle)))
+        dispatcher.event(QueryEndEvent(query=str_or_query_bundle, response=response))
+        return response
+
+
+def _query_str(query: QueryType) -> str:
+    return query.query_str if isinstance(query, QueryBundle) else str(query)
+
+
+def _response(raw: Any) -> RESPONSE_TYPE:
+    return Response(raw) if isinstance(raw, str) else raw  # type: ignore[no-any-return]
 
 
 def as_search(retriever: BaseRetriever) -> FrameworkSearch[NodeWithScore]:
@@ -150,6 +353,7 @@ class RagateRetriever(OwnsPipeline, BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         with collecting() as seen:
             chosen = self.pipeline.retrieve(query_bundle.query_str)
+        _report_calls(self.callback_manager, self.pipeline, chosen.trace)
         _announce(result_record(self.pipeline, chosen, read_elsewhere=True))
         return _nodes(chosen.documents, seen) if chosen.retrieved else []
 
@@ -167,6 +371,8 @@ class RagateLLM(OwnsPipeline, CustomLLM):
 
     :param pipeline: a ready :class:`ragate.Pipeline` whose model answers (you close it).
     :param max_tokens: the completion length (default: the pipeline's answer length).
+    :param callback_manager: LlamaIndex's callback manager for its calls (default: ``Settings.callback_manager``'s
+        handlers); each completion reports its tokens in ``raw["usage"]``, where ``TokenCountingHandler`` reads them.
     :param options: :class:`ragate.Pipeline`'s keywords (``model``, ``backend``, ``base_url``, ``threads``, ...)
         when no pipeline is given; this LLM then owns it (``close()``).
     """
@@ -175,10 +381,20 @@ class RagateLLM(OwnsPipeline, CustomLLM):
     max_tokens: int | None = None
     _owned: bool = PrivateAttr(default=False)
 
-    def __init__(self, pipeline: Pipeline | None = None, *, max_tokens: int | None = None, **options: Any):
+    def __init__(
+        self,
+        pipeline: Pipeline | None = None,
+        *,
+        max_tokens: int | None = None,
+        callback_manager: CallbackManager | None = None,
+        **options: Any,
+    ):
         built, owned = open_model_pipeline("RagateLLM", pipeline, options)
+        fields: dict[str, Any] = {"pipeline": built, "max_tokens": max_tokens}
+        if callback_manager is not None:
+            fields["callback_manager"] = callback_manager
         with closed_on_error(built, owned):
-            super().__init__(pipeline=built, max_tokens=max_tokens)
+            super().__init__(**fields)
         self._owned = owned
 
     @classmethod
@@ -194,18 +410,24 @@ class RagateLLM(OwnsPipeline, CustomLLM):
             model_name=self.pipeline.model_label,
         )
 
-    @llm_completion_callback()
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+    def _completion(self, prompt: str) -> CompletionResponse:
         text, stage = self.pipeline.complete(prompt, max_tokens=self.max_tokens)
         usage = {"prompt_tokens": stage.prompt_tokens, "completion_tokens": stage.completion_tokens}
-        return CompletionResponse(text=text, additional_kwargs={"ragate": usage})
+        raw = {"usage": usage | {"total_tokens": stage.prompt_tokens + stage.completion_tokens}}
+        return CompletionResponse(text=text, raw=raw, additional_kwargs={"ragate": usage})
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._completion(prompt)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        response = self.complete(prompt, formatted=formatted)
+        response = self._completion(prompt)  # one LLM call (not complete(): that would report a second)
 
         def one() -> CompletionResponseGen:
-            yield CompletionResponse(text=response.text, delta=response.text, additional_kwargs=response.additional_kwargs)
+            yield CompletionResponse(
+                text=response.text, delta=response.text, raw=response.raw, additional_kwargs=response.additional_kwargs
+            )
 
         return one()
 
@@ -215,7 +437,7 @@ def _own_model(llm: LLM | None, pipeline: Pipeline) -> bool:
     return isinstance(llm, RagateLLM) and llm.pipeline.lm is pipeline.lm
 
 
-class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
+class RagateQueryEngine(OwnsPipeline, _QueryEvents, CustomQueryEngine):
     """A query engine that answers with ragate's gate over your retriever; both branches answer.
 
     Without ``llm=``: ragate's method answers both branches with its own prompts (the gate's draft continued when it
@@ -226,7 +448,14 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
     ``method="corpus-coverage"``).
 
     The response's ``source_nodes`` are the nodes read (none when it did not retrieve) and ``metadata["ragate"]``
-    the decision and the savings.
+    the decision and the savings. Where your LLM read the nodes, the savings are measured with that read: the
+    prompt and completion tokens your LLM reported for the calls the synthesizer made (``raw["usage"]``, as
+    LlamaIndex's ``TokenCountingHandler`` reads them; this query's calls only) and the read's time; the skips
+    after it get an estimate from them. Where your LLM reports no usage (or streams), they stay None.
+
+    ragate's own model calls (the gate's draft, its continuation) go to this engine's ``callback_manager`` (by
+    default ``Settings.callback_manager``'s handlers) and to the instrumentation as LLM calls; ``query`` sends
+    ``QueryStartEvent`` and ``QueryEndEvent``.
 
     Usage example::
 
@@ -240,7 +469,10 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
     :param retriever: your LlamaIndex retriever.
     :param pipeline: a ready :class:`ragate.Pipeline` instead (you close it).
     :param llm: the LLM that reads the nodes (and answers skipped questions when it is not ragate's model).
-    :param response_synthesizer: how ``llm`` reads them (default ``get_response_synthesizer(llm=llm)``).
+    :param response_synthesizer: how ``llm`` reads them (default ``get_response_synthesizer(llm=llm,
+        callback_manager=callback_manager)``).
+    :param callback_manager: LlamaIndex's callback manager (default: ``Settings.callback_manager``'s handlers):
+        ragate's model calls go through it as LLM calls, and the default synthesizer gives it to ``llm``.
     :param options: :class:`ragate.Pipeline`'s keywords (``method``, ``calibration``, ``budget``, ``base_url``,
         ...); with a :class:`RagateLLM` and no ``model=``, the gate drafts with that LLM's model (loaded once).
     """
@@ -271,7 +503,10 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
         built, owned = open_pipeline("RagateQueryEngine", pipeline, options, search)
         fields: dict[str, Any] = {"retriever": retriever, "pipeline": built, "llm": llm}
         if llm is not None:
-            fields["synthesizer"] = response_synthesizer or get_response_synthesizer(llm=llm)
+            # LlamaIndex's synthesizer puts its callback manager on the LLM: this engine's, where one is given
+            fields["synthesizer"] = response_synthesizer or get_response_synthesizer(
+                llm=llm, callback_manager=callback_manager
+            )
         if callback_manager is not None:
             fields["callback_manager"] = callback_manager
         with closed_on_error(built, owned):
@@ -283,18 +518,27 @@ class RagateQueryEngine(OwnsPipeline, CustomQueryEngine):
         if self.llm is None:
             with collecting() as seen:
                 answer = self.pipeline.answer(query_str)
+            _report_calls(self.callback_manager, self.pipeline, answer.trace)
             meta = {"ragate": result_record(self.pipeline, answer)}
             _announce(meta["ragate"])
             return Response(answer.text, source_nodes=_nodes(answer.documents, seen), metadata=meta)
         own = _own_model(self.llm, self.pipeline)
         with collecting() as seen:
             chosen = self.pipeline.retrieve(query_str, answer_skipped=own)
-        meta = {"ragate": result_record(self.pipeline, chosen, read_elsewhere=True)}
-        _announce(meta["ragate"])
+        _report_calls(self.callback_manager, self.pipeline, chosen.trace)
         if chosen.retrieved:
-            response = self.synthesizer.synthesize(query_str, nodes=_nodes(chosen.documents, seen))
+            with _reading() as reads:  # your LLM's calls in this read, with the usage each reported
+                start = time.perf_counter()
+                response = self.synthesizer.synthesize(query_str, nodes=_nodes(chosen.documents, seen))
+                seconds = time.perf_counter() - start
+            meta = {
+                "ragate": result_record(self.pipeline, chosen, read_elsewhere=True, read=reads.cost(seconds))
+            }
+            _announce(meta["ragate"])
             response.metadata = (response.metadata or {}) | meta
             return response  # type: ignore[no-any-return]
+        meta = {"ragate": result_record(self.pipeline, chosen, read_elsewhere=True)}
+        _announce(meta["ragate"])
         text = chosen.answer if own and chosen.answer is not None else self.llm.complete(query_str).text
         return Response(text, source_nodes=[], metadata=meta)
 
@@ -327,12 +571,21 @@ class RagateSelector(OwnsPipeline, BaseSelector):
     :param pipeline: a ready :class:`ragate.Pipeline` (you close it).
     :param direct: the index of the tool that answers without retrieval (default 0).
     :param retrieve: the index of the retrieving tool (default 1).
+    :param callback_manager: where ragate's model calls (the gate's draft, its continuation) go as LLM calls
+        (default: ``Settings.callback_manager``'s handlers).
     :param options: :class:`ragate.Pipeline`'s keywords (``model_of=`` a :class:`RagateLLM`'s pipeline shares its
-        model).
+        model; ``search=as_search(retriever)`` and ``corpus=`` for a gate that reads your documents, e.g.
+        ``method="corpus-coverage"``).
     """
 
     def __init__(
-        self, pipeline: Pipeline | None = None, *, direct: int = 0, retrieve: int = 1, **options: Any
+        self,
+        pipeline: Pipeline | None = None,
+        *,
+        direct: int = 0,
+        retrieve: int = 1,
+        callback_manager: CallbackManager | None = None,
+        **options: Any,
     ) -> None:
         from ragate.integrations._common import router_search
 
@@ -343,6 +596,7 @@ class RagateSelector(OwnsPipeline, BaseSelector):
         )
         self.direct, self.retrieve = direct, retrieve
         self.answers = DirectAnswers()
+        self.callback_manager = callback_manager or CallbackManager()
 
     def _get_prompts(self) -> dict[str, Any]:
         return {}
@@ -358,6 +612,7 @@ class RagateSelector(OwnsPipeline, BaseSelector):
                 f"(retrieval); the router has {len(choices)}"
             )
         chosen = self.pipeline.retrieve(query.query_str, answer_skipped=True, select=False)
+        _report_calls(self.callback_manager, self.pipeline, chosen.trace)
         record = result_record(self.pipeline, chosen, read_elsewhere=True)
         _announce(record)
         if not chosen.retrieved:
@@ -375,7 +630,7 @@ class RagateSelector(OwnsPipeline, BaseSelector):
         return RagateDirectEngine(selector=self)
 
 
-class RagateDirectEngine(CustomQueryEngine):
+class RagateDirectEngine(_QueryEvents, CustomQueryEngine):
     """The no-retrieval branch of a :class:`RagateSelector`'s router (see :meth:`RagateSelector.direct_engine`)."""
 
     selector: Any = None
@@ -385,6 +640,7 @@ class RagateDirectEngine(CustomQueryEngine):
         kept = selector.answers.take(query_str)
         if kept is None:  # a question this selector did not route: the model answers it closed-book
             chosen = selector.pipeline.retrieve(query_str, method="no-retrieval", answer_skipped=True, select=False)
+            _report_calls(self.callback_manager, selector.pipeline, chosen.trace)
             kept = (chosen, result_record(selector.pipeline, chosen))
         chosen, meta = kept
         return Response(chosen.answer or "", source_nodes=[], metadata={"ragate": meta})
