@@ -184,7 +184,7 @@ def test_a_read_counts_its_own_queries_calls_and_only_reported_usage() -> None:
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMCompletionEndEvent
 
-    from ragate.integrations.llamaindex import _reading, reported_usage
+    from ragate.integrations._llamaindex_calls import _reading, reported_usage
 
     def response(prompt: int, completion: int) -> CompletionResponse:
         return CompletionResponse(text="x", raw={"usage": {"prompt_tokens": prompt, "completion_tokens": completion}})
