@@ -93,12 +93,15 @@ class Slots:
     def take(self, kind: str = "answer") -> Work | None:
         """A slot for a request of ``kind``, or None: all are taken, or it would finish past the deadline."""
         with self._lock:
-            if self.used >= self.n or self._late(kind):
+            if self.used >= self.n:
                 return None
+            expected = None
+            if kind in self._times:  # the queue is reckoned once: the refusal and the work's expected end
+                expected, margin = self._finish(kind)
+                if self.deadline is not None and expected + margin > self.deadline:
+                    return None
             self.used += 1
-            work = Work(kind, self._clock())
-            if kind in self._times:
-                work.expected = self._finish(kind)[0]
+            work = Work(kind, self._clock(), expected=expected)
             self._at_work.append(work)
             self._on_change(self.used)
             return work
