@@ -41,11 +41,12 @@ LONG_QUESTION = (
 
 
 def _short(spec: MethodSpec) -> MethodSpec:
-    """The method with short generations and one document (the test's time); its prompts, calls and decisions
-    otherwise its own."""
+    """The method with short generations, one document and, for a dynamic method, the three-exemplar set (the
+    test's time: the authors' eight exemplars double each dynamic answer's prompt); its prompts, calls and
+    decisions otherwise its own."""
     spec = spec.with_(max_tokens=12, pseudo_max_tokens=24, expansion_max_tokens=24)
     spec = spec.with_(selector=replace(spec.selector, k=1))
-    return spec.with_(dynamic=replace(spec.dynamic, max_tokens=24, k=1)) if spec.dynamic is not None else spec
+    return spec.with_(dynamic=replace(spec.dynamic, max_tokens=24, k=1, exemplars="ragate-3")) if spec.dynamic is not None else spec
 
 
 def _with_files(spec: MethodSpec, rag: Pipeline, where: Path, cross_encoder: Path) -> MethodSpec:
