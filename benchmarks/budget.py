@@ -23,7 +23,7 @@ realised rate by about sqrt(rho (1 - rho) / m)); the batch bound covers both.
 
 ``drift``: the questions of several sweeps (one gate, one model, e.g. NQ then HotpotQA then StrategyQA), each
 shuffled, are played one phase after another as a request stream. A fixed tau, calibrated on the first W requests
-(the traffic it was deployed on), and the service's controller (:class:`ragate.budget.BudgetController`,
+(the traffic it was deployed on), and the service's controller (:class:`ragate.state.budget.BudgetController`,
 tau = the quantile of the last W scores) decide each request in turn. It prints each one's largest deviation of
 the windowed retrieval rate from rho after the first W requests, the share of requests outside rho +- 0.05, and
 accuracy per phase from the recorded closed-book and retrieval answers; ``--plot`` draws the windowed rates.
@@ -47,10 +47,10 @@ from typing import Any
 
 import numpy as np
 
-from ragate.eval.calibrate import conservative_threshold, threshold_for_budget
 from ragate.eval.sweep import compact, method_records, swept_methods
 from ragate.methods import get_method
 from ragate.service.budget import DEFAULT_GAIN, BudgetController
+from ragate.tuning.calibrate import conservative_threshold, threshold_for_budget
 
 UNCALIBRATED = ("random",)  # a coin's rate is its parameter, not a threshold on a score
 

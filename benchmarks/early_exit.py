@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from ragate.backends import load_backend
-from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.calls import CallCache, CallStore
 from ragate.eval.datasets import load_dataset
 from ragate.methods import get_method, run_method
 from ragate.methods.runner import decide
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
+from ragate.tuning.calibrate import threshold_for_budget
 
 GATES = ("targ-entropy", "targ-margin")
 

@@ -54,7 +54,6 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ragate.backends import load_backend
-from ragate.eval.calibrate import threshold_for_budget
 from ragate.eval.calls import CallCache
 from ragate.eval.datasets import DATASETS
 from ragate.eval.datasets import read_questions as dataset_questions
@@ -65,6 +64,7 @@ from ragate.methods.prompts import TARG, TARG_CONTEXT_FIRST, PromptSet
 from ragate.methods.proxy import attach_proxy
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
+from ragate.tuning.calibrate import threshold_for_budget
 
 GATES = (
     "never", "always", "ugt", "targ-entropy", "targ-margin", "targ-variance", "llm-judge", "pairs", "random",

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from ragate.eval.analysis import auroc
-from ragate.eval.learn import MIN_CLASS
 from ragate.eval.sweep import compact, finite_scores
 from ragate.eval.thresholds import threshold_for_budget
 from ragate.fileio import atomic_writer
+from ragate.learning.scores import MIN_CLASS
+from ragate.report.analysis import auroc
 
 STALE = ("targ-entropy", "targ-margin")  # scored before issue 51 as a mean over the tokens present
 BUDGETS = (0.1, 0.2, 0.3, 0.5)

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from ragate.backends import load_backend
 from ragate.eval.calls import CallCache
-from ragate.eval.skr import sweep_questions
 from ragate.fileio import atomic_writer
 from ragate.gates.learned import DRAFT_TOKENS, draft_scores
+from ragate.learning.sweeps import sweep_questions
 from ragate.methods import get_method
 from ragate.methods.question import QuestionRun
 from ragate.models import model_identity

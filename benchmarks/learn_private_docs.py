@@ -144,11 +144,11 @@ def learn(out: Path) -> None:
 
 
 def judge(out: Path, seed: int) -> None:
-    from ragate.eval.learn import fit_probe
     from ragate.eval.metrics import regex_match
-    from ragate.feedback import FeedbackStore
     from ragate.gates.learned import load_learned
-    from ragate.learning import _labelled
+    from ragate.learning.fit import _labelled
+    from ragate.learning.scores import fit_probe
+    from ragate.learning.store import FeedbackStore
 
     questions = {q["id"]: q for q in (json.loads(x) for x in QUESTIONS.read_text().splitlines() if x.strip())}
     answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
@@ -190,8 +190,8 @@ def judge(out: Path, seed: int) -> None:
 
 def report(out: Path, seed: int = 0) -> str:
     """The tables, from ``DIR/judged.jsonl`` alone (the docs' generated block)."""
-    from ragate.eval.analysis import auroc
-    from ragate.eval.learn import Labelled, _raw_probe, auroc_interval, paired_auroc_gap
+    from ragate.learning.scores import Labelled, _raw_probe, auroc_interval, paired_auroc_gap
+    from ragate.report.analysis import auroc
 
     judged = [json.loads(x) for x in (out / "judged.jsonl").read_text().splitlines()]
     y = np.array([j["closed_wrong"] for j in judged])

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/learned_gate.py [--out FILE.md] [--blocks] [--write-gates DIR]
 
-For each dataset it fits :mod:`ragate.eval.learn`'s probe on the training sweep's questions only (labels from
+For each dataset it fits :mod:`ragate.learning.scores`'s probe on the training sweep's questions only (labels from
 their records; hidden states from ``benchmarks/hidden_states.py``) and scores the test sweep's 300 questions,
 which it never saw. Two label sources: **gold** (the closed-book answer is wrong: acc = 0, as the cost-quality
 table's AUROC) and **silver** (retrieval changed the answer: the closed-book and the retrieval answers' token F1 is
@@ -29,7 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hidden_states import read_hidden
 
 from ragate.errors import RagateError
-from ragate.eval.learn import (
+from ragate.eval.metrics import f1, paired_bootstrap_diff
+from ragate.gates.learned import DRAFT_FEATURES, LearnedGateFile, save_learned
+from ragate.gates.signals import QUESTION_FEATURES
+from ragate.learning.fit import question_digests
+from ragate.learning.scores import (
     Labelled,
     auroc_interval,
     cascade_probabilities,
@@ -40,11 +44,7 @@ from ragate.eval.learn import (
     paired_auroc_gap,
     tune,
 )
-from ragate.eval.metrics import f1, paired_bootstrap_diff
-from ragate.eval.skr import sweep_questions
-from ragate.gates.learned import DRAFT_FEATURES, LearnedGateFile, save_learned
-from ragate.gates.signals import QUESTION_FEATURES
-from ragate.learning import question_digests
+from ragate.learning.sweeps import sweep_questions
 
 RUNS = Path("docs/results/runs")
 MODEL = "qwen2.5-coder-1.5b"

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ragate.eval.analysis import auroc
-from ragate.eval.gatefit import _cross_validated, record_label
-from ragate.eval.skr import sweep_questions
 from ragate.gates import nomodel as nm
+from ragate.learning.gatefit import _cross_validated, record_label
+from ragate.learning.sweeps import sweep_questions
+from ragate.report.analysis import auroc
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
 

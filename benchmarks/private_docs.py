@@ -41,9 +41,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ragate.eval.calibrate import cross_fitted_taus, halves
 from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.sweep import compact
+from ragate.tuning.calibrate import cross_fitted_taus, halves
 
 ROOT = Path(__file__).resolve().parent / "private_docs"
 QUESTIONS = ROOT / "questions.jsonl"

@@ -5,7 +5,7 @@ sweep's recorded gate scores through N controllers: no LM calls.
         [--replicas 2,4] [--passes 6] [--seed 0]
 
 It starts a redis-server (or valkey-server) on a free 127.0.0.1 port. Each pass plays the sweep's questions in a
-new random order; each request goes to one of N replicas' controllers (:class:`ragate.budget.BudgetController`):
+new random order; each request goes to one of N replicas' controllers (:class:`ragate.state.budget.BudgetController`):
 at random ("random"), or with the hardest half of the questions (score above the median) sent to replica 1 and
 the rest spread over the others ("skewed": another client population behind one replica). Each replica decides
 with its controller's tau and reports the decision back, with its window in the store (shared) or its own
@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ragate.budget import BudgetController
 from ragate.eval.sweep import compact, method_records
 from ragate.methods import get_method
-from ragate.shared import SharedWindow, parse_state_url
+from ragate.state.budget import BudgetController
+from ragate.state.shared import SharedWindow, parse_state_url
 
 DEFAULT_SWEEP = (
     Path(__file__).resolve().parents[1] / "docs/results/runs/sweep-gates-nq-open-oracle-qwen2.5-coder-1.5b-300"

@@ -21,10 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from ragate.eval.calibrate import calibrate_from_sweep
 from ragate.eval.datasets import load_dataset
 from ragate.eval.sweep import compact, method_records
 from ragate.fileio import atomic_writer
+from ragate.tuning.calibrate import calibrate_from_sweep
 
 
 def main() -> int:

@@ -45,11 +45,11 @@ from typing import Any
 
 import numpy as np
 
-from ragate.eval.matched import matched_markdown, point_label, references, single_point, swept_point
 from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.records import by_method, latest, read_records
 from ragate.eval.sweep import compact, default_records, method_records
 from ragate.eval.thresholds import threshold_for_budget
+from ragate.report.matched import matched_markdown, point_label, references, single_point, swept_point
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC_NAME = {"em": "EM", "f1": "F1", "acc": "acc"}
@@ -287,7 +287,7 @@ def methods_table(res: Results, table: Mapping[str, Any]) -> str:
 
 def budget_table(res: Results, table: Mapping[str, Any]) -> str:
     """TARG Tables 3-4 at tau = F^-1(1 - rho): each gate against Always-RAG of its reader and a random gate at the
-    same rate (ragate.eval.matched), with the spec's labels; single-point runs (FLARE) enter at their own rate."""
+    same rate (ragate.report.matched), with the spec's labels; single-point runs (FLARE) enter at their own rate."""
     metric = table.get("metric", "acc")
     sweep = res.sweep(table["sweep"])
     labels: dict[str, str] = dict(table.get("labels", {}))

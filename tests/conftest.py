@@ -134,7 +134,7 @@ DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"
 def demo_gate(tmp_path_factory: pytest.TempPathFactory, llama_backend: Any) -> Path:
     """A learned gate (ragate.gates.learned) fitted on the demo sweep's silver labels and SmolLM2's hidden states."""
     from ragate.eval.calls import CallCache
-    from ragate.learning import learn_labelled, sweep_labelled
+    from ragate.learning.fit import learn_labelled, sweep_labelled
 
     lm = CallCache(llama_backend, None, "smollm2", exact_prefixes=True)
     data, questions = sweep_labelled(DEMO_SWEEP, lm, label="retrieval-changed", family=DEMO_FAMILY)

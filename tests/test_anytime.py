@@ -19,8 +19,8 @@ import pytest
 from ragate.backends.base import Capabilities
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.errors import RagateError
-from ragate.eval.prefixes import choose_prefix, parse_prefixes, prefix_method
 from ragate.methods import get_method, run_method
+from ragate.tuning.prefixes import choose_prefix, parse_prefixes, prefix_method
 from ragate.types import GenerationRequest
 
 CAPS = Capabilities(
@@ -162,9 +162,9 @@ def test_calibrate_prefixes_from_a_sweep_saves_the_chosen_gates_calibration(
 def test_a_tau_k_set_on_a_sweep_holds_its_budget_on_those_questions_live(
     demo_sweep: Path, tmp_path: Path
 ) -> None:
-    from ragate.eval.calibrate import calibrate_from_sweep
     from ragate.eval.datasets import load_dataset
     from ragate.pipeline import Pipeline
+    from ragate.tuning.calibrate import calibrate_from_sweep
 
     cal = calibrate_from_sweep(demo_sweep, "targ-margin@k=5", 0.34)
     assert cal["seed"] == 0  # the sweep's seed, recorded with its model and engine

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragate.backends.scripted import ScriptedBackend, make_generation
-from ragate.eval.calibrate import retrieval_rate, threshold_for_budget
 from ragate.methods import decide, get_method, run_method
+from ragate.tuning.calibrate import retrieval_rate, threshold_for_budget
 
 
 def test_threshold_for_budget_hand_values() -> None:
@@ -57,7 +57,7 @@ def test_decide_pays_only_for_the_gate_and_scores_like_run_method() -> None:
 def test_the_conservative_threshold_is_the_first_order_statistic_the_binomial_allows() -> None:
     from scipy.stats import binom
 
-    from ragate.eval.calibrate import conservative_threshold
+    from ragate.tuning.calibrate import conservative_threshold
 
     scores = [i / 100 for i in range(100)]  # 0.00 .. 0.99
     bound = conservative_threshold(scores, 0.2, 0.95)
@@ -77,7 +77,7 @@ def test_the_conservative_threshold_exceeds_the_budget_in_at_most_delta_of_dev_s
     conservative threshold in at most 5% (+ Monte Carlo error), also when scores tie (a 5-valued gate)."""
     import numpy as np
 
-    from ragate.eval.calibrate import conservative_threshold
+    from ragate.tuning.calibrate import conservative_threshold
 
     rng = np.random.default_rng(0)
     budget, delta = 0.3, 0.05
@@ -99,7 +99,7 @@ def test_the_conservative_threshold_exceeds_the_budget_in_at_most_delta_of_dev_s
 
 
 def test_too_few_dev_questions_for_the_confidence_is_a_named_error() -> None:
-    from ragate.eval.calibrate import conservative_threshold
+    from ragate.tuning.calibrate import conservative_threshold
 
     with pytest.raises(
         ValueError, match="cannot bound a retrieval rate of 0.05 at confidence 0.95: score at least 59"
@@ -115,7 +115,7 @@ def test_the_batch_bound_holds_for_the_realised_rate_of_a_finite_test_set() -> N
     delta. The batch bound (beta-binomial) covers the test set's noise too."""
     import numpy as np
 
-    from ragate.eval.calibrate import conservative_threshold
+    from ragate.tuning.calibrate import conservative_threshold
 
     rng = np.random.default_rng(1)
     budget, delta, trials = 0.3, 0.05, 2000
@@ -154,7 +154,7 @@ def test_a_calibration_of_another_gate_or_model_is_refused(
 
 
 def test_cross_fitted_taus_never_use_the_questions_own_scores() -> None:
-    from ragate.eval.calibrate import cross_fitted_taus, halves, threshold_for_budget
+    from ragate.tuning.calibrate import cross_fitted_taus, halves, threshold_for_budget
 
     ids = [f"q{i}" for i in range(8)]
     scores = [0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6, 0.4]

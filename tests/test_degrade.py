@@ -362,9 +362,9 @@ def test_the_demo_questions_sit_clear_of_the_shipped_tau() -> None:
     """`make demo`'s two questions score at least 0.05 from the shipped tau over their whole drafts, in the
     committed sweep the calibration file was computed from (issue 66: the retrieved one was read as 0.0009 above
     tau; that was the early-exit bound, but the old file's tau came from scores in the old, present-token form)."""
-    from ragate.eval.calibrate import calibrate_from_sweep
     from ragate.eval.datasets import load_dataset
     from ragate.eval.sweep import compact, method_records
+    from ragate.tuning.calibrate import calibrate_from_sweep
 
     root = Path(__file__).resolve().parents[1]
     make = (root / "Makefile").read_text(encoding="utf-8")

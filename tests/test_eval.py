@@ -158,8 +158,8 @@ def test_a_sweeps_default_records_equal_a_direct_eval_and_join_its_report(
     """Issue G: an eval run's report takes what a sweep on the same questions already answered (gates at their
     default thresholds, never/always with a swept family's prompts) instead of computing it again; those rows
     are the answers a direct eval gives."""
-    from ragate.eval.report import write_report
     from ragate.eval.sweep import default_records, sweep_pass
+    from ragate.report.tables import write_report
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
 

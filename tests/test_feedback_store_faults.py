@@ -33,8 +33,8 @@ from test_service import _error, _free_port, _stop, _wait
 
 import ragate
 from ragate.errors import ArgumentTypeError, RagateError
-from ragate.feedback import FeedbackStore, StoreWriteError
-from ragate.shared import StoreUnavailable
+from ragate.learning.store import FeedbackStore, StoreWriteError
+from ragate.state.shared import StoreUnavailable
 
 KEY = "store-key-3"
 FILE_LIMIT = 128 * 1024  # bytes any file of the served process may reach: the store's log fills after a few answers

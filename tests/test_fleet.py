@@ -305,8 +305,8 @@ def test_over_a_server_drafts_are_answered_whole_and_dynamic_methods_refused_fir
 
 def test_every_pack_names_real_methods_and_datasets() -> None:
     from ragate.eval.datasets import DATASETS
-    from ragate.eval.reproduce import load_pack, pack_names
     from ragate.methods import get_method
+    from ragate.report.reproduce import load_pack, pack_names
 
     assert pack_names() == ["dtr-table2", "etc-table2", "pairs-table2", "targ-table1"]
     for name in pack_names():
@@ -345,8 +345,8 @@ def test_reproduce_puts_the_paper_beside_ragate(server: str, tmp_path: Path, cap
     assert "at the paper's rate 0.304" in rows["MARGIN"]["note"]
     # tau is cross-fitted: each half of the 4 questions is decided at the tau the other half's scores give
     assert "each half of the questions decided at the tau of the other half's scores" in rows["MARGIN"]["note"]
-    from ragate.eval.calibrate import cross_fitted_taus, halves
     from ragate.eval.sweep import compact
+    from ragate.tuning.calibrate import cross_fitted_taus, halves
 
     sweep = [r for r in compact(tmp_path / "r" / "nq-open-sweep" / "sweep.jsonl") if "targ-margin" in r["gates"]]
     scores, half = [r["gates"]["targ-margin"]["score"] for r in sweep], halves([r["id"] for r in sweep])

@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragate.errors import RagateError
-from ragate.eval.calibrate import check_calibration, read_calibration
 from ragate.pipeline import Calibration
 from ragate.retrieval.corpus import demo_dir
+from ragate.tuning.calibrate import check_calibration, read_calibration
 
 DEMO = json.loads((demo_dir() / "targ-margin-smollm2-135m-budget-0.5.json").read_text())
 BOUNDED = Calibration(

@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.errors import RagateError, RunFormatError
-from ragate.eval.calibrate import calibrate_from_sweep
 from ragate.eval.datasets import Example, load_dataset
 from ragate.eval.run import EvalConfig
-from ragate.eval.skr import _records as skr_records
 from ragate.eval.sweep import compact, default_records, frontier, sweep_pass, write_sweep
 from ragate.gates.skr import needs_retrieval
+from ragate.learning.sweeps import _records as skr_records
 from ragate.retrieval.corpus import demo_dir, read_passages
 from ragate.retrieval.index import build_index, open_index
+from ragate.tuning.calibrate import calibrate_from_sweep
 from ragate.types import GenerationRequest
 
 METHODS = ("targ-margin", "targ-entropy", "no-retrieval", "standard-rag")

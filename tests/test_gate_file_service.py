@@ -28,9 +28,9 @@ from test_service import _free_port, _serve, _stop
 
 from ragate.cli.main import main
 from ragate.errors import RagateError
-from ragate.eval.learn import learn_gate
 from ragate.gates.learned import LearnedGateFile, load_learned, save_learned
 from ragate.gates.weights import GateWeights, load_weights, save_weights
+from ragate.learning.scores import learn_gate
 
 KEY = "gate-file-key"
 QUESTIONS = ("Who wrote Hamlet?", "What is the capital of France?", "Which river runs through Paris in 1999?")

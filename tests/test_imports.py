@@ -35,15 +35,19 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dynamic RAG", ("dynamic/",)),
     ("method runner", ("methods/__init__.py", "methods/question.py", "methods/runner.py", "methods/crag_lite.py")),
     ("evaluation", ("eval/",)),
-    ("traces and savings", ("tracing.py", "savings.py")),
-    ("budget", ("budget.py", "shared.py")),
-    ("learning", ("feedback.py", "shared_feedback.py", "shadow.py", "learning.py", "traffic.py")),
-    ("pipeline", ("pipeline.py", "answers.py", "arguments.py", "paper_tau.py")),
+    ("tuning", ("tuning/",)),
+    ("reporting", ("report/",)),
+    ("answers and traces", ("answers/", "tracing.py")),
+    ("live state", ("state/",)),
+    ("learning", ("learning/",)),
+    ("pipeline", ("pipeline.py", "arguments.py")),
     ("framework adapters", ("integrations/",)),
     ("service", ("service/",)),
     ("command line", ("cli/",)),
     ("public names", ("__init__.py",)),
 )
+MAX_TOP_MODULES = 12  # modules loose at the top of src/ragate/ (__init__.py aside)
+MAX_PACKAGE_SHARE = 0.15  # of src/ragate's lines, in any one package
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,57 @@ def test_no_module_over_600_lines() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
+
+
+def test_the_top_holds_few_modules_and_no_package_holds_over_its_share() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top of src/ragate/ (at most {MAX_TOP_MODULES}): {top}"
+    lines = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")}
+    total = sum(lines.values())
+    shares = {
+        folder.name: sum(n for path, n in lines.items() if folder in path.parents) / total
+        for folder in PACKAGE.iterdir()
+        if folder.is_dir() and (folder / "__init__.py").is_file()
+    }
+    over = {name: round(share, 3) for name, share in shares.items() if share > MAX_PACKAGE_SHARE}
+    assert not over, f"packages over {MAX_PACKAGE_SHARE:.0%} of src/ragate's lines (split them by concern): {over}"
+
+
+def may_import(package: Path) -> set[str] | None:
+    """The layers a package's docstring says its modules may import (its "May import:" line), or None."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    said = re.search(r"May import: ([^(]*)", " ".join(doc.split()))
+    return None if said is None else {name.strip() for name in said[1].rstrip(". ").split(",")}
+
+
+def test_each_package_says_what_it_may_import_and_imports_no_more() -> None:
+    """A package of a concern (learning, state, answers, tuning, report, eval) names in its docstring the packages
+    and top-level layers it may import, each below it in the table; its modules import nothing else of ragate."""
+    names = [name for name, _ in LAYERS]
+    short = {"core": "core", "models": "models", "backends": "backends", "retrieval": "retrieval", "gates": "gates",
+             "selection": "selection", "methods": "method runner", "dynamic": "dynamic RAG", "eval": "evaluation",
+             "tuning": "tuning", "report": "reporting", "answers": "answers and traces", "state": "live state",
+             "learning": "learning", "extensions": "extensions"}  # fmt: skip
+    checked, wrong = 0, []
+    for package in ("learning", "state", "answers", "tuning", "report", "eval"):
+        said = may_import(PACKAGE / package)
+        assert said, f"src/ragate/{package}/__init__.py does not say what it may import (a 'May import:' line)"
+        own = names.index(short[package])
+        allowed = {names.index(short[name]) for name in said}
+        assert all(i < own for i in allowed), f"{package} may import a layer not below it: {said}"
+        for e in edges():
+            if e.source.split(".")[:2] != ["ragate", package] or e.target.split(".")[:2] == ["ragate", package]:
+                continue
+            layer = layer_of(e.target)
+            assert layer is not None
+            extra = {"extensions"} if "core" in said else set()  # the registry sits beside the core
+            ok = {names.index(short[name]) for name in said | extra}
+            if layer not in ok and not (names[layer] == "method recipes" and "methods" in said):
+                wrong.append(f"{e.source} imports {e.target} ({names[layer]}) at line {e.line}, not among what "
+                             f"{package}/ may import: {sorted(said)}")  # fmt: skip
+            checked += 1
+    assert not wrong, "\n".join(wrong)
+    assert checked > 50
 
 
 def test_every_module_says_what_it_owns() -> None:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from ragate.errors import RagateError
-from ragate.eval.learn import (
+from ragate.gates.learned import load_learned, save_learned
+from ragate.learning.scores import (
     MIN_CLASS,
     Labelled,
     cascade_probabilities,
@@ -26,8 +27,7 @@ from ragate.eval.learn import (
     learn_gate,
     paired_auroc_gap,
 )
-from ragate.feedback import FeedbackStore, UnknownAnswer, answer_correct, answers_agree, pending_labels
-from ragate.gates.learned import load_learned, save_learned
+from ragate.learning.store import FeedbackStore, UnknownAnswer, answer_correct, answers_agree, pending_labels
 
 DEMO_SWEEP = Path(__file__).parent.parent / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
 DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"
@@ -64,7 +64,7 @@ def test_a_fit_refuses_too_few_labels_naming_how_many_more() -> None:
 
 
 def test_the_default_label_is_the_one_the_store_can_fit() -> None:
-    from ragate.learning import choose_label
+    from ragate.learning.fit import choose_label
 
     def counts(gold: tuple[int, int], silver: tuple[int, int]) -> dict[str, dict[str, int]]:
         return {
@@ -228,7 +228,7 @@ def test_an_acknowledged_label_survives_kill_9(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os, signal, numpy as np
-        from ragate.feedback import FeedbackStore
+        from ragate.learning.store import FeedbackStore
         s = FeedbackStore({str(db)!r})
         for i in range(20):
             s.record_answer(f"a{{i}}", question="q", method="m", prompts="p", answer="x", retrieved=False,
@@ -323,7 +323,7 @@ def test_sweep_eval_calibrate_and_report_take_a_learned_gate(
 def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_the_cascade_in_force(
     tmp_path: Path, llama_backend: object
 ) -> None:
-    from ragate.learning import import_sweep
+    from ragate.learning.fit import import_sweep
     from ragate.pipeline import Pipeline
 
     demo = Path(__file__).parent.parent / "src/ragate/data/demo/questions.jsonl"
@@ -331,23 +331,23 @@ def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_th
     with Pipeline(
         "targ-entropy", lm=llama_backend, feedback_store=tmp_path / "fb.db", shadow=1.0, threshold=1.0, k=3,  # type: ignore[arg-type]
     ) as rag:  # fmt: skip
-        assert rag.store is not None and rag.shadow is not None
-        imported = import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY, limit=50)  # labelled runs
-        assert imported == 50 and import_sweep(rag.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY, limit=50) == 0
+        assert rag.learner.store is not None and rag.learner.shadow is not None
+        imported = import_sweep(rag.learner.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY, limit=50)  # labelled runs
+        assert imported == 50 and import_sweep(rag.learner.store, DEMO_SWEEP, rag.lm, family=DEMO_FAMILY, limit=50) == 0
         answers = [rag.answer(q) for q in questions[:6]]  # live traffic: shadow answers label it
         assert all(a.id for a in answers) and len({a.id for a in answers}) == 6
-        assert rag.shadow.wait(300) and rag.shadow.describe()["done"] == 6
+        assert rag.learner.shadow.wait(300) and rag.learner.shadow.describe()["done"] == 6
         closed = (
             next(a for a in answers if not a.retrieved) if any(not a.retrieved for a in answers) else None
         )
         if closed is not None:
             said = rag.feedback(closed, correct=False)
             assert said.labels == (("closed-wrong", True),) and said.pending == ()
-        counts = rag.store.counts()
+        counts = rag.learner.store.counts()
         changed = counts["retrieval-changed"]
         assert changed["retrieve"] + changed["no_retrieve"] == 56
         learned = rag.learn(tmp_path / "gate.json", label="retrieval-changed", cascade=0.4)
-        assert rag.spec.gate.kind == "learned" and rag.gate_file == str(learned.path)
+        assert rag.spec.gate.kind == "learned" and rag.learner.gate_file == str(learned.path)
         assert abs(float(learned.report["drafted_share"]) - 0.4) < 0.05
         later = [rag.answer(q) for q in questions[6:16]]
         reasons = [a.decision.reason for a in later]
@@ -356,11 +356,11 @@ def test_the_pipeline_learns_from_sweeps_shadow_answers_and_feedback_and_puts_th
         from ragate.service.refit import Refit  # serve --refit-every: a new label, a new gate in force
 
         refit = Refit(rag, 1, tmp_path / "refit.json")
-        rag.store.add_label(later[0].id, source="feedback", kind="retrieval-changed", value=True)
+        rag.learner.store.add_label(later[0].id, source="feedback", kind="retrieval-changed", value=True)
         refit.check()
         refit.wait(300)
         assert refit.fits == 1 and refit.last_error is None, json.dumps(refit.describe())
-        assert rag.gate_file == str(tmp_path / "refit.json") and (tmp_path / "refit.json").is_file()
+        assert rag.learner.gate_file == str(tmp_path / "refit.json") and (tmp_path / "refit.json").is_file()
 
 
 def test_gate_learn_on_a_store_prints_its_report_and_refuses_what_it_cannot_use(
@@ -458,19 +458,19 @@ def test_feedback_on_a_retrieved_answer_labels_it_and_queues_its_closed_book_twi
     with ragate.Pipeline(
         "standard-rag", lm=llama_backend, feedback_store=tmp_path / "fb.db", shadow=1e-9, k=2,  # type: ignore[arg-type]
     ) as rag:  # fmt: skip  (a shadow worker that samples nothing by itself)
-        assert rag.shadow is not None and rag.store is not None
+        assert rag.learner.shadow is not None and rag.learner.store is not None
         ans = rag.answer("where do the greasers live in the outsiders")
-        assert ans.retrieved and ans.id and rag.shadow.describe()["sampled"] == 0
+        assert ans.retrieved and ans.id and rag.learner.shadow.describe()["sampled"] == 0
         said = rag.feedback(ans, reference="Tulsa, Oklahoma")
         assert [kind for kind, _ in said.labels] == ["retrieved-wrong"] and said.pending == ("closed-wrong",)
-        assert rag.shadow.wait(300)
-        seen = rag.shadow.describe()
+        assert rag.learner.shadow.wait(300)
+        seen = rag.learner.shadow.describe()
         assert seen["done"] == 1 and seen["failed"] == 0, seen
-        counts = rag.store.counts()
+        counts = rag.learner.store.counts()
         assert sum(counts["closed-wrong"].values()) == 1 and sum(counts["retrieved-wrong"].values()) == 1
-        row = rag.store.get(ans.id)
+        row = rag.learner.store.get(ans.id)
         assert row is not None and row.closed_answer is not None  # the twin came from the shadow context
-        assert rag.turns is not None and rag.turns.describe()["shadow_steps"] > 0
+        assert rag.learner.turns is not None and rag.learner.turns.describe()["shadow_steps"] > 0
     assert getattr(llama_backend, "step", None) is None  # the caller's backend is left without the pipeline's turns
 
 
@@ -495,7 +495,7 @@ def _store_for_comparison(path: Path, *, gate_ranks: bool, n: int = 60, seed: in
 
 @pytest.mark.parametrize("gate_ranks", [True, False])
 def test_a_learned_gate_is_compared_with_the_gate_that_scored_the_answers(tmp_path: Path, gate_ranks: bool) -> None:
-    from ragate.learning import learn_from_store
+    from ragate.learning.fit import learn_from_store
 
     with _store_for_comparison(tmp_path / "fb.db", gate_ranks=gate_ranks) as store:
         learned = learn_from_store(store, tmp_path / "gate.json", label=None, prompts="targ-question-first")
@@ -516,16 +516,16 @@ def test_pipeline_learn_puts_a_gate_in_force_only_when_it_earns_it(llama_backend
     with ragate.Pipeline("targ-entropy", lm=llama_backend, feedback_store=tmp_path / "fb.db") as rag:  # type: ignore[arg-type]
         learned = rag.learn(tmp_path / "gate.json")
         assert learned.comparison is not None and not learned.comparison.earns
-        assert rag.spec.gate.kind == "targ-entropy" and rag.gate_file is None  # the gate in force stays
+        assert rag.spec.gate.kind == "targ-entropy" and rag.learner.gate_file is None  # the gate in force stays
         assert not (tmp_path / "gate.json").exists() and learned.path == tmp_path / "gate.candidate.json"
     _store_for_comparison(tmp_path / "fb2.db", gate_ranks=False).close()
     with ragate.Pipeline("targ-entropy", lm=llama_backend, feedback_store=tmp_path / "fb2.db") as rag:  # type: ignore[arg-type]
         for q in ("Who wrote Hamlet?", "What is the capital of France?"):
             rag.answer(q)  # the traffic's rate: the new gate's tau keeps it
-        rate = rag._band.rate()
+        rate = rag.learner.band.rate()
         learned = rag.learn(tmp_path / "gate2.json")
         assert learned.comparison is not None and learned.comparison.earns
-        assert rag.spec.gate.kind == "learned" and rag.gate_file == str(tmp_path / "gate2.json")
+        assert rag.spec.gate.kind == "learned" and rag.learner.gate_file == str(tmp_path / "gate2.json")
         tau = rag.spec.gate.threshold
         assert rate is not None and tau is not None
         assert abs(float(np.mean(np.array(learned.cross_fitted) > tau)) - rate) <= 0.05

@@ -147,7 +147,7 @@ def test_shadow_answers_label_requests_and_feedback_is_checked(
 def test_an_acknowledged_label_survives_kill_9_during_shadow_work(
     shadow_server: tuple[str, Path, subprocess.Popen[bytes]],
 ) -> None:
-    from ragate.feedback import FeedbackStore
+    from ragate.learning.store import FeedbackStore
 
     url, store, proc = shadow_server
     with httpx.Client(base_url=url, timeout=120) as http:
@@ -201,7 +201,7 @@ def test_sigterm_stops_serve_with_shadow_work_queued(tmp_path: Path, smollm2_pat
     dropped), and the feedback store opens afterwards with every answer it gave."""
     import threading
 
-    from ragate.feedback import FeedbackStore
+    from ragate.learning.store import FeedbackStore
 
     store = tmp_path / "feedback.db"
     log = tmp_path / "serve.log"

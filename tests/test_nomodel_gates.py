@@ -152,7 +152,7 @@ def _answer(text: str) -> Any:
 
 
 def test_retrieval_gate_decides_with_no_lm_call_and_the_reader_reads_its_search(wiki_hybrid: Any) -> None:
-    from ragate.savings import retrieval_path
+    from ragate.answers.savings import retrieval_path
 
     lm = ScriptedBackend([_answer("1921")])
     spec = get_method("retrieval-top1").with_threshold(0.1)  # retrieve
@@ -341,8 +341,8 @@ def test_fit_on_the_demo_sweep_round_trips_and_matches_scikit_learn(demo_weights
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from ragate.eval.gatefit import feature_matrix, record_label
-    from ragate.eval.skr import sweep_questions
+    from ragate.learning.gatefit import feature_matrix, record_label
+    from ragate.learning.sweeps import sweep_questions
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
 
@@ -366,7 +366,7 @@ def test_fit_on_the_demo_sweep_round_trips_and_matches_scikit_learn(demo_weights
 
 
 def test_fit_refuses_one_label_and_a_gate_without_weights(tmp_path: Path) -> None:
-    from ragate.eval.gatefit import fit_gate
+    from ragate.learning.gatefit import fit_gate
 
     with pytest.raises(RagateError, match="all 80 records .* labelled 'closed-wrong' = True by em"):
         fit_gate(DEMO_SWEEP, family=DEMO_FAMILY, metric="em")
@@ -416,9 +416,9 @@ def _echo(request: GenerationRequest) -> Any:
 
 
 def test_sweep_and_calibration_take_the_gates(wiki_hybrid: Any, tmp_path: Path) -> None:
-    from ragate.eval.calibrate import check_calibratable, threshold_from_scores
     from ragate.eval.run import EvalConfig
     from ragate.eval.sweep import frontier, sweep_pass
+    from ragate.tuning.calibrate import check_calibratable, threshold_from_scores
 
     weights = _scripted_weights(tmp_path, wiki_hybrid)
     methods = ("targ-margin", *GATES)
@@ -475,7 +475,7 @@ def test_pipeline_decide_calibrate_and_budget_take_them(wiki_hybrid: Any, tmp_pa
 
 
 def test_calibrate_from_dev_opens_the_index_for_a_gate_that_searches(smollm2_path: Path, minilm: Any) -> None:
-    from ragate.eval.calibrate import calibrate
+    from ragate.tuning.calibrate import calibrate
 
     found = calibrate(method="retrieval-gap", dev="demo", budget=0.5, limit=6, progress=False)
     assert found["n"] == 6 and found["gate"] == "retrieval-gap" and math.isfinite(found["tau"])

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from ragate.eval.reproduce import load_pack, pack_names
+from ragate.report.reproduce import load_pack, pack_names
 
 PAPERS = Path(__file__).parents[2] / "shared" / "papers"
 

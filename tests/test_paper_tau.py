@@ -10,7 +10,7 @@ import pytest
 import ragate
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.methods import get_method
-from ragate.paper_tau import model_size, tau_hint
+from ragate.methods.paper_tau import model_size, tau_hint
 
 TOKENS = ["Seven", " years", ".", "\n"]
 LOGPROBS = [-0.9, -1.5, -0.4, -2.0]

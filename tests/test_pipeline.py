@@ -262,8 +262,8 @@ def test_a_budget_holds_over_the_calls_a_pipeline_answers(smollm2_path: Path, wi
 
 
 def test_calibration_files_and_questions_are_read_strictly(tmp_path: Path) -> None:
-    from ragate.eval.calibrate import read_calibration
     from ragate.eval.datasets import read_questions
+    from ragate.tuning.calibrate import read_calibration
 
     (tmp_path / "q.txt").write_text("first?\n\n  second?  \n")
     assert read_questions(tmp_path / "q.txt") == ["first?", "second?"]
@@ -404,7 +404,7 @@ def test_a_framework_reads_with_the_gates_own_model_and_never_pays_the_draft_twi
             rag.complete([("tool", "x")])
 
         with ragate.Pipeline(method="no-retrieval", model_of=rag, search=nothing) as other:
-            assert other.lm is rag.lm and other._lock is rag._lock and other.turns is rag.turns  # one model, one lock
+            assert other.lm is rag.lm and other._lock is rag._lock and other.learner.turns is rag.learner.turns  # one model, one lock
         with pytest.raises(RagateError, match="drop model="):
             ragate.Pipeline(method="no-retrieval", model_of=rag, model="smollm2-135m", search=nothing)
         saved = rag.savings(answered.trace)

@@ -174,7 +174,7 @@ def test_a_ray_address_where_nothing_answers_fails_within_the_start_timeout(tmp_
 
 
 def test_tune_runs_each_value_on_ray(cluster: None, tmp_path: Path) -> None:
-    from ragate.eval.tune import tune
+    from ragate.tuning.tune import tune
 
     result = tune(method="flare", dataset="demo", out=tmp_path / "tune", limit=2, grid=[0.5], test_limit=0,
                   progress=False, cache=False, run_engine="ray", ray_workers=1)  # fmt: skip

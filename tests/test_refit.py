@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ragate.service.refit import Refit
@@ -32,7 +33,7 @@ class _Store:
 
 class _Pipeline:
     def __init__(self) -> None:
-        self.store, self.fitted = _Store(), []
+        self.learner, self.fitted = SimpleNamespace(store=_Store()), []
 
     def learn(self, out: Any, *, label: str | None, cascade: Any, use: bool) -> Any:
         self.fitted.append(label)
@@ -49,7 +50,7 @@ class _Pipeline:
 def test_a_refit_check_returns_while_the_store_hangs_and_looks_again_afterwards(tmp_path: Path) -> None:
     pipeline = _Pipeline()
     refit = Refit(pipeline, 2, tmp_path / "gate.json")  # reads the count once, at start
-    store = pipeline.store
+    store = pipeline.learner.store
     store.go.clear()
     store.held.clear()
     caller = threading.Thread(target=refit.check)  # the event loop, after an answer
@@ -60,7 +61,7 @@ def test_a_refit_check_returns_while_the_store_hangs_and_looks_again_afterwards(
     if hung:
         store.go.set()  # let the old, blocking check go before failing
     assert not hung, "the caller waited on the hanging store"
-    pipeline.store.rows = 2  # labels came meanwhile; this check is kept for when the hanging look ends
+    pipeline.learner.store.rows = 2  # labels came meanwhile; this check is kept for when the hanging look ends
     refit.check()
     refit.check()
     assert store.reads == 2 and pipeline.fitted == []  # one look at a time
@@ -81,11 +82,11 @@ def test_a_failing_store_costs_the_look_and_the_next_check_starts_afresh(tmp_pat
     def down() -> int:
         raise ConnectionError("the store is gone")
 
-    pipeline.store.label_rows = down  # type: ignore[method-assign]
+    pipeline.learner.store.label_rows = down  # type: ignore[method-assign]
     refit.check()
     refit.wait(30)
     assert refit.describe()["last_error"] == "ConnectionError: the store is gone" and pipeline.fitted == []
-    pipeline.store.label_rows = lambda: 1  # type: ignore[method-assign]
+    pipeline.learner.store.label_rows = lambda: 1  # type: ignore[method-assign]
     refit.check()  # the store is back: the next check looks again, and fits
     refit.wait(30)
     assert pipeline.fitted == [None]

@@ -16,7 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragate.errors import RagateError
-from ragate.eval.analysis import (
+from ragate.eval.records import read_records, write_records
+from ragate.eval.summary import summarize
+from ragate.eval.sweep import frontier, sweep_markdown
+from ragate.report.analysis import (
     accuracy_by_decile,
     auroc,
     decile_bins,
@@ -27,10 +30,7 @@ from ragate.eval.analysis import (
     recall_comparison,
     threshold_transfer,
 )
-from ragate.eval.records import read_records, write_records
-from ragate.eval.report import operating_points, write_report
-from ragate.eval.summary import summarize
-from ragate.eval.sweep import frontier, sweep_markdown
+from ragate.report.tables import operating_points, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 GATES = ("targ-margin", "targ-entropy")
@@ -431,7 +431,7 @@ def _sentence_answers(records: list[dict[str, Any]]) -> None:
 
 
 def test_the_report_plots_accuracy_when_em_is_near_zero_for_sentence_answers(tmp_path: Path) -> None:
-    from ragate.eval.report import report_metric
+    from ragate.report.tables import report_metric
 
     run = _run_dir(tmp_path / "run")
     for name in ("questions.jsonl", "sweep.jsonl"):
@@ -460,7 +460,7 @@ def test_the_report_plots_accuracy_when_em_is_near_zero_for_sentence_answers(tmp
 
 def test_the_plots_carry_bootstrap_intervals() -> None:
     from ragate.eval.metrics import bootstrap_ci
-    from ragate.eval.report import operating_intervals, plot_operating_points
+    from ragate.report.tables import operating_intervals, plot_operating_points
 
     records = _synthetic_sweep(40)
     plot = frontier_points(records, "targ-margin", "acc")

@@ -2,8 +2,8 @@
 
 The first test reads reproduce's own record of a paper-rate row (each half's tau and each question's decision) and
 checks it against thresholds computed here from the other half's scores alone, on scores where one tau from all
-the questions decides differently: putting that leak back into :func:`ragate.eval.reproduce._ours` fails it. The
-second runs ETC at a tuned alpha through :func:`ragate.eval.reproduce.reproduce` with SmolLM2 on one HotpotQA
+the questions decides differently: putting that leak back into :func:`ragate.report.reproduce._ours` fails it. The
+second runs ETC at a tuned alpha through :func:`ragate.report.reproduce.reproduce` with SmolLM2 on one HotpotQA
 question and checks the value the run decided with.
 """
 
@@ -16,8 +16,8 @@ import pytest
 from test_tune import _tune_file, validation_block
 
 from ragate.errors import RagateError
-from ragate.eval.calibrate import halves, threshold_for_budget
-from ragate.eval.reproduce import _ours
+from ragate.report.reproduce import _ours
+from ragate.tuning.calibrate import halves, threshold_for_budget
 
 RATE = 0.3
 
@@ -61,7 +61,7 @@ def test_a_paper_rate_row_decides_each_half_at_the_tau_of_the_other_half() -> No
 
 def test_reproduce_runs_a_method_at_its_tuned_value(tmp_path: Path, smollm2_path: Path) -> None:
     from ragate.eval.datasets import dataset_files, load_dataset
-    from ragate.eval.reproduce import reproduce
+    from ragate.report.reproduce import reproduce
     from ragate.retrieval.demo import demo_index
 
     try:

@@ -1,4 +1,4 @@
-"""What a gate saved against always retrieving (ragate.savings): the measured and estimated costs, the answer log
+"""What a gate saved against always retrieving (ragate.answers.savings): the measured and estimated costs, the answer log
 and its report. Traces are built by hand here, to know every number exactly; tests/test_service.py checks the same
 figures on a real service's answers."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from ragate.answers.savings import AlwaysRetrieveCost, AnswerLog, Cost, log_entry, read_log, savings_report
 from ragate.cli.main import main
 from ragate.errors import RunFormatError
 from ragate.gates.base import GateDecision
 from ragate.methods.trace import Stage, Trace
-from ragate.savings import AlwaysRetrieveCost, AnswerLog, Cost, log_entry, read_log, savings_report
 
 DRAFT = Stage("draft", 30, 20, 1.0)
 PSEUDO = Stage("pseudo-context", 30, 100, 4.0)

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from ragate.budget import BudgetController
 from ragate.errors import RagateError
 from ragate.methods import get_method
-from ragate.shared import SharedWindow, parse_state_url
+from ragate.state.budget import BudgetController
+from ragate.state.shared import SharedWindow, parse_state_url
 
 pytest.importorskip("valkey", reason="the shared-state tests need the valkey client: pip install valkey")
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
@@ -374,8 +374,8 @@ def test_the_shared_feedback_store_keeps_what_the_sqlite_store_keeps(store: Stor
     labels, rows, counts and bound."""
     import numpy as np
 
-    from ragate.feedback import FeedbackStore, UnknownAnswer
-    from ragate.shared_feedback import SharedFeedbackStore, open_feedback_store
+    from ragate.learning.shared_store import SharedFeedbackStore, open_feedback_store
+    from ragate.learning.store import FeedbackStore, UnknownAnswer
 
     def fill(s: Any) -> Any:
         for i in range(5):

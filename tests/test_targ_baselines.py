@@ -315,10 +315,10 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
     minilm: Any, tmp_path: Path
 ) -> None:
     from ragate.eval.datasets import load_dataset
-    from ragate.eval.matched import matched_markdown, matched_table, parse_budgets, references
     from ragate.eval.records import read_records
     from ragate.eval.run import EvalConfig
     from ragate.eval.sweep import sweep_pass
+    from ragate.report.matched import matched_markdown, matched_table, parse_budgets, references
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
 
@@ -359,7 +359,7 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
     assert "Always-RAG EM" in markdown and markdown.count("\n| 0.5 |") == 2
     with pytest.raises(RagateError, match="in \\(0, 1\\]"):
         parse_budgets("0.2,1.5")
-    from ragate.eval.report import write_report
+    from ragate.report.tables import write_report
 
     write_report(tmp_path / "s", tmp_path / "r", budgets=(0.5,))
     assert "## Budget-matched comparison" in (tmp_path / "r" / "report.md").read_text()
@@ -399,14 +399,14 @@ def test_a_sweep_gains_gates_on_its_stored_answers_and_the_budget_table_reads_it
 
 
 def test_calibrate_names_the_way_to_a_budget_for_skr() -> None:
-    from ragate.eval.calibrate import calibrate
+    from ragate.tuning.calibrate import calibrate
 
     with pytest.raises(RagateError, match="sweep it instead"):
         calibrate(method="skr", dev="demo", budget=0.3)
 
 
 def test_a_method_with_one_operating_point_enters_the_budget_table_at_its_own_rate() -> None:
-    from ragate.eval.matched import single_point
+    from ragate.report.matched import single_point
 
     reference = {
         f"q{i}": {
@@ -437,7 +437,7 @@ def test_a_method_with_one_operating_point_enters_the_budget_table_at_its_own_ra
 def test_a_method_that_retrieved_more_than_once_is_marked_not_bounded_in_the_budget_table() -> None:
     """TARG section 5.1 bounds every baseline to one retrieval: FLARE at its own settings retrieves more, and
     its row says so (before issue M the table showed it as if bounded)."""
-    from ragate.eval.matched import DEFAULT_BUDGETS, matched_markdown, single_point
+    from ragate.report.matched import DEFAULT_BUDGETS, matched_markdown, single_point
 
     closed, opened = {"scores": {"em": 0.0}, "seconds": 1.0}, {"scores": {"em": 1.0}, "seconds": 3.0}
     reference = {f"q{i}": {"closed": closed, "open": opened} for i in range(4)}
@@ -484,7 +484,7 @@ def test_a_reader_leaves_a_live_sweep_file_as_it_is(tmp_path: Path) -> None:
 
 
 def test_a_report_names_the_records_still_in_worker_part_files(tmp_path: Path) -> None:
-    from ragate.eval.report import unfolded_records
+    from ragate.report.tables import unfolded_records
 
     assert unfolded_records(tmp_path) is None
     line = json.dumps({"id": "q1", "family": "f", "gates": {}})
@@ -532,8 +532,8 @@ def test_a_sweep_refuses_a_fallback_gate_and_names_the_stand_in(
 def test_an_interval_that_touches_zero_only_through_float_noise_is_not_established() -> None:
     """Against a random gate's fractional expectation, a bound that is exactly 0 comes out of float sums as
     +-1e-17; the verdict must not turn on that noise."""
-    from ragate.eval.matched import _compare
     from ragate.eval.metrics import paired_bootstrap_diff
+    from ragate.report.matched import _compare
 
     chosen, reference = [0.1 + 0.2] * 10, [0.3] * 10  # equal in exact arithmetic, 5.6e-17 apart in floats
     assert paired_bootstrap_diff(chosen, reference) == (0.0, 0.0)

@@ -17,7 +17,7 @@ from ragate.errors import RagateError
 from ragate.eval.datasets import load_dataset
 from ragate.eval.records import read_records
 from ragate.eval.run import EvalConfig, run_eval
-from ragate.eval.tune import (
+from ragate.tuning.tune import (
     FORMAT,
     FORMAT_VERSION,
     GridRow,
@@ -250,7 +250,7 @@ def test_a_run_refuses_to_score_a_validation_question_by_id_or_text(
 
 def test_reproduce_takes_a_tune_file_for_a_dataset_it_runs(tmp_path: Path, smollm2_path: Path) -> None:
     from ragate.eval.datasets import dataset_files
-    from ragate.eval.reproduce import reproduce
+    from ragate.report.reproduce import reproduce
 
     try:
         hotpot = load_dataset("hotpotqa")

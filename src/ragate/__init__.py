@@ -25,10 +25,10 @@ from ragate.version import __version__
 
 _LAZY = {
     "Pipeline": "ragate.pipeline",
-    "Answer": "ragate.answers",
-    "Document": "ragate.answers",
-    "Calibration": "ragate.answers",
-    "Retrieval": "ragate.answers",
+    "Answer": "ragate.answers.answer",
+    "Document": "ragate.answers.answer",
+    "Calibration": "ragate.answers.answer",
+    "Retrieval": "ragate.answers.answer",
     "Gate": "ragate.gates.base",
     "GateDecision": "ragate.gates.base",
     "GateContext": "ragate.gates.base",
@@ -53,7 +53,7 @@ __all__ = [
 ]  # fmt: skip
 
 if TYPE_CHECKING:
-    from ragate.answers import Answer, Calibration, Document, Retrieval
+    from ragate.answers.answer import Answer, Calibration, Document, Retrieval
     from ragate.errors import RagateError
     from ragate.gates.base import Gate, GateContext, GateDecision, Need
     from ragate.methods.registry import (

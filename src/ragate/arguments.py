@@ -27,8 +27,8 @@ def check_types(
         if value is not None and not isinstance(value, str | Path):
             raise ArgumentTypeError(f"{name} must be a path (str or pathlib.Path), not {type(value).__name__}")
     if feedback_store is not None:
-        from ragate.feedback import FeedbackRules
-        from ragate.shared_feedback import is_shared_store
+        from ragate.learning.shared_store import is_shared_store
+        from ragate.learning.store import FeedbackRules
 
         if not isinstance(feedback_store, FeedbackRules):
             is_shared_store(feedback_store)

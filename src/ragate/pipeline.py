@@ -28,38 +28,41 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 from tqdm.auto import tqdm
 
-from ragate.answers import (  # noqa: F401 (ragate.Answer, ragate.Document, ... are ragate.pipeline's)
+from ragate.answers.answer import (
     MAX_QUESTION_CHARS,
     Answer,
     Calibration,
-    Document,
+    Document,  # noqa: F401 (ragate.Document is ragate.pipeline's too)
     Retrieval,
     check_question,
 )
+from ragate.answers.savings import AlwaysRetrieveCost, Cost, Savings
 from ragate.arguments import check_arguments, check_types
 from ragate.backends import Backend, load_backend
 from ragate.backends.threads import thread_options
 from ragate.backends.turns import DEFAULT_SHARE, stop_when_given_up
 from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
+from ragate.learning.learner import Learner, check_gate_file, left_open
 from ragate.methods import MethodSpec, get_method, run_method
 from ragate.methods.configure import configure_method
 from ragate.methods.needs import require, require_index
+from ragate.methods.paper_tau import TauHints
 from ragate.methods.runner import decide
 from ragate.methods.trace import Stage, Trace
-from ragate.paper_tau import TauHints
 from ragate.retrieval.types import Retriever
-from ragate.savings import AlwaysRetrieveCost, Cost, Savings
 from ragate.tracing import Tracing
-from ragate.traffic import TrafficLearning, left_open
 
 if TYPE_CHECKING:
+    from ragate.learning.fit import Learned
+    from ragate.learning.store import FeedbackResult
+    from ragate.state.budget import BudgetController
     from ragate.types import Role
 
 DEMO_INDEX = "the demo index (built on first use)"
 
 
-class Pipeline(TrafficLearning):
+class Pipeline:
     """Answer questions with one adaptive-retrieval method (see the module docstring).
 
     ``method``: a method name (``ragate.all_methods()``; a registered gate's name works too). ``model`` /
@@ -70,7 +73,7 @@ class Pipeline(TrafficLearning):
     ``calibration`` (a ``ragate calibrate`` file) set the gate's tau; ``budget`` holds the share of calls that
     retrieve at that rate over the last ``window`` answers instead (the live controller of ``ragate serve
     --budget``); ``state`` (``redis://HOST:PORT/DB``, Valkey or Redis) keeps that window in a store that several
-    replicas share, so that they hold one rate between them (:mod:`ragate.shared`). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
+    replicas share, so that they hold one rate between them (:mod:`ragate.state.shared`). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
     replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
     ``fallback`` names a gate to run where the backend cannot serve the method's.
     ``corpus``: with ``search``, the texts of the documents it searches, handed over once: the gates that count
@@ -86,10 +89,10 @@ class Pipeline(TrafficLearning):
     decisions and answers (:mod:`ragate.gates.targ`); calls whose threshold the budget controller sets and
     :meth:`decide` / :meth:`scores` / :meth:`calibrate` always read whole drafts, since they rank the scores.
 
-    Learning the traffic: ``feedback_store`` (a SQLite file, :mod:`ragate.feedback`) keeps each answer with the
+    Learning the traffic: ``feedback_store`` (a SQLite file, :mod:`ragate.learning.store`) keeps each answer with the
     features a learned gate reads (the question's signals, the draft's TARG scores, the model's hidden state at the
     direct prompt's last token) under ``Answer.id``; ``shadow`` (a share of answers, e.g. 0.05) runs the path the
-    gate did not take after the answer returns, which labels the question (:mod:`ragate.shadow`; a store under
+    gate did not take after the answer returns, which labels the question (:mod:`ragate.learning.shadow`; a store under
     RAGATE_HOME when none is named), taking ``shadow_share`` of a local model's time while requests wait (all of it
     when none do; a request waits for it one model step at most: :mod:`ragate.backends.turns`); :meth:`feedback`
     adds a user's word on an answer; :meth:`learn` fits the learned gate on the store's labels and puts it in force.
@@ -162,13 +165,9 @@ class Pipeline(TrafficLearning):
         if sum(x is not None for x in (index, search, retriever)) > 1:
             raise RagateError("give one of index=, search= or retriever=")
         if corpus is not None and search is None:
-            raise RagateError(
-                "corpus= (your documents' texts) goes with search=: an index counts its own passages"
-            )
+            raise RagateError("corpus= (your documents' texts) goes with search=: an index counts its own passages")
         if threshold is not None and calibration is not None:
-            raise RagateError(
-                "give threshold= or calibration=, not both: a calibration file sets the threshold"
-            )
+            raise RagateError("give threshold= or calibration=, not both: a calibration file sets the threshold")
         self.method, self.model_name, self.engine, self.seed = method, model, engine, seed
         self.max_question_chars = max_question_chars
         self.tracing = Tracing(tracer_provider, trace_content)
@@ -189,22 +188,15 @@ class Pipeline(TrafficLearning):
             from ragate.gates.weights import load_weights
 
             load_weights(gate_weights)  # a damaged file (a NaN coefficient) is refused before the model loads
-        if (
-            budget is not None and budget_state is not None
-        ):  # before the model loads: a state it could not keep
-            from ragate.budget import check_state_path
+        if budget is not None or state is not None:  # before the model loads: a state it could not keep
+            from ragate.state.budget import check_budget_places
 
-            check_state_path(Path(budget_state))
-        if state is not None:  # before the model loads: a URL that is wrong or a store that does not answer
-            from ragate.shared import connect, parse_state_url
-
-            if budget is None:
-                raise RagateError("state= shares the live budget's window among replicas: give budget= too")
-            connect(parse_state_url(state)).close()
+            check_budget_places(budget, budget_state, state)
         self._owned: list[Any] = []
-        self._lock = threading.RLock() if model_of is None else model_of._lock
+        self._lock: threading.RLock = threading.RLock() if model_of is None else model_of._lock
+        self.learner = Learner(self, self._lock)  # turns at the model, feedback, shadow work, the learned gate
         self._savings = AlwaysRetrieveCost()
-        self._tau_hints = TauHints()  # a paper's tau on another model: one line, once per gate (ragate.paper_tau)
+        self._tau_hints = TauHints()  # a paper's tau on another model: one line, once per gate
         self._encoder = encoder
         try:
             self.index_name, self._retriever = self._open_retriever(index, search, retriever, corpus)
@@ -223,51 +215,24 @@ class Pipeline(TrafficLearning):
 
             self.lm: Backend = exact_calls(lm)
             self.spec: MethodSpec = require(spec, lm.capabilities, engine=lm.engine, fallback=fallback)
-            self._check_gate_file()
-            self.budget = None
+            check_gate_file(self.spec, self.lm)
+            self.budget: BudgetController | None = None
             if budget is not None:
-                from ragate.budget import BudgetController
+                from ragate.state.budget import open_budget
 
-                self.budget = BudgetController(
-                    budget,
-                    window,
-                    self.spec,
-                    Path(budget_state) if budget_state is not None else None,
-                    model=str(lm.model),
-                    gain=budget_gain,
-                    shared=self._shared_window(state, budget, window, budget_gain),
-                )
+                self.budget = open_budget(budget, window, self.spec, budget_state, str(lm.model), budget_gain, state)
                 self._owned.append(self.budget)
-        except BaseException:
-            self.close()
-            raise
-        self._local = lm.engine != "openai"  # a local model runs one call at a time
-        self._answering = 0  # requests waiting for or using the model (shadow work waits for none)
-        self._count_lock = threading.Lock()
-        self.store, self.shadow, self.gate_file = None, None, None
-        self._side_errors: set[str] = set()
-        try:
-            self._open_turns(raw, shadow_share, model_of)
-            self._open_learning(feedback_store, shadow, shadow_queue)
+            self._local = lm.engine != "openai"  # a local model runs one call at a time
+            self.learner.open(
+                raw, share=shadow_share, turns_of=model_of.learner if model_of is not None else None,
+                store=feedback_store, shadow=shadow, queue_size=shadow_queue,
+            )  # fmt: skip
         except BaseException:
             self.close()
             raise
 
     # -- set-up -------------------------------------------------------------------------------------------------
 
-    def _shared_window(self, state: str | None, budget: float, window: int, gain: float) -> Any:
-        """The fleet's budget window in a Valkey/Redis store (``state=``; :mod:`ragate.shared`), else None; the
-        settings are checked before the store sees them."""
-        if state is None:
-            return None
-        from ragate.budget import check_budget
-        from ragate.shared import SharedWindow, parse_state_url
-
-        check_budget(budget, window, self.spec, gain)
-        return SharedWindow(
-            parse_state_url(state), method=self.spec.name, model=str(self.lm.model), budget=budget, window=window,
-            gain=gain,
-        )  # fmt: skip
     def _with_proxy(self, lm: Backend, spec: MethodSpec, threads: int | str | None) -> Backend:
         """``lm`` with the small proxy model opened beside it when the gate drafts with one (ragate.gates.proxy)."""
         from ragate.methods.proxy import attach_proxy
@@ -354,10 +319,11 @@ class Pipeline(TrafficLearning):
     def model_lock(self) -> Iterator[None]:
         """Held while a local model answers (one question at a time), counted as a request in flight from before
         it waits (shadow work then takes only its share: :mod:`ragate.backends.turns`); a no-op for a server."""
-        if self.turns is None:
+        turns = self.learner.turns
+        if turns is None:
             yield
             return
-        with self.turns.in_flight(), self._lock:
+        with turns.in_flight(), self._lock:
             yield
 
     def answer(
@@ -380,21 +346,21 @@ class Pipeline(TrafficLearning):
         spec = self.spec_for(method, threshold=threshold, k=k, max_tokens=max_tokens)
         model, engine = self.model_label, self.lm.engine
         with self.tracing.span("ragate.answer", spec.name, model=model, engine=engine) as span:
-            with self._count_answering(), self.model_lock(), self._wanted(still_wanted):
+            with self.learner.answering(), self.model_lock(), self.learner.wanted(still_wanted):
                 if still_wanted is not None and not still_wanted():
                     raise TimeoutError("given up while waiting for the model")
                 retriever = self.retriever if spec.retrieves else self._retriever
                 early = self.early_exit and not self.controls(method, threshold)  # the controller ranks scores
                 trace = run_method(
                     spec, question, self.lm, retriever, seed=self.seed, early_exit=early,
-                    progress=stop_when_given_up(progress, still_wanted), hidden=self.store is not None and spec.dynamic is None,
+                    progress=stop_when_given_up(progress, still_wanted), hidden=self.learner.store is not None and spec.dynamic is None,
                 )  # fmt: skip
             self.tracing.finish(span, trace, model=model, engine=engine)
         if self.controls(method, threshold) and self.budget is not None:
             self.budget.observe(trace.gate.score, trace.retrieved)
         answer = Answer.of(trace)
-        if self.store is not None and spec.dynamic is None:
-            answer = self._keep(answer, spec, method)
+        if self.learner.store is not None and spec.dynamic is None:
+            answer = self.learner.keep(answer, spec, method)
         return answer
 
     def retrieve(
@@ -464,7 +430,7 @@ class Pipeline(TrafficLearning):
 
     def savings(self, trace: Trace, *, read: Cost | None = None) -> Savings:
         """What ``trace``'s gate saved against always retrieving, as ``ragate serve`` reports it per request
-        (:class:`ragate.savings.AlwaysRetrieveCost`, one running estimate per pipeline). ``read``: what another
+        (:class:`ragate.answers.savings.AlwaysRetrieveCost`, one running estimate per pipeline). ``read``: what another
         LLM's read of the chosen documents cost (a framework's, from its usage), for a trace that stops at them."""
         return self._savings.savings(trace, read=read)
 
@@ -564,6 +530,33 @@ class Pipeline(TrafficLearning):
         states = getattr(self.lm, "prompt_states", None)
         return dict(states) if isinstance(states, dict) else None
 
+    # -- learning (ragate.learning.learner) ------------------------------------------------------------------------
+    def feedback(
+        self, answer: Answer | str, *, correct: bool | None = None, reference: str | None = None
+    ) -> FeedbackResult:
+        """A user's word on an answer (an :class:`ragate.Answer` this pipeline gave, or its ``id``): ``correct`` and/or
+        the ``reference`` answer. Every word labels the route the answer took at once; a reference on an answer whose
+        other route is not known yet also queues that route's answer with the reference attached, ahead of other
+        shadow work, and its label is pending until it is done. Returns :class:`ragate.learning.store.FeedbackResult`
+        (the labels made and those pending)."""
+        return self.learner.feedback(answer, correct=correct, reference=reference)
+
+    def learn(
+        self, out: str | Path | None = None, *, label: str | None = None, cascade: float | None = None,
+        hidden: bool = True, use: bool = True,
+    ) -> Learned:  # fmt: skip
+        """Fit the learned gate on the store's labels of ``label`` (``closed-wrong``: gold; ``retrieval-changed``:
+        shadow's silver; None: the one the store can fit, gold first) for this pipeline's prompts and compare it
+        with the gate in force on the same labels (:func:`ragate.learning.fit.compare_with_gate`). With ``use``, the
+        new gate goes in force only when it ranks the labels at least as well (or no comparison can be made yet):
+        it is written to ``out`` (default: beside the store) and decides at the threshold that keeps this
+        traffic's retrieval rate (the budget's, else the rate of the last answers). A gate that ranks worse stays a
+        candidate file beside ``out`` and the gate in force stays. Without ``use`` it is written to ``out``.
+        ``cascade``: the share of questions whose TARG draft the cascade may pay (None: the cheap gate alone).
+        Returns :class:`ragate.learning.fit.Learned` (the file, the cross-fitted report, the comparison). Refuses,
+        naming how many more labels it needs, while a class has fewer than 10."""
+        return self.learner.learn(out, label=label, cascade=cascade, hidden=hidden, use=use)
+
     # -- lifetime -----------------------------------------------------------------------------------------------
     def close(self, *, wait: float | None = None) -> None:
         """Free what this pipeline opened (ready-made models and indexes stay open). Shadow work stops first, without
@@ -571,14 +564,17 @@ class Pipeline(TrafficLearning):
         being answered then finishes before the rest is freed; ``wait`` bounds how many seconds to wait for it. Past
         them the feedback store is closed all the same, but the model and the index the question may still be using
         are left open for the process's exit to free (freeing them under a running model step could crash it)."""
-        self._stop_shadow()
-        store = getattr(self, "store", None)
+        learner = getattr(self, "learner", None)  # None: __init__ failed before it
+        if learner is not None:
+            learner.stop_shadow()
         held = self._lock.acquire(timeout=-1 if wait is None else wait)
         try:
             self._closed = True
+            if learner is not None:
+                learner.close(everything=held)  # the feedback store is closed all the same
             while self._owned:
                 opened = self._owned.pop()
-                if held or opened is store:
+                if held:
                     opened.close()
         finally:
             if held:

@@ -119,7 +119,7 @@ def mean_entropy(entropies: Sequence[float], k: int | None = None, *, divide_by:
 
     A draft that ended (end of sequence) before step k has no H_t for the steps it did not write: Eq. 1 still
     divides by k (``divide_by="k"``, the default: the missing steps add nothing), while ``divide_by="present"``
-    averages over the steps present (ragate before issue 51). With ``k`` None both are the mean of all steps."""
+    averages over the steps present (ragate before 2026-11-28). With ``k`` None both are the mean of all steps."""
     return _mean_prefix(entropies, k, "mean_entropy", divide_by)
 
 
@@ -141,7 +141,7 @@ def prefix_bound(terms: Sequence[float], k: int) -> float:
     It is computed exactly as :func:`mean_entropy` computes U (a correctly rounded ``math.fsum``, then one
     division), and rounding is monotone, so ``prefix_bound(...) > tau`` after j steps implies U > tau for the whole
     draft in floating point too: the decision "retrieve" is settled, and the rest of the draft need not be decoded
-    (TARG's exact early exit, issue 51)."""
+    (TARG's exact early exit)."""
     if k < 1:
         raise ValueError(f"prefix length k must be >= 1, got {k}")
     return float(math.fsum(terms[:k]) / k)

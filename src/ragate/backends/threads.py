@@ -1,10 +1,10 @@
-"""How many threads a local engine computes with, and why the default watches the CPUs (issue 51, item 6).
+"""How many threads a local engine computes with, and why the default watches the CPUs.
 
 llama.cpp splits every matrix product over its threads and waits for all of them at a barrier after each
 operation (a few hundred barriers per token). In this build the barrier is OpenMP's (libgomp), whose waiting
 threads spin before they sleep. When a thread is descheduled because another process runs on its core, every
 barrier waits for the scheduler to bring it back: on a 2-core machine with two busy processes beside it, a SmolLM2
-draft that takes 0.7 s idle took 35 s with two threads (issue 51). One thread has no barrier to wait at, and two
+draft that takes 0.7 s idle took 35 s with two threads. One thread has no barrier to wait at, and two
 threads on cores that nobody else wants are faster than one. So the default (``auto``) uses as many threads as
 this process has CPUs that other processes leave free:
 

@@ -94,7 +94,7 @@ def summary(gen: Generation) -> dict[str, float | None]:
 def ask(
     question: str, *, model: str | None, engine: str, max_tokens: int, top_k: int, **options: Any
 ) -> AskResult:
-    from ragate.answers import check_question
+    from ragate.answers.answer import check_question
 
     question = check_question(question)
     try:
@@ -191,7 +191,7 @@ def ask_with_method(
     """Run a named method on one question through :class:`ragate.Pipeline` against ``index`` (default: the demo
     index); returns the trace and the backend's capabilities. ``fallback`` names the gate to run where the backend
     cannot serve the method's own (``ragate.methods.needs.require``)."""
-    from ragate.answers import check_question
+    from ragate.answers.answer import check_question
     from ragate.pipeline import Pipeline
 
     question = check_question(question)
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.trace or args.trace_content) and not args.method:
         raise RagateError("--trace and --trace-content go with --method (the spans are the gate's and the answer's)")
     if args.method:
-        from ragate.answers import Answer, check_question
+        from ragate.answers.answer import Answer, check_question
         from ragate.methods import get_method
         from ragate.methods.configure import configure_method
 

@@ -140,7 +140,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     if args.prefixes is not None:
         return _calibrate_prefixes(args)
     if args.dev is not None:
-        from ragate.eval.calibrate import calibrate
+        from ragate.tuning.calibrate import calibrate
 
         result = calibrate(
             method=args.gate,
@@ -167,7 +167,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         )
         source = Path(args.dev).stem
     elif args.from_sweep is not None:
-        from ragate.eval.calibrate import calibrate_from_sweep
+        from ragate.tuning.calibrate import calibrate_from_sweep
 
         result = calibrate_from_sweep(
             args.from_sweep, args.gate, args.budget, confidence=args.confidence, batch=args.batch
@@ -206,9 +206,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 def _calibrate_prefixes(args: argparse.Namespace) -> int:
     """``--prefixes``: TARG's k and tau chosen together for a budget (A.8)."""
-    from ragate.eval.calibrate import calibrate_prefixes
-    from ragate.eval.prefixes import parse_prefixes
     from ragate.fileio import atomic_writer
+    from ragate.tuning.calibrate import calibrate_prefixes
+    from ragate.tuning.prefixes import parse_prefixes
 
     if args.questions is not None or args.objective != "budget" or args.confidence is not None:
         raise RagateError(
@@ -308,7 +308,7 @@ def _calibrate_questions(args: argparse.Namespace) -> dict[str, Any]:
     if args.objective != "budget":
         raise RagateError("--questions has no answers to score EM with: use --budget RHO")
     if args.run_engine == "ray":  # Pipeline.calibrate's scores, from Pipelines on the workers
-        from ragate.answers import Calibration
+        from ragate.answers.answer import Calibration
         from ragate.eval.datasets import read_questions
         from ragate.eval.thresholds import check_budget_value
 

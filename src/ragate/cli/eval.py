@@ -286,8 +286,8 @@ def _report_failures(out: Path, summary: list[dict[str, Any]]) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from ragate.eval.report import unfolded_records
     from ragate.eval.sweep import compact, method_records, point, sweep_markdown, sweep_pass, write_sweep
+    from ragate.report.tables import unfolded_records
 
     at = [(item.partition("=")[0], _finite(item.partition("=")[2], f"--at {item!r}")) for item in args.at]
     if args.fold:
@@ -338,8 +338,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 def _run_report(args: argparse.Namespace) -> int:
     if Path(args.run_dir).is_file():  # a service's answer log (ragate serve --answer-log)
+        from ragate.answers.savings import read_log, savings_report
         from ragate.fileio import atomic_writer
-        from ragate.savings import read_log, savings_report
 
         text = savings_report(read_log(args.run_dir))
         print(text, end="")
@@ -349,9 +349,9 @@ def _run_report(args: argparse.Namespace) -> int:
             print(f"wrote {args.out}")
         return 0
     from ragate.errors import RagateError
-    from ragate.eval.matched import parse_budgets
-    from ragate.eval.report import unfolded_records, write_report
     from ragate.eval.summary import parse_pair
+    from ragate.report.matched import parse_budgets
+    from ragate.report.tables import unfolded_records, write_report
 
     budgets = parse_budgets(args.budgets) if args.budgets else ()
     if args.with_runs and not budgets:

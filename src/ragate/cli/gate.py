@@ -1,6 +1,6 @@
-"""``ragate gate fit``: fit a trained gate that reads no model from a sweep (see ragate.eval.gatefit,
+"""``ragate gate fit``: fit a trained gate that reads no model from a sweep (see ragate.learning.gatefit,
 ragate.gates.nomodel). ``ragate gate learn``: learn the gate from labelled traffic (a feedback store) or a sweep
-(ragate.learning, ragate.gates.learned)."""
+(ragate.learning.fit, ragate.gates.learned)."""
 
 from __future__ import annotations
 
@@ -130,8 +130,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _fit(args: argparse.Namespace) -> int:
     from ragate.errors import RagateError
-    from ragate.eval.gatefit import fit_gate
     from ragate.gates.weights import save_weights
+    from ragate.learning.gatefit import fit_gate
 
     if args.out.suffix != ".json":
         raise RagateError(f"--out {args.out}: name the weights file FILE.json")
@@ -155,8 +155,14 @@ def _fit(args: argparse.Namespace) -> int:
 def _learn(args: argparse.Namespace) -> int:
     from ragate.cli.options import check_engine_args
     from ragate.errors import RagateError
-    from ragate.eval.learn import DEFAULT_C, DEFAULT_COMPONENTS
-    from ragate.learning import choose_label, label_counts, learn_from_store, learn_labelled, sweep_labelled
+    from ragate.learning.fit import (
+        choose_label,
+        label_counts,
+        learn_from_store,
+        learn_labelled,
+        sweep_labelled,
+    )
+    from ragate.learning.scores import DEFAULT_C, DEFAULT_COMPONENTS
 
     if args.out.suffix != ".json":
         raise RagateError(f"--out {args.out}: name the gate file FILE.json")
@@ -196,7 +202,7 @@ def _learn(args: argparse.Namespace) -> int:
             )  # fmt: skip
     else:
         from ragate.eval.config import read_run_config
-        from ragate.learning import HiddenStates
+        from ragate.learning.fit import HiddenStates
 
         saved = read_run_config(args.sweep)
         model = args.model or saved.get("model")
@@ -254,7 +260,7 @@ def _learn(args: argparse.Namespace) -> int:
 def _feedback(args: argparse.Namespace) -> int:
     import json
 
-    from ragate.feedback import label_json
+    from ragate.learning.store import label_json
 
     correct = True if args.correct else (False if args.wrong else None)
     with _open_store(args.store) as store:
@@ -274,7 +280,7 @@ def _feedback(args: argparse.Namespace) -> int:
 def _open_store(where: str) -> Any:
     """A feedback store to read: a SQLite file that exists (never a new empty one), or a shared store's URL."""
     from ragate.errors import RagateError
-    from ragate.shared_feedback import open_feedback_store
+    from ragate.learning.shared_store import open_feedback_store
 
     scheme = where.split("://", 1)[0] if "://" in where else None
     if scheme is not None and scheme not in ("redis", "rediss", "valkey", "valkeys"):

@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ragate.cli.options import base_urls, check_concurrency
-    from ragate.eval.reproduce import markdown, pack_names, reproduce
+    from ragate.report.reproduce import markdown, pack_names, reproduce
 
     if args.list:
         print("\n".join(pack_names()))

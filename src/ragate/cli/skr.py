@@ -1,4 +1,4 @@
-"""``ragate skr fit``: label training questions for SKR from a sweep (see ragate.eval.skr, ragate.gates.skr)."""
+"""``ragate skr fit``: label training questions for SKR from a sweep (see ragate.learning.sweeps, ragate.gates.skr)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _fit(args: argparse.Namespace) -> int:
     from ragate.errors import RagateError
-    from ragate.eval.skr import fit_labels
     from ragate.gates.skr import save_labels
+    from ragate.learning.sweeps import fit_labels
 
     if args.out.suffix != ".npz":
         raise RagateError(f"--out {args.out}: name the label set FILE.npz")

@@ -12,7 +12,7 @@ from ragate.errors import RagateError
 
 def register(subparsers: Any) -> None:
     from ragate.cli.options import BACKEND_CHOICES, server_request_options
-    from ragate.eval.tune import DEFAULT_TEST_LIMIT
+    from ragate.tuning.tune import DEFAULT_TEST_LIMIT
 
     p = subparsers.add_parser(
         "tune",
@@ -100,7 +100,7 @@ def _slug(text: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from ragate.cli.options import base_urls, check_concurrency
-    from ragate.eval.tune import parse_grid, parse_target, save_tune, table, tune
+    from ragate.tuning.tune import parse_grid, parse_target, save_tune, table, tune
 
     if args.engine != "openai" and args.base_url:
         raise RagateError("--base-url needs --backend openai")
@@ -141,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         ray_workers=args.ray_workers,
         ray_start_timeout=args.ray_start_timeout,
     )
-    from ragate.eval.tune import GridRow
+    from ragate.tuning.tune import GridRow
 
     rows = [GridRow(**r) for r in result["table"]]
     print(table(rows, result["parameter"], args.metric, result["tau"]))

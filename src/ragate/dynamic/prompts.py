@@ -6,7 +6,7 @@ question, a short chain of reasoning, and "So the answer is X." By default (``ex
 exemplars are the authors' own, in the number their configs use (DRAGIN's and ETC's code; 8 for HotpotQA, 6 for
 2WikiMultihopQA and StrategyQA, 8 for PubMedQA; :mod:`ragate.dynamic.exemplars`, shipped in
 ``ragate/data/exemplars/`` with their licences). ``exemplars="ragate-3"`` is ragate's own three per set
-(:data:`FEWSHOT`, written in that format to keep prompts short on a CPU), the default before issue 50.
+(:data:`FEWSHOT`, written in that format to keep prompts short on a CPU), the default before 2026-11-27.
 
 The retrieved passages go between the exemplars and the question, so that the exemplars' key/value cache is
 reused across retrievals; DRAGIN's "Answer in the same format as before." follows them.

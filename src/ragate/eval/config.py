@@ -56,10 +56,10 @@ class EvalConfig:
             data["tuned"] = [str(p) for p in self.tuned]
         if data["gate_weights"] is None:
             data.pop("gate_weights")  # recorded only where set, as tuned
-        if data.pop("early_exit"):  # recorded only where on: runs before issue 51 had none
+        if data.pop("early_exit"):  # recorded only where on: runs before 2026-11-28 had none
             data["early_exit"] = True
         if targ_mean_methods(self.methods):
-            data["targ_mean"] = TARG_MEAN  # how these scores divide a short draft (absent: before issue 51)
+            data["targ_mean"] = TARG_MEAN  # how these scores divide a short draft (absent: before 2026-11-28)
         if isinstance(self.base_url, tuple):
             data["base_url"] = list(self.base_url)
         return data
@@ -199,7 +199,7 @@ def _grows(before: int | None, now: int | None) -> bool:
     return before is not None and (now is None or now >= before)
 
 
-TARG_MEAN = "k"  # TARG's entropy and margin divide a draft shorter than k by k (Eqs. 1-2; issue 51)
+TARG_MEAN = "k"  # TARG's entropy and margin divide a draft shorter than k by k (Eqs. 1-2)
 
 
 def targ_mean_methods(methods: Sequence[str]) -> list[str]:
@@ -224,7 +224,7 @@ def _resume_hint(key: str, saved: Any) -> str:
             else "it was run with TARG's early exit; resume without --no-early-exit"
         )
     return (
-        "its TARG entropy/margin scores average a draft shorter than k over its tokens (ragate before issue 51), "
+        "its TARG entropy/margin scores average a draft shorter than k over its tokens (ragate before 2026-11-28), "
         "and this ragate divides by k as TARG's Eqs. 1-2 do: the scores would be of two kinds. Start a new run "
         "(the old form is the method targ-entropy-present / targ-margin-present)"
     )

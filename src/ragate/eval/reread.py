@@ -50,7 +50,7 @@ def reading_side_only(was: str, now: str) -> str | None:
 
 
 def _identity(saved: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
-    """What both sides must record and share. Stricter than :func:`ragate.eval.report.check_same_setup`, which
+    """What both sides must record and share. Stricter than :func:`ragate.report.tables.check_same_setup`, which
     skips a fact one side does not record and compares the index by encoder and size: answers are substituted here,
     so a fact one side records and the other does not refuses, and the index is compared by its passages' sha256."""
     prov = results.get("provenance") or saved.get("provenance") or {}

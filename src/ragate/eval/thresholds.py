@@ -150,7 +150,7 @@ def threshold_from_scores(
 ) -> dict[str, Any]:
     """tau for a retrieval ``budget`` from gate scores (no answers needed): the plain quantile, or with
     ``confidence`` the :func:`conservative_threshold`. Returns tau, how it was chosen and the rate it gives on
-    these scores (the fields of :class:`ragate.answers.Calibration`). A bound the scores cannot give is a
+    these scores (the fields of :class:`ragate.answers.answer.Calibration`). A bound the scores cannot give is a
     :class:`RagateError` naming the fix."""
     if batch is not None and confidence is None:
         raise RagateError(

@@ -1,6 +1,6 @@
 """The learned gate (``learned``): a calibrated classifier over every signal ragate computes for a question, the
 answering model's own hidden state included, fitted on labels from the traffic it serves (``ragate gate learn``,
-:mod:`ragate.eval.learn`), and read here with numpy alone from a plain-JSON gate file (no pickle).
+:mod:`ragate.learning.scores`), and read here with numpy alone from a plain-JSON gate file (no pickle).
 
 **Features.** Scalars by name: the question- and retrieval-side signals of the no-model gates
 (:data:`ragate.gates.signals.FEATURES`: the question's length, question word, digits and dates, the top-5 search

@@ -8,11 +8,11 @@
 
 A draft that ends (end of sequence, which is not a step) before k tokens is divided by k as Eqs. 1-2 write it: the
 steps it did not write add nothing. ``targ-entropy-present`` and ``targ-margin-present`` divide by the steps
-present instead (ragate before issue 51; every TARG score in docs/results.md from before then is of that form).
+present instead (ragate before 2026-11-28; every TARG score in docs/results.md from before then is of that form).
 An empty draft retrieves. Thresholds are model-specific: calibrate tau to a retrieval budget (TARG section 3.3)
 rather than reusing the paper's numbers.
 
-Exact early exit (issue 51). Every per-step term of Eqs. 1-2 is >= 0 (an entropy; exp(-g/beta) > 0) and U divides
+Exact early exit. Every per-step term of Eqs. 1-2 is >= 0 (an entropy; exp(-g/beta) > 0) and U divides
 their sum by a fixed k, so after j < k tokens (1/k) sum_{t<=j} u_t is a lower bound on U, in floating point too
 (:func:`ragate.uncertainty.prefix_bound`). Once it exceeds tau the decision "retrieve" cannot change, and the
 entropy and margin gates stop the draft there (:class:`Settled`); when the decision is "no" the draft goes on to k
@@ -223,7 +223,7 @@ class TargMargin(Gate):
 class TargEntropyPresent(TargEntropy):
     description = (
         "TARG's entropy gate (Eq. 1) with a draft shorter than k averaged over its tokens, not divided by k "
-        "(ragate before issue 51)"
+        "(ragate before 2026-11-28)"
     )
     like = "targ-entropy"
     divide_by = "present"
@@ -232,7 +232,7 @@ class TargEntropyPresent(TargEntropy):
 class TargMarginPresent(TargMargin):
     description = (
         "TARG's margin gate (Eq. 2) with a draft shorter than k averaged over its tokens, not divided by k "
-        "(ragate before issue 51)"
+        "(ragate before 2026-11-28)"
     )
     like = "targ-margin"
     divide_by = "present"

@@ -14,11 +14,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 
+from ragate.answers.savings import Cost
 from ragate.errors import RagateError
-from ragate.savings import Cost
 
 if TYPE_CHECKING:
-    from ragate.answers import Answer, Retrieval
+    from ragate.answers.answer import Answer, Retrieval
     from ragate.gates.base import GateDecision
     from ragate.pipeline import Pipeline
 

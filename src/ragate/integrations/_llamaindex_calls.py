@@ -11,8 +11,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ragate.answers.savings import Cost
 from ragate.integrations._common import missing, usage_cost
-from ragate.savings import Cost
 
 try:
     from llama_index.core.base.llms.types import CompletionResponse

@@ -47,8 +47,8 @@ except ImportError as err:
     raise missing("Haystack (haystack-ai)", "haystack", err) from err
 
 if TYPE_CHECKING:
-    from ragate.answers import Document as Chosen
-    from ragate.answers import Retrieval
+    from ragate.answers.answer import Document as Chosen
+    from ragate.answers.answer import Retrieval
     from ragate.methods.trace import Stage
     from ragate.pipeline import Pipeline
 

@@ -71,10 +71,10 @@ except ImportError as err:
 if TYPE_CHECKING:
     from uuid import UUID
 
-    from ragate.answers import Document as Chosen
-    from ragate.answers import Retrieval
+    from ragate.answers.answer import Document as Chosen
+    from ragate.answers.answer import Retrieval
+    from ragate.answers.savings import Cost
     from ragate.pipeline import Pipeline
-    from ragate.savings import Cost
 
 DRAFT_RUN = "ragate draft"  # the name of the chat-model call the gate's model work is reported as
 

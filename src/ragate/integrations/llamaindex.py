@@ -61,7 +61,7 @@ except ImportError as err:
     raise missing("LlamaIndex (llama-index-core)", "llamaindex", err) from err
 
 if TYPE_CHECKING:
-    from ragate.answers import Document
+    from ragate.answers.answer import Document
     from ragate.pipeline import Pipeline
 
 

@@ -150,11 +150,11 @@ _METHODS = (
         _TARG_SELECT,
         TARG,
     ),
-    *(  # the form of Eqs. 1-2 ragate had before issue 51: a draft shorter than k averaged over its tokens
+    *(  # the form of Eqs. 1-2 ragate had before 2026-11-28: a draft shorter than k averaged over its tokens
         MethodSpec(
             f"targ-{gate}-present",
             f"TARG's {gate} gate with a draft that ends before k averaged over its tokens, not divided by k "
-            "(ragate before issue 51)",
+            "(ragate before 2026-11-28)",
             GateSpec(f"targ-{gate}-present"),
             _TARG_SELECT,
             TARG,
@@ -291,7 +291,7 @@ _METHODS = (
             ),
             (
                 "etc-ragate-3",
-                "ETC with ragate's own three exemplars per dataset family instead of the authors' (before issue 50)",
+                "ETC with ragate's own three exemplars per dataset family instead of the authors' (the old default)",
                 DynamicSpec("etc", max_retrievals=None, settle=True, exemplars="ragate-3"),
             ),
             (
@@ -301,7 +301,7 @@ _METHODS = (
             ),
             (
                 "dragin-ragate-3",
-                "DRAGIN with ragate's own three exemplars per dataset family instead of the authors' (before issue 50)",
+                "DRAGIN with ragate's own three exemplars per dataset family instead of the authors' (the old default)",
                 DynamicSpec("dragin", max_retrievals=None, settle=True, exemplars="ragate-3"),
             ),
             (

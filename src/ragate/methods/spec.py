@@ -63,7 +63,7 @@ class DynamicSpec:
     cap, DRAGIN fired again at the first word after its cut: on 35 of the first 68 HotpotQA questions it reached
     the safety bound of 10 retrievals (a re-measure of 2026-11-26, discarded). ``exemplars`` picks the few-shot
     chain-of-thought exemplars: "authors" the authors' set and number per dataset family (DRAGIN's and ETC's code,
-    ETC section 4.2; ``ragate/data/exemplars/``), "ragate-3" ragate's own three per family (before issue 50).
+    ETC section 4.2; ``ragate/data/exemplars/``), "ragate-3" ragate's own three per family (the old default).
     """
 
     trigger: str

@@ -80,7 +80,7 @@ class Trace:
     # it (``ragate serve``'s ``draft_tokens``), never written by ``to_json``
     draft: Generation | None = field(default=None, compare=False, repr=False)
     # the model's last-layer hidden state at the direct prompt's last token, where it was taken (a feedback store
-    # records it with the answer's other features, :mod:`ragate.feedback`); in memory only, like ``draft``
+    # records it with the answer's other features, :mod:`ragate.learning.store`); in memory only, like ``draft``
     hidden: Any = field(default=None, compare=False, repr=False)
 
     @property

@@ -225,7 +225,7 @@ class DeferredEncoder(Encoder):
 
     Opening a dense or hybrid index used to load its encoder at once: importing sentence-transformers (torch,
     transformers, scikit-learn) took ~13 of the ~15 s `ragate ask --method ...` spent before its first LM call,
-    and a question the gate answers without retrieval never embeds anything (issue 51). ``load`` is called the
+    and a question the gate answers without retrieval never embeds anything. ``load`` is called the
     first time a text is embedded or the model is asked for, and must return an encoder of this identity."""
 
     def __init__(

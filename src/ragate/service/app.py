@@ -35,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ragate.answers.savings import AnswerLog
 from ragate.backends import Backend
 from ragate.errors import RagateError
 from ragate.gates.base import TokenUncertainty
@@ -43,7 +44,6 @@ from ragate.methods import MethodSpec, all_methods, get_method
 from ragate.methods.trace import Trace
 from ragate.pipeline import Pipeline
 from ragate.retrieval.types import Retriever
-from ragate.savings import AnswerLog
 from ragate.service import openai_api
 from ragate.service.admission import Slots
 from ragate.service.guard import ApiError, Guard, error_response
@@ -209,7 +209,7 @@ def load_pipeline(
 
 
 def _refit(settings: ServiceSettings, pipeline: Pipeline) -> Any:
-    if not settings.refit_every or pipeline.store is None:
+    if not settings.refit_every or pipeline.learner.store is None:
         return None
     from ragate.service.refit import Refit
 
@@ -330,10 +330,10 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
 
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackRequest) -> Response:
-        from ragate.feedback import UnknownAnswer, label_json
-        from ragate.shared import StoreUnavailable
+        from ragate.learning.store import UnknownAnswer, label_json
+        from ragate.state.shared import StoreUnavailable
 
-        if rt.pipeline.store is None:
+        if rt.pipeline.learner.store is None:
             raise ApiError(
                 409, "this server keeps no feedback: start it with `ragate serve --feedback-store FILE` (or --shadow)"
             )
@@ -350,7 +350,7 @@ def _routes(app: FastAPI, rt: Runtime) -> None:
             raise ApiError(400, str(err)) from None
         rt.labelled(len(said.labels))
         try:  # the label is kept: a store that fails now costs the counts, not a retry that labels twice
-            counts: dict[str, Any] | None = await anyio.to_thread.run_sync(rt.pipeline.store.counts)
+            counts: dict[str, Any] | None = await anyio.to_thread.run_sync(rt.pipeline.learner.store.counts)
         except RagateError:
             counts = None
         reply: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""The service's live retrieval budget, by its earlier name: the controller is :mod:`ragate.budget`, below both the
+"""The service's live retrieval budget, by its earlier name: the controller is :mod:`ragate.state.budget`, below both the
 service and :class:`ragate.Pipeline`."""
 
-from ragate.budget import DEFAULT_GAIN, BudgetController, check_state_path, control_level  # noqa: F401
+from ragate.state.budget import DEFAULT_GAIN, BudgetController, check_state_path, control_level  # noqa: F401

@@ -14,7 +14,7 @@ Exposed at ``GET /metrics``:
   (``histogram_quantile(1 - budget, ...)``: TARG 3.3's tau = F^-1(1 - budget) over live traffic)
 - ``ragate_tokens_total{method}``: tokens spent answering (prompt + completion, every stage)
 - ``ragate_always_retrieve_tokens_total{method, how}``: what always retrieving would have cost on the same answers,
-  ``measured`` (answers that retrieved) or ``estimated`` (answers that skipped; :mod:`ragate.savings`)
+  ``measured`` (answers that retrieved) or ``estimated`` (answers that skipped; :mod:`ragate.answers.savings`)
 - ``ragate_saved_tokens_total{method}`` and ``ragate_gate_extra_tokens_total{method}``: per answer, always
   retrieving's tokens minus the answer's, counted in the first when positive and in the second when negative (the
   gate's own cost on an answer that retrieved); net savings = saved - extra
@@ -39,8 +39,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ragate.answers.savings import Savings
 from ragate.methods.trace import Trace
-from ragate.savings import Savings
 
 # Seconds: one LM call on CPU takes 0.1 s to a minute; a 135M model answers in a fraction of a second.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

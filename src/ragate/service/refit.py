@@ -1,6 +1,6 @@
 """The service's periodic refit (``ragate serve --refit-every N``): after N new labels in the feedback store
 (shadow answers and feedback together), the learned gate is fitted again in a background thread (on gold labels
-where there are enough of both classes, else shadow's silver ones: :func:`ragate.learning.choose_label`) and put in
+where there are enough of both classes, else shadow's silver ones: :func:`ragate.learning.fit.choose_label`) and put in
 force only when it ranks the store's labels at least as well as the gate in force (``Pipeline.learn``: the gate
 file is written atomically, then the pipeline's gate is swapped under its lock, so a request is decided wholly by
 the old gate or wholly by the new; a new gate that ranks worse stays a candidate file and ``/healthz`` says why). A
@@ -26,7 +26,7 @@ class Refit:
         self._again = False  # a look was asked for while one ran
         self._fitting = False
         self._looking_since: float | None = None
-        self.last_fit_labels = pipeline.store.label_rows() if every else 0
+        self.last_fit_labels = pipeline.learner.store.label_rows() if every else 0
         self.fits = 0
         self.last_error: str | None = None
         self.last_summary: str | None = None
@@ -64,7 +64,7 @@ class Refit:
     def _look(self) -> None:
         self._looking_since = time.time()  # /healthz shows a look that hangs on the store
         try:  # a store that fails (a shared one that is down) costs this look, never an answer
-            rows = self.pipeline.store.label_rows()
+            rows = self.pipeline.learner.store.label_rows()
             if rows - self.last_fit_labels < self.every:
                 return
         except Exception as err:  # noqa: BLE001  # reported in /healthz

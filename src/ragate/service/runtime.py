@@ -15,8 +15,8 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragate.answers.savings import AlwaysRetrieveCost, AnswerLog, AnswerLogError, Savings, log_entry
 from ragate.backends import Backend
-from ragate.budget import BudgetController
 from ragate.errors import (
     BackendError,
     BackendTimeoutError,
@@ -30,11 +30,11 @@ from ragate.methods.trace import Trace
 from ragate.pipeline import Pipeline
 from ragate.retrieval.function import SearchError
 from ragate.retrieval.types import Hit, Retriever
-from ragate.savings import AlwaysRetrieveCost, AnswerLog, AnswerLogError, Savings, log_entry
 from ragate.service.admission import Slots, Ticket
 from ragate.service.guard import ApiError
 from ragate.service.metrics import ServiceMetrics
 from ragate.service.settings import ServiceSettings
+from ragate.state.budget import BudgetController
 from ragate.version import __version__
 
 log = logging.getLogger("ragate.service")
@@ -224,7 +224,7 @@ class Runtime:
         """Run the method through the pipeline; the trace, the timings (queueing = time not spent in a stage) and
         what the answer saved against always retrieving."""
         spec = self.spec(method, options)  # a bad method or option is a 400 before the request takes a slot
-        kept = self.pipeline.store is not None and spec.dynamic is None  # an answer the store should keep
+        kept = self.pipeline.learner.store is not None and spec.dynamic is None  # an answer the store should keep
         start = time.perf_counter()
 
         def go(wanted: Callable[[], bool]) -> Any:
@@ -272,7 +272,7 @@ class Runtime:
 
     def extension(self, trace: Trace, timings: dict[str, Any], savings: Savings) -> dict[str, Any]:
         """What ragate adds to an answer: the decision, its evidence, its cost and what it saved against always
-        retrieving (``savings``: measured, estimated, unknown or n/a; see :mod:`ragate.savings`)."""
+        retrieving (``savings``: measured, estimated, unknown or n/a; see :mod:`ragate.answers.savings`)."""
         return {
             **({"id": timings["answer_id"]} if timings.get("answer_id") else {}),
             "method": trace.method,
@@ -319,22 +319,22 @@ class Runtime:
         p = self.pipeline
         out: dict[str, Any] = {}
         hidden = "(send the API key to see it)"
-        if p.gate_file is not None:
-            path = Path(p.gate_file)
+        if p.learner.gate_file is not None:
+            path = Path(p.learner.gate_file)
             out["gate_file"] = {
                 "path": str(path) if authorised else hidden,
                 "modified": path.stat().st_mtime if path.is_file() else None,
             }
-        if p.store is not None:
-            name = p.store.name if authorised else hidden
+        if p.learner.store is not None:
+            name = p.learner.store.name if authorised else hidden
             try:
-                out["store"] = {"path": name, **p.store.counts()}
+                out["store"] = {"path": name, **p.learner.store.counts()}
             except Exception as err:  # noqa: BLE001 (a failing store is reported, not fatal
                 out["store"] = {"path": name, "error": f"{type(err).__name__}: {err}"[:300] if authorised else hidden}
-        if p.shadow is not None:
-            out["shadow"] = p.shadow.describe()
-            if p.turns is not None:
-                out["shadow"]["turns"] = p.turns.describe()
+        if p.learner.shadow is not None:
+            out["shadow"] = p.learner.shadow.describe()
+            if p.learner.turns is not None:
+                out["shadow"]["turns"] = p.learner.turns.describe()
         if self.refit is not None:
             out["refit"] = self.refit.describe()
         if not authorised:
@@ -347,12 +347,12 @@ class Runtime:
     def gate_file_problem(self) -> str | None:
         """Why the served learned gate file is not in force as it is now (the last good gate decides meanwhile:
         :func:`ragate.gates.learned.gate_in_force`), or None; its refused versions are counted in the metrics."""
-        if self.pipeline.gate_file is None:
+        if self.pipeline.learner.gate_file is None:
             return None
         from ragate.gates.learned import gate_in_force
 
         try:
-            state = gate_in_force(self.pipeline.gate_file, self.lm)
+            state = gate_in_force(self.pipeline.learner.gate_file, self.lm)
         except RagateError as err:  # no version of it ever loaded here: nothing to fall back on
             return f"{err} (no version of it has loaded: the learned gate cannot decide)"
         self.metrics.observe_gate_file(state.refusals)

@@ -58,11 +58,11 @@ class ServiceSettings:
     backend_retries: int = 2
     max_reply_bytes: int = 32 * 2**20  # the longest reply read from an LM server; a longer one fails it over
     health_timeout: float = 2.0
-    budget: float | None = None  # a live retrieval budget for the served method (ragate.budget)
+    budget: float | None = None  # a live retrieval budget for the served method (ragate.state.budget)
     budget_window: int = 200
     budget_gain: float = 16.0  # feedback of the windowed rate error on the quantile level (0: plain quantile)
     budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)
-    state: str | None = None  # redis://HOST:PORT/DB: the budget window replicas share (ragate.shared)
+    state: str | None = None  # redis://HOST:PORT/DB: the budget window replicas share (ragate.state.shared)
     fallback: str | None = None  # the gate served where the backend cannot serve the method's own
     openai_logprobs: str = "auto"  # what the OpenAI-compatible server returns: auto (asked once), on, off
     skr_labels: str | None = None  # the SKR label set (`ragate skr fit`) that the skr gate votes with
@@ -77,8 +77,8 @@ class ServiceSettings:
     answer_log_required: bool = False  # an audit trail: an answer whose line cannot be written is a 503
     trace_file: str | None = None  # a file the OpenTelemetry spans are appended to (else the global provider's)
     trace_content: bool = False  # spans carry the question, answer and documents
-    feedback_store: str | None = None  # a SQLite file each answer's features and labels go to (ragate.feedback)
-    shadow: float = 0.0  # the share of answers whose other path runs after the response (ragate.shadow)
+    feedback_store: str | None = None  # a SQLite file each answer's features and labels go to (ragate.learning.store)
+    shadow: float = 0.0  # the share of answers whose other path runs after the response (ragate.learning.shadow)
     shadow_share: float = DEFAULT_SHARE  # the part of a local model's time shadow work takes while requests wait
     refit_every: int = 0  # learn the gate again after this many new labels (0: never; `ragate gate learn` by hand)
     learned_gate: str | None = None  # where a refit writes the learned gate (default: beside the store)

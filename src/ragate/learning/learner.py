@@ -1,7 +1,9 @@
-"""What :class:`ragate.Pipeline` does to learn the traffic it serves (a mixin, so that ``pipeline.py`` stays the
-answering face): the feedback store each answer and its features go to, the shadow worker that runs the path the
-gate did not take, a user's feedback, and the learned gate fitted and put in force (:mod:`ragate.feedback`,
-:mod:`ragate.shadow`, :mod:`ragate.learning`, :mod:`ragate.gates.learned`)."""
+"""What a :class:`ragate.Pipeline` holds to learn the traffic it serves (``Pipeline.learner``): the turns at a local
+model between requests and shadow work, the feedback store each answer and its features go to, the shadow worker
+that runs the path the gate did not take, a user's feedback, and the learned gate fitted and put in force
+(:mod:`ragate.learning.store`, :mod:`ragate.learning.shadow`, :mod:`ragate.learning.fit`,
+:mod:`ragate.gates.learned`). The learner reads its pipeline through :class:`Host`; the one thing it changes there
+is the method's gate, when a fitted gate goes in force."""
 
 from __future__ import annotations
 
@@ -9,15 +11,29 @@ import contextlib
 import math
 import numbers
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ragate.errors import RagateError
 from ragate.methods import MethodSpec, run_method
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ragate.answers.answer import Answer
+    from ragate.backends.base import Backend
+    from ragate.backends.turns import ModelTurns
+    from ragate.learning.fit import Learned
+    from ragate.learning.shadow import Shadow, ShadowJob
+    from ragate.learning.store import FeedbackResult, FeedbackRules
+    from ragate.retrieval.types import Retriever
+    from ragate.state.budget import BudgetController
+
 SHADOW_STEP_TOKENS = 16  # prompt tokens per step of shadow work: a request waits for no more than that
-UNCERTAIN_BAND = 0.1  # an answer whose gate score sits within this share of recent scores of tau is "uncertain"
+UNCERTAIN_BAND = (
+    0.1  # an answer whose gate score sits within this share of recent scores of tau is "uncertain"
+)
 
 
 class UncertainBand:
@@ -67,7 +83,7 @@ def left_open(wait: float | None) -> None:
 class _Unhook:
     """On close, takes the pipeline's turns off a backend (one the caller gave stays usable without them)."""
 
-    def __init__(self, backend: Any, step: Any) -> None:
+    def __init__(self, backend: Backend, step: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
         self.backend, self.step = backend, step
 
     def close(self) -> None:
@@ -78,7 +94,7 @@ class _Unhook:
 class _ShadowWork:
     """Closes shadow work in order: the worker stops (a running job at its next model step), then its context."""
 
-    def __init__(self, shadow: Any, twin: Any, stop: threading.Event) -> None:
+    def __init__(self, shadow: Shadow, twin: Backend | None, stop: threading.Event) -> None:
         self.shadow, self.twin, self.stop = shadow, twin, stop
 
     def close(self) -> None:
@@ -88,61 +104,76 @@ class _ShadowWork:
             self.twin.close()  # a worker still inside a step keeps its context (freed with the process)
 
 
-class TrafficLearning:
-    """The learning half of :class:`ragate.Pipeline`; it reads the pipeline's model, lock, method and owned
-    resources."""
+class Host(Protocol):
+    """What a :class:`Learner` reads of the pipeline it serves (:class:`ragate.Pipeline` is one)."""
 
-    store: Any
-    shadow: Any
-    gate_file: str | None
-    spec: MethodSpec
+    spec: MethodSpec  # the method in force; the learner sets its gate when a fitted gate goes in force
     seed: int
-    lm: Any
-    _owned: list[Any]
-    _lock: Any
-    _answering: int
-    _count_lock: threading.Lock
-    _side_errors: set[str]
-    _local: bool
-    turns: Any
-    _engine_lm: Any
-    _shadow_lm: Any
-    _shadow_stop: threading.Event
-    _band: UncertainBand
+    lm: Backend
+    budget: BudgetController | None
 
-    if TYPE_CHECKING:  # the pipeline's own, which these methods use
+    def spec_for(self, method: str | None = None) -> MethodSpec: ...
 
-        def spec_for(self, method: str | None = None) -> MethodSpec: ...
+    @property
+    def retriever(self) -> Retriever: ...
 
-        def model_lock(self) -> contextlib.AbstractContextManager[Any]: ...
+    @property
+    def model_label(self) -> str: ...
 
-        @property
-        def retriever(self) -> Any: ...
 
-        @property
-        def model_label(self) -> str: ...
+class Learner:
+    """The learning half of a pipeline: turns at its model, the feedback store, the shadow worker and the learned
+    gate in force. ``lock`` is the pipeline's model lock (a local model answers one call at a time), held by shadow
+    work that runs on the model itself and while the gate in force changes."""
 
-    def _open_turns(self, raw: Any, share: float, model_of: Any) -> None:
-        """Turns at a local model between requests and shadow work (:mod:`ragate.backends.turns`), shared with the
-        pipeline whose model this one shares; each of ``raw``'s steps is a request's."""
+    def __init__(self, host: Host, lock: contextlib.AbstractContextManager[Any]) -> None:
+        self._host, self._lock = host, lock
+        self.store: FeedbackRules | None = None
+        self.shadow: Shadow | None = None
+        self.gate_file: str | None = None
+        self.turns: ModelTurns | None = None
+        self.band = UncertainBand()
+        self._local = True
+        self._answering = 0  # requests waiting for or using the model (shadow work waits for none)
+        self._count_lock = threading.Lock()
+        self._side_errors: set[str] = set()
+        self._owned: list[_Unhook | _ShadowWork | FeedbackRules] = []
+        self._engine_lm: Backend | None = None
+        self._shadow_lm: Backend | None = None
+        self._shadow_stop = threading.Event()
+
+    def open(
+        self,
+        raw: Backend,
+        *,
+        share: float,
+        turns_of: Learner | None,
+        store: str | Path | FeedbackRules | None,
+        shadow: float,
+        queue_size: int,
+    ) -> None:
+        """Turns at a local model between requests and shadow work (:mod:`ragate.backends.turns`), those of
+        ``turns_of`` where this pipeline shares its model, each of ``raw``'s steps a request's; then the feedback
+        store and the shadow worker, where asked for."""
         from ragate.backends.turns import ModelTurns, check_share
 
         check_share(share)
-        self._engine_lm, self._shadow_lm, self._shadow_stop = raw, None, threading.Event()
-        self._band = UncertainBand()
+        self._engine_lm, self._local = raw, raw.engine != "openai"
         if not self._local:
             self.turns = None
-        elif model_of is not None and model_of.turns is not None:
-            self.turns = model_of.turns
+        elif turns_of is not None and turns_of.turns is not None:
+            self.turns = turns_of.turns
         else:
             self.turns = ModelTurns(share)
             raw.step = self.turns.request_step
-            self._owned.append(_Unhook(raw, raw.step))
+            self._owned.append(_Unhook(raw, self.turns.request_step))
+        self._open_learning(store, shadow, queue_size)
 
-    def _open_learning(self, store: Any, shadow: float, queue_size: int) -> None:
-        """The feedback store and the shadow worker, where asked for."""
-        from ragate.feedback import FeedbackRules
-        from ragate.shared_feedback import open_feedback_store
+    def _open_learning(
+        self, store: str | Path | FeedbackRules | None, shadow: float, queue_size: int
+    ) -> None:
+        from ragate.learning.shared_store import open_feedback_store
+        from ragate.learning.store import FeedbackRules
 
         if isinstance(shadow, bool) or not isinstance(shadow, numbers.Real) or not 0.0 <= shadow <= 1.0:
             raise RagateError(
@@ -157,17 +188,17 @@ class TrafficLearning:
             if not isinstance(store, FeedbackRules):
                 self._owned.append(self.store)
         if shadow > 0:
-            from ragate.shadow import Shadow
+            from ragate.learning.shadow import Shadow
 
             twin = self._shadow_engine()
             self.shadow = Shadow(
                 float(shadow), self._shadow_answer, self._shadow_label,
                 busy=(lambda: False) if twin is not None else (lambda: self._answering > 0),
-                queue_size=queue_size, seed=self.seed,
+                queue_size=queue_size, seed=self._host.seed,
             )  # fmt: skip
             self._owned.append(_ShadowWork(self.shadow, twin, self._shadow_stop))
-        if self.spec.gate.kind == "learned":
-            self.gate_file = self.spec.gate.weights
+        if self._host.spec.gate.kind == "learned":
+            self.gate_file = self._host.spec.gate.weights
             self._warn_if_fitted_elsewhere()
 
     def _warn_if_fitted_elsewhere(self) -> None:
@@ -196,46 +227,47 @@ class TrafficLearning:
             "Keep a feedback store, label some answers (POST /v1/feedback, Pipeline.feedback) and `ragate gate learn "
             "--store FILE` compares the two on your labels",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,  # the caller of Pipeline(...)
         )
 
-    def _shadow_engine(self) -> Any:
+    def _shadow_engine(self) -> Backend | None:
         """A context of its own over the model's weights for shadow work, taking the model a step at a time under
         the pipeline's turns (:mod:`ragate.backends.turns`), where the engine has one (llama.cpp); else None (shadow
         work then waits for idle time and gives the model up at stage boundaries)."""
         raw, turns = self._engine_lm, self.turns
-        if turns is None or not hasattr(raw, "twin"):
+        if raw is None or turns is None or not hasattr(raw, "twin"):
             return None
         from ragate.eval.calls import exact_calls
 
-        twin = raw.twin(step_tokens=SHADOW_STEP_TOKENS)
+        twin: Backend = raw.twin(step_tokens=SHADOW_STEP_TOKENS)
         stop = self._shadow_stop
         twin.step = lambda: turns.shadow_step(stop)
         self._shadow_lm = exact_calls(twin)
         return twin
 
-    def _check_gate_file(self) -> None:
-        """A gate file fitted on another model, or with numbers that overflow, is refused when the pipeline opens,
-        not per request (the gate's own check: ``Gate.check_file``)."""
-        if self.spec.gate.weights is not None:
-            from ragate.gates.registry import get_gate
-
-            get_gate(self.spec.gate.kind).check_file(str(self.spec.gate.weights), self.lm)
-
-    def _stop_shadow(self) -> None:
+    def stop_shadow(self) -> None:
         """Shadow work stops first on close, without waiting for the model: its queue is dropped and a running job
-        stops at its next model step (the worker, or what closes it with its model context, leaves the owned)."""
-        shadow = getattr(self, "shadow", None)
-        for work in [o for o in self._owned if shadow is not None and shadow in (o, getattr(o, "shadow", None))]:
+        stops at its next model step (the worker, or what closes it with its model context)."""
+        for work in [o for o in self._owned if isinstance(o, _ShadowWork)]:
             self._owned.remove(work)
             work.close()
 
-    def _wanted(self, still_wanted: Any) -> contextlib.AbstractContextManager[None]:
+    def close(self, *, everything: bool = True) -> None:
+        """Close what the learner opened, the feedback store always; the rest only with ``everything`` (a question
+        still being answered past the pipeline's ``close(wait=)`` keeps the model's turns)."""
+        self.stop_shadow()
+        while self._owned:
+            opened = self._owned.pop()
+            if everything or opened is self.store:
+                opened.close()
+
+    def wanted(self, still_wanted: Callable[[], bool] | None) -> contextlib.AbstractContextManager[None]:
         """While a request holds the model: its steps stop once its caller gave it up (a local model's turns)."""
         return self.turns.wanted(still_wanted) if self.turns is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def _count_answering(self) -> Iterator[None]:
+    def answering(self) -> Iterator[None]:
+        """Counts a request waiting for or using the model (shadow work on the model itself waits for none)."""
         with self._count_lock:
             self._answering += 1
         try:
@@ -244,19 +276,19 @@ class TrafficLearning:
             with self._count_lock:
                 self._answering -= 1
 
-    def _keep(self, answer: Any, spec: MethodSpec, method: str | None) -> Any:
+    def keep(self, answer: Answer, spec: MethodSpec, method: str | None) -> Answer:
         """Record ``answer`` and its features in the store under a new id, and offer it to the shadow worker; a
         store that fails costs a warning (once per kind of failure), never the answer."""
         import dataclasses
         import uuid
 
-        from ragate.learning import GATE_SCORE, answer_features
-        from ragate.shadow import ShadowJob
+        from ragate.learning.fit import GATE_SCORE, answer_features
+        from ragate.learning.shadow import ShadowJob
 
         assert self.store is not None
         answer_id = uuid.uuid4().hex
         gate = answer.trace.gate
-        uncertain = self._band.observe(gate.score, gate.threshold, answer.retrieved)
+        uncertain = self.band.observe(gate.score, gate.threshold, answer.retrieved)
         try:
             features = answer_features(answer.question, answer.trace.draft)
             if math.isfinite(gate.score):  # the gate in force's score, which a new gate is compared with
@@ -264,7 +296,7 @@ class TrafficLearning:
             self.store.record_answer(
                 answer_id, question=answer.question, method=spec.name, prompts=spec.prompts.name,
                 answer=answer.text, retrieved=answer.retrieved, features=features, hidden=answer.trace.hidden,
-                model={"model": self.model_label, "engine": self.lm.engine},
+                model={"model": self._host.model_label, "engine": self._host.lm.engine},
             )  # fmt: skip
         except Exception as err:  # noqa: BLE001 (a side channel: any failure costs a warning, not the answer)
             self._side_warning("feedback store", err)
@@ -284,23 +316,24 @@ class TrafficLearning:
             warnings.warn(
                 f"ragate: the {what} failed ({type(err).__name__}: {err}); answers go on without it",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,  # the caller of Pipeline.answer
             )
 
-    def _shadow_answer(self, job: Any) -> str:
-        """The path the gate did not take for ``job`` (see :mod:`ragate.shadow`): on the shadow context, a step at a
-        time, where there is one; else on the model, giving it up at each stage a request waits."""
+    def _shadow_answer(self, job: ShadowJob) -> str:
+        """The path the gate did not take for ``job`` (see :mod:`ragate.learning.shadow`): on the shadow context, a
+        step at a time, where there is one; else on the model, giving it up at each stage a request waits."""
         from dataclasses import replace as _replace
 
         from ragate.backends.turns import GivenUp
         from ragate.gates.spec import GateSpec
-        from ragate.shadow import Preempted
+        from ragate.learning.shadow import Preempted
 
-        spec = self.spec_for(job.method)
+        host = self._host
+        spec = host.spec_for(job.method)
         other = _replace(spec, gate=GateSpec("never" if job.retrieved else "always"))
-        retriever = None if job.retrieved else self.retriever
+        retriever = None if job.retrieved else host.retriever
         if self._shadow_lm is not None:
-            return run_method(other, job.question, self._shadow_lm, retriever, seed=self.seed).answer
+            return run_method(other, job.question, self._shadow_lm, retriever, seed=host.seed).answer
 
         def yield_to_requests(stage: str) -> None:  # at each stage: a request waiting takes the model first
             if self._shadow_stop.is_set():
@@ -310,12 +343,12 @@ class TrafficLearning:
 
         with self._lock if self._local else contextlib.nullcontext():
             trace = run_method(
-                other, job.question, self.lm, retriever, seed=self.seed, progress=yield_to_requests
+                other, job.question, host.lm, retriever, seed=host.seed, progress=yield_to_requests
             )
         return trace.answer
 
-    def _shadow_label(self, job: Any, other: str) -> dict[str, bool]:
-        from ragate.feedback import answer_correct, answers_agree
+    def _shadow_label(self, job: ShadowJob, other: str) -> dict[str, bool]:
+        from ragate.learning.store import answer_correct, answers_agree
 
         assert self.store is not None
         closed, opened = (other, job.answer) if job.retrieved else (job.answer, other)
@@ -326,20 +359,16 @@ class TrafficLearning:
             labels["retrieved-wrong"] = not answer_correct(opened, job.reference)
         for kind, value in labels.items():
             self.store.add_label(
-                job.answer_id, source="shadow", kind=kind, value=value, detail={"other": other[:500]}
-            )  # type: ignore[arg-type]
+                job.answer_id, source="shadow", kind=kind, value=value, detail={"other": other[:500]}  # type: ignore[arg-type]
+            )  # fmt: skip
         return labels
 
     def feedback(
-        self, answer: Any, *, correct: bool | None = None, reference: str | None = None
-    ) -> Any:
-        """A user's word on an answer (an :class:`ragate.Answer` this pipeline gave, or its ``id``): ``correct`` and/or the
-        ``reference`` answer. Every word labels the route the answer took at once; a reference on an answer whose
-        other route is not known yet also queues that route's answer with the reference attached, ahead of other
-        shadow work, and its label is pending until it is done. Returns :class:`ragate.feedback.FeedbackResult`
-        (the labels made and those pending)."""
-        from ragate.feedback import FeedbackResult, pending_labels, unknown_answer
-        from ragate.shadow import ShadowJob
+        self, answer: Answer | str, *, correct: bool | None = None, reference: str | None = None
+    ) -> FeedbackResult:
+        """See :meth:`ragate.Pipeline.feedback`."""
+        from ragate.learning.shadow import ShadowJob
+        from ragate.learning.store import FeedbackResult, pending_labels, unknown_answer
 
         if self.store is None:
             raise RagateError(
@@ -354,7 +383,9 @@ class TrafficLearning:
             raise unknown_answer(answer_id)
         pending = pending_labels(row, reference)
         if pending and self.shadow is not None and reference is not None:
-            job = ShadowJob(answer_id, row.question, row.retrieved, row.answer, row.method, reference=reference)
+            job = ShadowJob(
+                answer_id, row.question, row.retrieved, row.answer, row.method, reference=reference
+            )
             if not self.shadow.settle(job):
                 pending = ()
         elif self.shadow is None:
@@ -362,56 +393,50 @@ class TrafficLearning:
         return FeedbackResult(labels, pending)
 
     def learn(
-        self,
-        out: str | Path | None = None,
-        *,
-        label: str | None = None,
-        cascade: float | None = None,
-        hidden: bool = True,
-        use: bool = True,
-    ) -> Any:
-        """Fit the learned gate on the store's labels of ``label`` (``closed-wrong``: gold; ``retrieval-changed``:
-        shadow's silver; None: the one the store can fit, gold first) for this pipeline's prompts and compare it
-        with the gate in force on the same labels (:func:`ragate.learning.compare_with_gate`). With ``use``, the
-        new gate goes in force only when it ranks the labels at least as well (or no comparison can be made yet):
-        it is written to ``out`` (default: beside the store) and decides at the threshold that keeps this
-        traffic's retrieval rate (the budget's, else the rate of the last answers). A gate that ranks worse stays a
-        candidate file beside ``out`` and the gate in force stays. Without ``use`` it is written to ``out``.
-        ``cascade``: the share of questions whose TARG draft the cascade may pay (None: the cheap gate alone).
-        Returns :class:`ragate.learning.Learned` (the file, the cross-fitted report, the comparison). Refuses,
-        naming how many more labels it needs, while a class has fewer than 10."""
+        self, out: str | Path | None, *, label: str | None, cascade: float | None, hidden: bool, use: bool
+    ) -> Learned:
+        """See :meth:`ragate.Pipeline.learn`; a gate that goes in force becomes the host's method's gate."""
         import os
         from dataclasses import replace as _replace
 
-        from ragate.learning import learn_from_store
+        from ragate.gates.spec import GateSpec
+        from ragate.learning.fit import learn_from_store
 
         if self.store is None:
             raise RagateError("this pipeline keeps no labels: make it with feedback_store= or shadow=")
+        host = self._host
         target = Path(out) if out is not None else self.store.gate_path()
         candidate = target.with_name(f"{target.stem}.candidate{target.suffix}") if use else target
         learned = learn_from_store(
-            self.store, candidate, label=label, prompts=self.spec.prompts.name, cascade=cascade, hidden=hidden,
-            model={"model": self.model_label, "engine": self.lm.engine}, in_force=self.spec.gate.kind,
+            self.store, candidate, label=label, prompts=host.spec.prompts.name, cascade=cascade, hidden=hidden,
+            model={"model": host.model_label, "engine": host.lm.engine}, in_force=host.spec.gate.kind,
         )  # fmt: skip
         if not use or (learned.comparison is not None and not learned.comparison.earns):
             return learned
         os.replace(candidate, target)
         learned = _replace(learned, path=target)
-        from ragate.gates.spec import GateSpec
-
         tau = self._traffic_tau(learned.cross_fitted)
         with self._lock:
-            self.spec = _replace(self.spec, gate=GateSpec("learned", threshold=tau, weights=str(target)))
+            host.spec = _replace(host.spec, gate=GateSpec("learned", threshold=tau, weights=str(target)))
             self.gate_file = str(target)
         return learned
 
-    def _traffic_tau(self, probabilities: Any) -> float | None:
+    def _traffic_tau(self, probabilities: Sequence[float] | np.ndarray) -> float | None:
         """The threshold at which a new gate retrieves at this traffic's rate: the live budget's, else the rate of
         the last answers (None where neither is known: the gate's own default)."""
         import numpy as np
 
-        budget = getattr(self, "budget", None)
-        rate = float(budget.budget) if budget is not None else self._band.rate()
+        budget = self._host.budget
+        rate = float(budget.budget) if budget is not None else self.band.rate()
         if rate is None or not len(probabilities):
             return None
         return float(np.quantile(np.asarray(probabilities, dtype=float), min(1.0, max(0.0, 1.0 - rate))))
+
+
+def check_gate_file(spec: MethodSpec, lm: Backend) -> None:
+    """A gate file fitted on another model, or with numbers that overflow, is refused when the pipeline opens, not
+    per request (the gate's own check: ``Gate.check_file``)."""
+    if spec.gate.weights is not None:
+        from ragate.gates.registry import get_gate
+
+        get_gate(spec.gate.kind).check_file(str(spec.gate.weights), lm)

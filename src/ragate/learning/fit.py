@@ -1,7 +1,7 @@
 """From labelled traffic to a gate in force: the features an answer records (:func:`answer_features`), the labelled
 questions of a feedback store or a sweep (:func:`store_labelled`, :func:`sweep_labelled`), and the fit that writes
 the learned gate's file (:func:`learn_from_store`, :func:`learn_labelled`). The fitting itself is
-:mod:`ragate.eval.learn`; the gate that reads the file is :mod:`ragate.gates.learned`.
+:mod:`ragate.learning.scores`; the gate that reads the file is :mod:`ragate.gates.learned`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from ragate.errors import RagateError
-from ragate.eval.learn import (
+from ragate.gates.learned import DRAFT_FEATURES, LEARNED_LABELS, draft_scores, question_digest, save_learned
+from ragate.gates.signals import QUESTION_FEATURES, signals
+from ragate.learning.scores import (
     DEFAULT_C,
     DEFAULT_COMPONENTS,
     MIN_CLASS,
@@ -26,8 +28,6 @@ from ragate.eval.learn import (
     shortfall,
     tune,
 )
-from ragate.gates.learned import DRAFT_FEATURES, LEARNED_LABELS, draft_scores, question_digest, save_learned
-from ragate.gates.signals import QUESTION_FEATURES, signals
 
 # the question-side signals that need no index (rarity counts the index's passages)
 TEXT_FEATURES = tuple(n for n in QUESTION_FEATURES if n != "rarity")
@@ -118,8 +118,8 @@ def compare_with_gate(
     """The new gate's cross-fitted probabilities (``learned``, by answer id) against the scores the gate ``gate``
     gave the same labelled answers when it answered them (their ``gate:KIND`` feature); None where it scored fewer
     than :data:`MIN_COMPARED` of a class."""
-    from ragate.eval.analysis import auroc
-    from ragate.eval.learn import paired_auroc_gap
+    from ragate.learning.scores import paired_auroc_gap
+    from ragate.report.analysis import auroc
 
     key = GATE_SCORE + gate
     keep = [i for i, (a, f) in enumerate(zip(ids, features, strict=True)) if key in f and a in learned]
@@ -212,8 +212,8 @@ def learn_labelled(
     tuned: bool = False,
     against: tuple[Sequence[Mapping[str, float]], str] | None = None,
 ) -> Learned:
-    """Fit (:func:`ragate.eval.learn.learn_gate`) and write the gate file atomically. ``tuned``: choose the PCA
-    size and L2 strength by cross-fitted AUROC on these labels first (:func:`ragate.eval.learn.tune`).
+    """Fit (:func:`ragate.learning.scores.learn_gate`) and write the gate file atomically. ``tuned``: choose the PCA
+    size and L2 strength by cross-fitted AUROC on these labels first (:func:`ragate.learning.scores.tune`).
     ``against``: the rows' recorded features and the name of the gate in force, to compare the new gate with it
     (:func:`compare_with_gate`; the result goes in the report and the file)."""
     from ragate.version import __version__
@@ -361,8 +361,8 @@ def sweep_labelled(
     closed-book answer scores 0 by ``metric``; ``retrieval-changed``: the closed-book and retrieval answers
     disagree), the question's signals, and the hidden state of ``lm`` at the direct prompt (one prefill each), or
     what ``states_of(questions)`` computes (:class:`HiddenStates` on Ray workers) in their order."""
-    from ragate.eval.skr import sweep_questions
-    from ragate.feedback import answers_agree
+    from ragate.learning.store import answers_agree
+    from ragate.learning.sweeps import sweep_questions
 
     found = sweep_questions(
         Path(sweep_dir), family=family, metric=metric, method=method, what="the gate's labels"
@@ -444,8 +444,8 @@ def import_sweep(
     its question's signals, and, computed with ``lm``, the hidden state at the direct prompt and (``draft``) TARG's
     scores of the 20-token draft after it (the first ``limit`` records only, when given). Rows already imported are
     skipped; returns how many were added."""
-    from ragate.eval.skr import sweep_questions
-    from ragate.feedback import answers_agree
+    from ragate.learning.store import answers_agree
+    from ragate.learning.sweeps import sweep_questions
     from ragate.methods import get_method
     from ragate.methods.question import QuestionRun
 

@@ -1,7 +1,7 @@
 """The feedback store that service replicas share, in Valkey or Redis: ``ragate serve --feedback-store
 redis://HOST:PORT/DB``, ``Pipeline(feedback_store="redis://...")``, ``ragate gate learn --store redis://...``.
 
-The same answers, features and labels as the SQLite store (:mod:`ragate.feedback`), so that a label posted to one
+The same answers, features and labels as the SQLite store (:mod:`ragate.learning.store`), so that a label posted to one
 replica (``POST /v1/feedback``, a shadow answer) is seen by every replica's refit and by ``ragate gate learn``.
 Keys, under ``ragate:feedback:``: ``seq`` (a counter), ``answers`` (a sorted set of answer ids by their sequence
 number: the bound drops the lowest), ``answer:<id>`` (a hash of the answer's fields; the hidden state base64 of its
@@ -10,7 +10,7 @@ float32 bytes), ``labels:<id>`` (a list of JSON labels, oldest first), ``labelle
 answers with their labels each run as one server-side script, so another replica never sees half of one. A label is
 in the store when its call returns (the server's own persistence settings decide what survives a restart of the
 store). A value that does not parse is an error naming the key; a store that fails is not tried again for a second
-(:class:`ragate.shared.Link`).
+(:class:`ragate.state.shared.Link`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Self
 import numpy as np
 
 from ragate.errors import ArgumentTypeError, RagateError
-from ragate.feedback import (
+from ragate.learning.store import (
     ALL_KINDS,
     DEFAULT_MAX_ANSWERS,
     LABEL_KINDS,
@@ -40,7 +40,7 @@ from ragate.feedback import (
     unknown_answer,
     value_key,
 )
-from ragate.shared import SCHEMES, Link, StoreUnavailable, connect, parse_state_url
+from ragate.state.shared import SCHEMES, Link, StoreUnavailable, connect, parse_state_url
 
 PREFIX = "ragate:feedback:"
 CHUNK = 500  # answers read per round trip by labelled() and counts()
@@ -305,12 +305,12 @@ def _answer(answer_id: str, row: Mapping[str, str], key: str) -> StoredAnswer:
 
 STORE_FORMS = (
     "a SQLite file's path (str or pathlib.Path), a redis://HOST:PORT/DB URL (rediss://, valkey://, valkeys:// too), "
-    "or a store object (ragate.feedback.FeedbackStore, ragate.shared_feedback.SharedFeedbackStore)"
+    "or a store object (ragate.learning.store.FeedbackStore, ragate.learning.shared_store.SharedFeedbackStore)"
 )
 
 
 def is_shared_store(where: str | Path) -> bool:
-    """Whether ``where`` names the replicas' shared store (a URL of a scheme in :data:`ragate.shared.SCHEMES`) rather
+    """Whether ``where`` names the replicas' shared store (a URL of a scheme in :data:`ragate.state.shared.SCHEMES`) rather
     than a SQLite file; a URL of another scheme (``http://``, a typo) is refused naming those ragate takes, where it
     would otherwise become a file at ``./http:/...``."""
     if not isinstance(where, str | Path):
@@ -331,7 +331,7 @@ def is_shared_store(where: str | Path) -> bool:
 
 def open_feedback_store(where: str | Path, *, max_answers: int = DEFAULT_MAX_ANSWERS) -> FeedbackRules:
     """The store ``where`` names: a ``redis://`` / ``valkey://`` URL (the replicas' shared store) or a SQLite
-    file (:class:`ragate.feedback.FeedbackStore`); a URL of another scheme is refused (:func:`is_shared_store`)."""
+    file (:class:`ragate.learning.store.FeedbackStore`); a URL of another scheme is refused (:func:`is_shared_store`)."""
     if is_shared_store(where):
         return SharedFeedbackStore(str(where), max_answers=max_answers)
     return FeedbackStore(where, max_answers=max_answers)

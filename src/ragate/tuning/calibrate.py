@@ -234,12 +234,12 @@ def calibrate_prefixes(
     ray_workers: int | None = None,
     ray_start_timeout: float = 30.0,
 ) -> dict[str, Any]:
-    """k and tau together for a retrieval ``budget`` (TARG A.8; :func:`ragate.eval.prefixes.choose_prefix`): from
+    """k and tau together for a retrieval ``budget`` (TARG A.8; :func:`ragate.tuning.prefixes.choose_prefix`): from
     a sweep that scored every ``gate@k=...`` of the grid (no model call), or by sweeping the ``dev`` questions into
     ``work_dir`` (the two answers once per question, a draft per k; on Ray with ``run_engine="ray"``). Returns the chosen method's calibration
     file, with the grid's rows under ``prefixes``."""
-    from ragate.eval.prefixes import choose_prefix, prefix_method
     from ragate.eval.sweep import sweep_pass
+    from ragate.tuning.prefixes import choose_prefix, prefix_method
 
     if budget is None:
         raise RagateError("--prefixes chooses k and tau for a budget: pass --budget RHO")

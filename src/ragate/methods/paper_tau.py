@@ -4,7 +4,7 @@ A gate's default tau (``Gate.default_tau``, its origin in ``Gate.tau_source``) i
 threshold, calibration file or budget is given. For DTR's UGT gate and TARG's gates that number is the paper's,
 set on the paper's 7B-8B models (:data:`PAPER_TAUS`); a gate's scores depend on the model (a small model is less
 sure of everything), so on another model the same tau retrieves for a very different share of questions (DTR's
-0.001 retrieved for 20 of 20 questions with Qwen2.5-Coder-1.5B, issue 54). The other gates' defaults are
+0.001 retrieved for 20 of 20 questions with Qwen2.5-Coder-1.5B). The other gates' defaults are
 ragate's own choices or the reply's own verdict (P(yes) = 0.5), which mean the same on any model.
 
 :class:`TauHints` gives a :class:`~ragate.pipeline.Pipeline` (``ragate ask --method``, ``ragate serve``) one line,

@@ -40,7 +40,7 @@ from ragate.eval.thresholds import threshold_for_budget
 from ragate.fileio import atomic_writer
 from ragate.gates.registry import gate_names, get_gate
 from ragate.methods import MethodSpec
-from ragate.shared import Link, SharedWindow, StoreUnavailable
+from ragate.state.shared import Link, SharedWindow, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class BudgetController:
             check_state_path(state)
             if state.exists():
                 self._load(state)
-        self.shared = shared  # the fleet's window in a Valkey/Redis store (ragate.shared), else None
+        self.shared = shared  # the fleet's window in a Valkey/Redis store (ragate.state.shared), else None
         self._link = Link(shared.url.shown) if shared is not None else None
         self._pending: deque[tuple[float | None, bool]] = deque(maxlen=window)  # observed while the store was down
         self._watch: tuple[threading.Event, threading.Thread] | None = None
@@ -383,3 +383,35 @@ class BudgetController:
             "scores": list(self._scores),
             "decisions": list(self._decisions),
         }
+
+
+def check_budget_places(budget: float | None, budget_state: str | Path | None, state: str | None) -> None:
+    """Before a model loads: a budget's state file it could not keep, a ``state=`` URL that is wrong or a store that
+    does not answer, or ``state=`` without a budget."""
+    if budget is not None and budget_state is not None:
+        check_state_path(Path(budget_state))
+    if state is not None:
+        from ragate.state.shared import connect, parse_state_url
+
+        if budget is None:
+            raise RagateError("state= shares the live budget's window among replicas: give budget= too")
+        connect(parse_state_url(state)).close()
+
+
+def open_budget(
+    budget: float, window: int, spec: MethodSpec, budget_state: str | Path | None, model: str, gain: float,
+    state: str | None,
+) -> BudgetController:  # fmt: skip
+    """The live controller of a pipeline (``Pipeline(budget=)``), its window kept in the Valkey/Redis store at
+    ``state`` that replicas share (:mod:`ragate.state.shared`; the settings checked before the store sees them),
+    else its own."""
+    shared = None
+    if state is not None:
+        from ragate.state.shared import SharedWindow, parse_state_url
+
+        check_budget(budget, window, spec, gain)
+        shared = SharedWindow(
+            parse_state_url(state), method=spec.name, model=model, budget=budget, window=window, gain=gain
+        )
+    path = Path(budget_state) if budget_state is not None else None
+    return BudgetController(budget, window, spec, path, model=model, gain=gain, shared=shared)

@@ -1,7 +1,7 @@
 """The feedback store: answers a pipeline gave, with the features its gate could read, and the labels that say
 whether retrieval was needed, from three sources, in one SQLite file.
 
-- **shadow** (:mod:`ragate.shadow`): on a sample of requests the path the gate did not take is run after the
+- **shadow** (:mod:`ragate.learning.shadow`): on a sample of requests the path the gate did not take is run after the
   response, and the pair of answers gives a *silver* label, ``retrieval-changed``: the closed-book and the retrieval
   answers disagree (their SQuAD token F1, after normalisation, is below :data:`AGREE_F1`); with a reference answer
   the closed-book one is also scored (a *gold* ``closed-wrong`` label).
@@ -35,7 +35,7 @@ from typing import Any, Literal, Self
 import numpy as np
 
 from ragate.errors import RagateError
-from ragate.shared import StoreUnavailable
+from ragate.state.shared import StoreUnavailable
 
 AGREE_F1 = 0.5
 DEFAULT_MAX_ANSWERS = 50_000
@@ -176,8 +176,9 @@ def check_label(source: str, kind: str) -> None:
 
 
 class FeedbackRules:
-    """What a user's word on an answer means, over any store that can ``get`` an answer and add labels and notes
-    (this SQLite file, or the replicas' shared store: :mod:`ragate.shared_feedback`)."""
+    """A feedback store's interface, and what a user's word on an answer means over any store that can ``get`` an
+    answer and add labels and notes (this SQLite file, or the replicas' shared store:
+    :mod:`ragate.learning.shared_store`)."""
 
     name: str  # what messages and a learned gate's provenance call the store
 
@@ -190,6 +191,27 @@ class FeedbackRules:
         raise NotImplementedError
 
     def add_label_note(self, answer_id: str, detail: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def record_answer(
+        self, answer_id: str, *, question: str, method: str, prompts: str, answer: str, retrieved: bool,
+        features: Mapping[str, float], hidden: np.ndarray | None, model: Mapping[str, Any],
+    ) -> None:  # fmt: skip
+        raise NotImplementedError
+
+    def set_twin(self, answer_id: str, *, closed: str | None = None, opened: str | None = None) -> None:
+        raise NotImplementedError
+
+    def labelled(self, kind: LabelKind, *, prompts: str | None = None) -> LabelledRows:
+        raise NotImplementedError
+
+    def label_rows(self) -> int:
+        raise NotImplementedError
+
+    def counts(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
         raise NotImplementedError
 
     def gate_path(self) -> Path:

@@ -12,7 +12,7 @@ the last window it read plus what it observed since (the controller reports ``sh
 "degraded: shared state: ..."), tries the store again at most once per :data:`RETRY_SECONDS`, and on re-joining
 pushes what it observed meanwhile; a store that comes back empty (restarted without persistence) is seeded with the
 replica's own window first, so tau does not restart from a handful of requests. A service checks the store on its own
-timer (:meth:`ragate.budget.BudgetController.watch`), so ``/healthz`` sees an outage without a request. A URL that is
+timer (:meth:`ragate.state.budget.BudgetController.watch`), so ``/healthz`` sees an outage without a request. A URL that is
 wrong, a store that cannot be reached, or a store in cluster mode (the window's keys are read in one transaction on
 one node; use a single primary with replicas, or a proxy) is refused at start. Each store command waits at most
 ``?timeout=SECONDS`` of the URL (default :data:`TIMEOUT_SECONDS`).

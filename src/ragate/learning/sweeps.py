@@ -1,6 +1,8 @@
-"""``ragate skr fit``: SKR's labelled training questions from a sweep's pass-1 records (gates/skr.py).
+"""Labelled questions read from a sweep's pass-1 records: what every fit on a sweep reads (:func:`sweep_questions`,
+:func:`sweep_model`: the learned gate's rows, the no-model gate's fit) and SKR's label set (``ragate skr fit``,
+:func:`fit_labels`; the gate is gates/skr.py).
 
-The labels are read from one method family's records (default: the family the ``skr`` method answers with, so
+SKR's labels are read from one method family's records (default: the family the ``skr`` method answers with, so
 that a label says what *its* closed-book and retrieval answers scored), the questions from the dataset file the
 sweep read (checked by sha256), and their embeddings from the index's encoder. The sweep's model is recorded,
 by file sha256, so that a label set is refused with another model.

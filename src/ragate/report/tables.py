@@ -21,24 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ragate.errors import RagateError, RunFormatError
-from ragate.eval.analysis import (
-    Metric,
-    accuracy_by_decile,
-    frontier_points,
-    gate_auroc,
-    pairs_breakdown,
-    quadrant_table,
-    recall_comparison,
-)
-from ragate.eval.plots import (  # noqa: F401 (operating_intervals and operating_points stay importable here)
-    METRIC_LABEL,
-    canvas,
-    operating_intervals,
-    operating_points,
-    plot_deciles,
-    plot_frontiers,
-    plot_operating_points,
-)
 from ragate.eval.records import latest, read_records
 from ragate.eval.run import RECALL_K
 from ragate.eval.rundir import read_results, read_run_config
@@ -52,6 +34,24 @@ from ragate.eval.summary import (
 )
 from ragate.eval.sweep import compact, default_records, frontier, sweep_markdown, swept_methods
 from ragate.fileio import atomic_writer
+from ragate.report.analysis import (
+    Metric,
+    accuracy_by_decile,
+    frontier_points,
+    gate_auroc,
+    pairs_breakdown,
+    quadrant_table,
+    recall_comparison,
+)
+from ragate.report.plots import (  # noqa: F401 (operating_intervals and operating_points stay importable here)
+    METRIC_LABEL,
+    canvas,
+    operating_intervals,
+    operating_points,
+    plot_deciles,
+    plot_frontiers,
+    plot_operating_points,
+)
 
 PAIRS_METHODS = ("pairs", "pairs-exclude-num", "pairs-embedding")
 
@@ -296,7 +296,7 @@ def _matched_section(
     select: str = "best",
 ) -> list[str]:
     """The budget-matched table (TARG Tables 3-4) of a sweep and, as single points, the methods of eval runs."""
-    from ragate.eval.matched import matched_markdown, matched_table, point_label, references
+    from ragate.report.matched import matched_markdown, matched_table, point_label, references
 
     if not sweep_records:
         raise RagateError(
@@ -387,7 +387,7 @@ def write_report(
 ) -> list[Path]:
     """Write ``report.md``, ``frontier.png``, ``deciles.png`` (sweeps only) and ``report.html`` for the run in
     ``run_dir`` into ``out`` (default ``run_dir/report``), each atomically; returns the paths written. With
-    ``budgets``, a sweep's report gains the budget-matched table (:mod:`ragate.eval.matched`), where the eval
+    ``budgets``, a sweep's report gains the budget-matched table (:mod:`ragate.report.matched`), where the eval
     runs ``with_runs`` (on the same questions) add their methods' single operating points. With ``sweep`` (a sweep
     directory on the same questions), an eval run's report gains the methods that sweep already answered (its
     gates at their default thresholds, and never/always retrieving with a swept family's prompts) in the paired

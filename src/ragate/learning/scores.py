@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ragate.errors import RagateError
-from ragate.eval.analysis import auroc
 from ragate.gates.learned import DRAFT_FEATURES, LearnedGateFile, Probe, sigmoid
+from ragate.report.analysis import auroc
 
 MIN_CLASS = 10
 DEFAULT_COMPONENTS = 16

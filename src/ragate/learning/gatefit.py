@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from ragate.errors import RagateError
-from ragate.eval.skr import sweep_model, sweep_questions
 from ragate.gates.registry import get_gate
 from ragate.gates.signals import (
     FEATURE_SETS,
@@ -36,6 +35,7 @@ from ragate.gates.signals import (
     signals,
 )
 from ragate.gates.weights import LABELS, GateWeights, question_digest
+from ragate.learning.sweeps import sweep_model, sweep_questions
 
 
 def record_label(record: dict[str, Any], label: str, metric: str) -> bool:
@@ -65,7 +65,7 @@ def feature_matrix(
             question,
             features,
             (lambda i=i: found[i]) if found is not None else None,  # type: ignore[misc]
-            (lambda: freqs) if freqs is not None else None,  # type: ignore[return-value]
+            (lambda: freqs) if freqs is not None else None,
         )
         rows.append(s.vector(features))
     kinds = {f.kind for f in found} if found is not None else set()
@@ -83,7 +83,7 @@ def _cross_validated(x: np.ndarray, y: np.ndarray, c: float) -> tuple[float | No
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from ragate.eval.analysis import auroc
+    from ragate.report.analysis import auroc
 
     folds = min(5, int(y.sum()), int((~y).sum()))
     if folds < 2:
@@ -110,8 +110,8 @@ def fit_gate(
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from ragate.eval.analysis import auroc
     from ragate.methods.question import encoder_identity
+    from ragate.report.analysis import auroc
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
 

@@ -1,9 +1,9 @@
 """Shadow answers: on a sample of requests, the path the gate did not take, run after the response is sent, so
-that the pair of answers labels the question (:mod:`ragate.feedback`).
+that the pair of answers labels the question (:mod:`ragate.learning.store`).
 
 A request the gate answered closed-book gets a retrieval answer (the method's own selector and reader, as if the
 gate had said "retrieve"); one that retrieved gets the closed-book answer. The pair gives the silver label
-``retrieval-changed`` (the answers disagree: :func:`ragate.feedback.answers_agree`), and with a reference answer the
+``retrieval-changed`` (the answers disagree: :func:`ragate.learning.store.answers_agree`), and with a reference answer the
 closed-book one is scored too (``closed-wrong``).
 
 The work is kept off a request's critical path. Jobs wait in a bounded queue, those that settle a pending label

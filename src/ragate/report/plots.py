@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ragate.errors import RagateError
-from ragate.eval.analysis import (
+from ragate.report.analysis import (
     FrontierPlot,
     Metric,
     accuracy_by_decile,

@@ -9,7 +9,7 @@ wrong", and threshold transfer between datasets (TARG Table S8). Eval records (o
 into directly answered and retrieved questions (PAIRS Fig. 3).
 
 Every gate score is oriented so that higher means "retrieve" (more uncertain), and a gate retrieves iff
-score > tau (:mod:`ragate.eval.calibrate`).
+score > tau (:mod:`ragate.tuning.calibrate`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,5 @@
+"""The live state of a service: the retrieval budget's controller (``budget.py``: tau re-set before each question
+so that a share of the last answers retrieves) and the window that replicas share in Valkey/Redis (``shared.py``).
+
+May import: core, gates, methods, eval (docs/architecture.md).
+"""
