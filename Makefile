@@ -67,6 +67,7 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 	$(VENV)/bin/mypy src
+	$(VENV)/bin/mypy --strict src/ragate/learning
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

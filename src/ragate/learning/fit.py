@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -28,6 +28,10 @@ from ragate.learning.scores import (
     shortfall,
     tune,
 )
+
+if TYPE_CHECKING:
+    from ragate.backends.base import Backend
+    from ragate.learning.store import FeedbackRules, LabelKind
 
 # the question-side signals that need no index (rarity counts the index's passages)
 TEXT_FEATURES = tuple(n for n in QUESTION_FEATURES if n != "rarity")
@@ -175,12 +179,12 @@ def _labelled(
 
 
 def store_labelled(
-    store: Any, label: str, *, prompts: str | None, hidden: bool = True, draft: bool = True
+    store: FeedbackRules, label: str, *, prompts: str | None, hidden: bool = True, draft: bool = True
 ) -> Labelled:
     """The store's answers labelled ``label`` (of the prompt set ``prompts``) as fitting rows."""
     if label not in LEARNED_LABELS:
         raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
-    return _rows_labelled(store.labelled(label, prompts=prompts), hidden=hidden, draft=draft)
+    return _rows_labelled(store.labelled(cast("LabelKind", label), prompts=prompts), hidden=hidden, draft=draft)
 
 
 def _rows_labelled(rows: Any, *, hidden: bool, draft: bool) -> Labelled:
@@ -305,7 +309,7 @@ def choose_label(counts: Mapping[str, Mapping[str, int]]) -> tuple[str, str]:
 
 
 def learn_from_store(
-    store: Any,
+    store: FeedbackRules,
     out: str | Path,
     *,
     label: str | None = "closed-wrong",
@@ -326,7 +330,7 @@ def learn_from_store(
         label, _ = choose_label(label_counts(store, prompts))
     if label not in LEARNED_LABELS:
         raise RagateError(f"unknown label {label!r}: one of {', '.join(LEARNED_LABELS)}")
-    rows = store.labelled(label, prompts=prompts)  # one read: the fitting rows and their provenance agree
+    rows = store.labelled(cast("LabelKind", label), prompts=prompts)  # one read: the rows and their provenance agree
     data = _rows_labelled(rows, hidden=hidden, draft=cascade is not None)
     if model is None and rows.models:  # the model whose answers and hidden states the rows hold
         model = {"model": rows.models[0]}
@@ -348,7 +352,7 @@ def scored_by(features: Sequence[Mapping[str, float]]) -> str | None:
 
 def sweep_labelled(
     sweep_dir: str | Path,
-    lm: Any,
+    lm: Backend | None,
     *,
     label: str = "closed-wrong",
     method: str = "learned",
@@ -428,9 +432,9 @@ class HiddenStates:
 
 
 def import_sweep(
-    store: Any,
+    store: FeedbackRules,
     sweep_dir: str | Path,
-    lm: Any,
+    lm: Backend,
     *,
     method: str = "learned",
     family: str | None = None,
