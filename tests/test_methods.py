@@ -17,7 +17,7 @@ NAMED = [
     "corpus-coverage", "corpus-or-margin", "learned", "proxy-margin", "proxy-entropy", "no-retrieval", "standard-rag", "standard-rag-pairs-prompts", "llm-judge", "hyde", "q2d", "cot", "dtr", "dtr-no-ugt", "dpr-ais",
     "dpr-ais-dynamic", "dpr-ais-sum", "dpr-ais-rerank", "rerank", "pairs", "pairs-exclude-num", "pairs-lenient", "targ-entropy", "targ-margin",
     "targ-entropy-present", "targ-margin-present", "targ-entropy@k=5", "targ-entropy@k=10", "targ-margin@k=5", "targ-margin@k=10", "targ-variance", "targ-always", "targ-always-context-first", "random", "verbal-confidence", "self-eval", "self-rag-lite", "skr", "crag-lite",
-    "crag-lite-rewrite", "no-retrieval-pairs-prompts", "hyde-pairs-prompts", "q2d-pairs-prompts", "cot-pairs-prompts",
+    "crag-lite-rewrite", "no-retrieval-pairs-prompts", "hyde-pairs-prompts", "q2d-pairs-prompts", "cot-pairs-prompts", "route",
 ]  # fmt: skip
 DYNAMIC = [
     "etc", "etc-signed", "etc-per-word", "etc-sentence-passages", "etc-1st", "etc-no-smoothing", "etc-fixed", "etc-code", "etc-ragate-3", "dragin",

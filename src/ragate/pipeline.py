@@ -75,6 +75,7 @@ class Pipeline:
     --budget``); ``state`` (``redis://HOST:PORT/DB``, Valkey or Redis) keeps that window in a store that several
     replicas share, so that they hold one rate between them (:mod:`ragate.state.shared`). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
     replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
+    ``routes``: with ``method="route"``, the methods it routes between, cheapest first (:mod:`ragate.methods.route`);
     ``fallback`` names a gate to run where the backend cannot serve the method's.
     ``corpus``: with ``search``, the texts of the documents it searches, handed over once: the gates that count
     terms in the corpus (``corpus-coverage``, ``corpus-or-margin``, ``question-rarity``) then run over your search
@@ -126,6 +127,7 @@ class Pipeline:
         proxy_model: str | None = None,
         cross_encoder: str | Path | None = None,
         prompts: str | None = None,
+        routes: Sequence[str] | None = None,
         seed: int = 0,
         lm: Backend | None = None,
         retriever: Retriever | None = None,
@@ -173,7 +175,7 @@ class Pipeline:
         self.tracing = Tracing(tracer_provider, trace_content)
         spec = configure_method(
             get_method(method), gate, selector, skr_labels, max_tokens, k, cross_encoder=cross_encoder,
-            prompts=prompts, gate_weights=gate_weights, proxy_model=proxy_model,
+            prompts=prompts, gate_weights=gate_weights, proxy_model=proxy_model, routes=routes,
         )  # fmt: skip
         self._max_tokens, self._k = max_tokens, k
         self.calibration: dict[str, Any] | None = None

@@ -180,6 +180,7 @@ def ask_with_method(
     max_tokens: int | None = None,
     cross_encoder: str | None = None,
     prompts: str | None = None,
+    routes: tuple[str, ...] | None = None,
     progress: Any = None,
     tracer_provider: Any = None,
     trace_content: bool | None = None,
@@ -211,6 +212,7 @@ def ask_with_method(
         max_tokens=max_tokens,
         cross_encoder=cross_encoder,
         prompts=prompts,
+        routes=routes,
         backend_options=options,
         tracer_provider=tracer_provider,
         trace_content=trace_content,
@@ -324,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
             prompts=args.prompts,
             gate_weights=args.gate_weights,
             proxy_model=args.proxy_model,
+            routes=routes_argument(args.routes),
         )
         status = StageLine(not args.quiet)
         if args.index is None and spec.retrieves:
@@ -356,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
                 max_tokens=args.max_tokens,
                 cross_encoder=args.cross_encoder,
                 prompts=args.prompts,
+                routes=routes_argument(args.routes),
                 progress=status,
                 tracer_provider=provider,
                 trace_content=args.trace_content or None,
@@ -553,9 +557,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="with --method: another prompt set for it (dtr, pairs, targ-question-first, targ: TARG's reader with the "
         "documents first); benchmarks/prompt_layouts.py prints how much of each gate's prompt the reader reuses",
     )
+    parser.add_argument("--routes", default=None, metavar="M1,M2,...", help=ROUTES_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no status line on stderr while it works")
     thread_arguments(parser)
     early_exit_argument(parser)
     trace_options(parser)
     parser.set_defaults(run=run)
+
+
+ROUTES_HELP = (
+    "with --method route: the methods it routes between, cheapest first (default wo-rag,single-rag,ircot; or "
+    "no-retrieval,standard-rag,... for single-shot routes); see docs/methods.md, Routes"
+)
+
+
+def routes_argument(text: str | None) -> tuple[str, ...] | None:
+    """``--routes a,b,c`` as the routes' names (None: not given); the route method checks them."""
+    if text is None:
+        return None
+    return tuple(name.strip() for name in text.split(",") if name.strip())

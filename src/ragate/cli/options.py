@@ -216,3 +216,4 @@ def check_engine_args(args: argparse.Namespace) -> None:
     )  # fmt: skip
     if args.run_engine == "ray":
         reach_cluster(args.ray_address, args.ray_start_timeout)
+

@@ -21,7 +21,7 @@ from typing import Any
 
 from ragate.backends import ENGINES
 from ragate.backends.turns import DEFAULT_SHARE
-from ragate.cli.ask import early_exit_argument, thread_arguments, trace_options
+from ragate.cli.ask import ROUTES_HELP, early_exit_argument, routes_argument, thread_arguments, trace_options
 from ragate.cli.options import base_urls
 from ragate.errors import RagateError
 from ragate.methods.needs import DEFAULT_TEXT_GATE
@@ -76,6 +76,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             batch_threads=check_threads(args.batch_threads, "--batch-threads"),
             early_exit=not args.no_early_exit,
             prompts=args.prompts,
+            routes=routes_argument(args.routes),
             answer_log=str(args.answer_log) if args.answer_log else None,
             answer_log_required=args.answer_log_required,
             trace_file=str(args.trace) if args.trace else None,
@@ -247,6 +248,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="SET",
         help="another prompt set for the served method (dtr, pairs, targ-question-first, targ)",
     )
+    p.add_argument("--routes", default=None, metavar="M1,M2,...", help=ROUTES_HELP)
     p.add_argument(
         "--prompt-state-mb",
         type=int,

@@ -538,7 +538,7 @@ def default_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     fixed = {
         name: (family_key(spec), spec.gate.kind == "always")
         for name, spec in METHODS.items()
-        if unswept(spec) and spec.dynamic is None and spec.crag is None
+        if unswept(spec) and spec.dynamic is None and spec.crag is None and spec.route is None
     }
     out: list[dict[str, Any]] = []
     for name, (family, retrieve) in fixed.items():

@@ -4,6 +4,7 @@ prompt set, each checked before any cost."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +24,7 @@ def configure_method(
     prompts: str | None = None,
     gate_weights: str | Path | None = None,
     proxy_model: str | None = None,
+    routes: Sequence[str] | None = None,
 ) -> MethodSpec:
     """``spec`` with another gate or selector, SKR's label set, a trained gate's weights (``ragate gate fit``), a
     proxy gate's small model (``proxy_model``: a model name or GGUF path), an
@@ -89,5 +91,24 @@ def configure_method(
                 f"{spec.name!r} is a dynamic method: it writes with its few-shot exemplars, not a prompt set"
             )
         spec = spec.with_(prompts=PROMPT_SETS[prompts])
+    if routes is not None or spec.route is not None:
+        spec = _routed(spec, routes, max_tokens, k)
     require_reranker(spec)
     return spec
+
+
+def _routed(spec: MethodSpec, routes: Sequence[str] | None, max_tokens: int | None, k: int | None) -> MethodSpec:
+    """A route method with the routes given (``routes=``, ``--routes``) and the answer length and documents set
+    for every route; the routes checked before any model loads (:func:`ragate.methods.route.check_routes`)."""
+    from ragate.methods.route import route_specs
+
+    if spec.route is None:
+        raise RagateError(f"routes= goes with method='route', not {spec.name!r}")
+    if isinstance(routes, str):
+        routes = [r.strip() for r in routes.split(",") if r.strip()]
+    route = spec.route
+    if routes is not None:
+        route = replace(route, routes=tuple(routes), stop_nll=None)
+    route = replace(route, max_tokens=max_tokens or route.max_tokens, k=k or route.k)
+    route_specs(route)
+    return spec.with_(route=route)

@@ -55,7 +55,16 @@ def method_need(spec: MethodSpec) -> Need:
     return gate_need(spec.gate.kind)
 
 
+_SUPPORT_ORDER: tuple[Support, ...] = ("unavailable", "text", "approximate", "exact")
+
+
 def method_support(spec: MethodSpec, caps: Capabilities) -> tuple[Support, str]:
+    if spec.route is not None:  # a route method runs as its least served route does
+        from ragate.methods.route import route_specs
+
+        found = [(method_support(s, caps), s.name) for s in route_specs(spec.route)]
+        (status, why), name = min(found, key=lambda f: _SUPPORT_ORDER.index(f[0][0]))
+        return status, why if status == "exact" else f"route {name!r}: {why}"
     if spec.dynamic is not None and not caps.continues:
         return "unavailable", (
             "the backend cannot continue the model's own text (an OpenAI-style chat endpoint), which a dynamic "
@@ -78,6 +87,12 @@ def require(
     run."""
     from ragate.methods.registry import all_methods  # the registry imports this module's users
 
+    if spec.route is not None:  # a route method runs where every route runs (no fallback: a route is a method)
+        from ragate.methods.route import route_specs
+
+        for route in route_specs(spec.route):
+            require(route, caps, engine=engine)
+        return spec
     status, why = method_support(spec, caps)
     if status != "unavailable":
         return spec
@@ -169,6 +184,12 @@ def require_index(spec: MethodSpec, retriever: Retriever, *, where: str = "") ->
     """An :class:`IndexNeedError` before any LM call when ``retriever`` cannot serve what ``spec`` reads from it
     (DTR's and PAIRS's selection over a BM25 index, HyDE over a search that cannot take a vector)."""
     where = where or f"the {retriever.kind} index"
+    if spec.route is not None:
+        from ragate.methods.route import route_specs
+
+        for route in route_specs(spec.route):
+            require_index(route, retriever, where=where)
+        return
     require_reranker(spec)
     if spec.dynamic is None and spec.crag is None and get_gate(spec.gate.kind).counts_terms:
         from ragate.gates.signals import has_term_counts

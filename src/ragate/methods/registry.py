@@ -19,7 +19,7 @@ from ragate.gates.registry import GATE_REGISTRY, get_gate
 from ragate.methods.corpus import CORPUS_METHODS
 from ragate.methods.no_model import LEARNED_METHOD, NO_MODEL_METHODS
 from ragate.methods.prompts import PAIRS, TARG, TARG_CONTEXT_FIRST
-from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, SelectorSpec
+from ragate.methods.spec import CragSpec, DynamicSpec, GateSpec, MethodSpec, RouteSpec, SelectorSpec
 from ragate.methods.triggers import TRIGGER_REGISTRY, Trigger, trigger_class
 from ragate.methods.triggers import register_trigger as add_trigger
 
@@ -338,6 +338,14 @@ _METHODS = (
             ),
             ("wo-rag", "chain of thought without retrieval", DynamicSpec("none")),
         )
+    ),
+    MethodSpec(  # Adaptive-RAG's three routes (its no / one / multi-step readers), chosen per question by a cascade
+        "route",
+        "routes per question: wo-rag, then single-rag, then ircot; a cascade pays for the next route only where the "
+        "answer fails its checks (its NLL, agreement with the route before)",
+        GateSpec("never"),
+        _Q,
+        route=RouteSpec(("wo-rag", "single-rag", "ircot")),
     ),
 )
 METHODS: dict[str, MethodSpec] = {m.name: m for m in _METHODS}

@@ -62,6 +62,13 @@ def run_method(
     require(spec, lm.capabilities, engine=lm.engine)
     if retriever is not None:
         require_index(spec, retriever)
+    if spec.route is not None:  # each route answered as its own method, cheapest first (ragate.methods.route)
+        from ragate.methods.route import run_route
+
+        def route(s: MethodSpec) -> Trace:
+            return run_method(s, question, lm, retriever, seed=seed, dataset=dataset, progress=progress)
+
+        return run_route(spec, question, route)
     if spec.dynamic is not None:
         from ragate.dynamic.loop import run_dynamic
 
@@ -145,7 +152,12 @@ def select_documents(
 
 
 def _no_gate_alone(spec: MethodSpec) -> None:
-    """Dynamic methods and CRAG-lite have no gate that runs before (and apart from) the answer."""
+    """Dynamic methods, CRAG-lite and route methods have no gate that runs before (and apart from) the answer."""
+    if spec.route is not None:
+        raise ValueError(
+            f"{spec.name!r} routes each question by checking its routes' answers: it has no gate to run before the "
+            "answer, so it is not swept or calibrated apart; answer with it (Pipeline.answer, `ragate eval`)"
+        )
     if spec.dynamic is not None:
         raise ValueError(
             f"{spec.name!r} is a dynamic method: it decides while generating, so it has no gate to run alone "

@@ -111,6 +111,26 @@ class CragSpec:
     incorrect: CragIncorrect = "closed-book"
 
 
+RoutePolicy = Literal["cascade"]
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """Routes as one method (ragate.methods.route): ``routes`` names registered methods, cheapest first (closed-book,
+    one retrieval, many), all in one answer format (every route a chain-of-thought method, or every route
+    single-shot) so that their answers and checks compare. ``policy`` "cascade": answer with the first route and
+    stop when its answer checks out, else pay for the next. A route's answer checks out when its normalised NLL is
+    at most that stage's ``stop_nll`` (one per route but the last; None: DTR's default tau for each), or, with
+    ``agree``, when it agrees with the answer of the route before it (PAIRS's idea, applied after the answer)."""
+
+    routes: tuple[str, ...]
+    policy: RoutePolicy = "cascade"
+    stop_nll: tuple[float, ...] | None = None
+    agree: bool = True
+    max_tokens: int | None = None  # every route's answer length (None: each route's own)
+    k: int | None = None  # every route's documents per retrieval (None: each route's own)
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -128,6 +148,7 @@ class MethodSpec:
     expansion_max_tokens: int = 128  # HyDE's, Query2doc's and CoT's generated text (Query2doc: 128)
     dynamic: DynamicSpec | None = None  # set: a dynamic-RAG method (gate and selector unused)
     crag: CragSpec | None = None  # set: CRAG-lite (gate unused: it retrieves, then grades what it found)
+    route: RouteSpec | None = None  # set: routes chosen per question (gate, selector and prompts: each route's)
 
     def with_(self, **changes: object) -> MethodSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -136,6 +157,9 @@ class MethodSpec:
         """This method with its gate's threshold (a dynamic method: its trigger's) set to ``tau`` (None: as is)."""
         if tau is None:
             return self
+        if self.route is not None:  # one stop threshold for every stage's answer check
+            stops = (float(tau),) * (len(self.route.routes) - 1)
+            return replace(self, route=replace(self.route, stop_nll=stops))
         if self.dynamic is not None:
             return replace(self, dynamic=replace(self.dynamic, threshold=tau))
         return replace(self, gate=replace(self.gate, threshold=tau))
@@ -143,6 +167,8 @@ class MethodSpec:
     @property
     def retrieves(self) -> bool:
         """Whether the method can ever read the index (and so needs one)."""
+        if self.route is not None:
+            return True  # a route after the first reads it (ragate.methods.route checks the order)
         if self.dynamic is not None:
             return self.dynamic.trigger != "none" or self.dynamic.initial
         return self.crag is not None or self.gate.kind != "never"

@@ -3,6 +3,7 @@ of every stage."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,10 +23,12 @@ class Stage:
     seconds: float
     overhead: bool = False
     finish_reason: str = ""  # an LM call's: "stop" (an end token or a stop string) or "length" (max_tokens)
+    logprob: float | None = None  # an LM call's: the sum of its generated tokens' log-probabilities (None: none given)
 
     @classmethod
     def of(cls, name: str, gen: Generation, *, overhead: bool = False) -> Stage:
-        return cls(name, gen.prompt_tokens, gen.completion_tokens, gen.seconds, overhead, gen.finish_reason)
+        total = math.fsum(gen.logprobs) if gen.logprobs and len(gen.logprobs) == len(gen.tokens) else None
+        return cls(name, gen.prompt_tokens, gen.completion_tokens, gen.seconds, overhead, gen.finish_reason, total)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,29 @@ class DynamicInfo:
 
 
 @dataclass(frozen=True)
+class RouteCheck:
+    """One stop check of a route cascade on a route's answer: its ``kind`` ("nll": the answer's normalised NLL at
+    most ``threshold``; "agree": the answer agrees with the route before it, score 1 or 0, threshold 1), its score,
+    and whether it stopped the cascade there."""
+
+    route: str
+    kind: str
+    score: float | None  # None: the backend gave no log-probabilities (the check cannot stop the cascade)
+    threshold: float
+    stop: bool
+
+
+@dataclass(frozen=True)
+class RouteInfo:
+    """What a route method did: the routes it could take (cheapest first), the one whose answer it gave, and each
+    check met on the way."""
+
+    routes: tuple[str, ...]
+    taken: str
+    checks: tuple[RouteCheck, ...]
+
+
+@dataclass(frozen=True)
 class Trace:
     """The record of one question through one method (one JSON line in an evaluation run)."""
 
@@ -82,6 +108,7 @@ class Trace:
     # the model's last-layer hidden state at the direct prompt's last token, where it was taken (a feedback store
     # records it with the answer's other features, :mod:`ragate.learning.store`); in memory only, like ``draft``
     hidden: Any = field(default=None, compare=False, repr=False)
+    route: RouteInfo | None = None  # a route method's path (ragate.methods.route)
 
     @property
     def seconds(self) -> float:
@@ -96,6 +123,22 @@ class Trace:
             [s for s in lm if s.name in ("answer", "continue")] or [s for s in lm if s.name == "draft"] or lm
         )
         return "length" if answer and answer[-1].finish_reason == "length" else "stop"
+
+    @property
+    def answer_nll(self) -> float | None:
+        """The normalised NLL, -(1/T) sum_t log p(a_t) (DTR Eqs. 2-3), of the tokens of the calls that wrote the
+        answer: a single-shot method's reading answer, or its draft kept as the answer and that draft's
+        continuation, each whole; a dynamic method's every generation (its chain of thought, tokens cut at a
+        retrieval included). None where the backend gave no log-probabilities or nothing was generated."""
+        lm = [s for s in self.stages if s.completion_tokens]
+        if self.dynamic is not None:
+            wrote = [s for s in lm if s.name in ("generate", "answer-is")]
+        else:
+            wrote = [s for s in lm if s.name in ("answer", "continue")] or [s for s in lm if s.name == "draft"]
+        tokens = sum(s.completion_tokens for s in wrote)
+        if not tokens or any(s.logprob is None for s in wrote):
+            return None
+        return -math.fsum(s.logprob or 0.0 for s in wrote) / tokens
 
     @property
     def lm_calls(self) -> int:
@@ -121,4 +164,5 @@ class Trace:
             "seconds": self.seconds,
             "tokens": self.tokens,
             **({"dynamic": asdict(self.dynamic)} if self.dynamic is not None else {}),
+            **({"route": asdict(self.route)} if self.route is not None else {}),
         }

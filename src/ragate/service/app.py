@@ -194,6 +194,7 @@ def load_pipeline(
             backend_options=settings.backend_options,
             early_exit=settings.early_exit,
             prompts=settings.prompts,
+            routes=settings.routes,
             max_question_chars=settings.max_question_chars,
             tracer_provider=provider,
             trace_content=settings.trace_content,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ragate.methods.spec import MethodSpec
+from ragate.methods.trace import RouteInfo
 
 # what a gate reads, in words: (when it retrieves, when it does not), by gate kind or its prefix
 _WORDS: tuple[tuple[str, str, str], ...] = (
@@ -59,6 +60,7 @@ _GROUPS = (
     "dynamic retrieval while writing: ETC and its baselines",
     "ragate's own gates (no model, your corpus, a proxy model, learned)",
     "your registered gates",
+    "routes: closed-book, one retrieval or many, chosen per question",
 )
 _DTR = ("dtr", "ugt", "llm-judge", "hyde", "q2d", "cot")
 _PAIRS = ("pairs", "dpr-ais", "rerank")
@@ -66,9 +68,21 @@ _TARG = ("targ-", "self-eval", "self-rag-lite", "skr", "crag-lite", "flare-once"
 _OWN = ("retrieval-", "question-", "no-model-lr", "corpus-", "proxy-", "learned", "random")
 
 
+def route_reason(route: RouteInfo) -> str:
+    """A route method's path in plain words: the route that answered and the check that stopped it there."""
+    stopped = [c for c in route.checks if c.stop]
+    if not stopped:
+        return f"no earlier route's answer checked out: answered by {route.taken}, the last route"
+    check = stopped[-1]
+    why = "its answer agreed with the route before it" if check.kind == "agree" else "its answer was confident enough"
+    return f"answered by {route.taken}: {why}, so no costlier route ran"
+
+
 def method_group(name: str, spec: MethodSpec) -> str:
     """The menu group of one method."""
     gate = spec.gate.kind
+    if spec.route is not None:
+        return _GROUPS[7]
     if spec.dynamic is not None and not name.startswith("flare-once"):
         return _GROUPS[4]
     if name.startswith(("no-retrieval", "standard-rag")):

@@ -285,6 +285,7 @@ class Runtime:
                 "reason": trace.gate.reason,
                 "summary": self.plain(trace),
             },
+            **({"route": trace.to_json()["route"]} if trace.route is not None else {}),  # the route and its checks
             "documents": [_hit(h) for h in trace.documents],
             "model": self.lm.model,
             "index": self.index_name,
@@ -295,8 +296,10 @@ class Runtime:
 
     def plain(self, trace: Trace) -> str:
         """The decision in plain words (:func:`ragate.service.plain.plain_reason`), for the page."""
-        from ragate.service.plain import plain_reason
+        from ragate.service.plain import plain_reason, route_reason
 
+        if trace.route is not None:
+            return route_reason(trace.route)
         spec = self.served if trace.method == self.served.name else get_method(trace.method)
         return plain_reason(spec.gate.kind, trace.retrieved, dynamic=spec.dynamic is not None)
 

@@ -73,6 +73,7 @@ class ServiceSettings:
     batch_threads: int | None = None  # llama.cpp's prompt-evaluation threads (None: as threads)
     early_exit: bool = True  # TARG's entropy/margin drafts stop once "retrieve" is settled (ragate.gates.targ)
     prompts: str | None = None  # another prompt set for the served method (e.g. targ: its documents first)
+    routes: tuple[str, ...] | None = None  # with --method route: the methods it routes between, cheapest first
     answer_log: str | None = None  # a file each answer's decision, cost and savings are appended to (JSON lines)
     answer_log_required: bool = False  # an audit trail: an answer whose line cannot be written is a 503
     trace_file: str | None = None  # a file the OpenTelemetry spans are appended to (else the global provider's)

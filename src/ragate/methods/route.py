@@ -1,0 +1,165 @@
+"""Routes as one method: closed-book, one retrieval or many, chosen per question by a cascade that checks each
+route's answer before paying for the next route.
+
+The papers' baselines already hold three routes (closed-book ``wo-rag`` / ``no-retrieval``, one retrieval
+``single-rag`` / ``standard-rag``, many ``ircot`` / ``dragin`` / ``etc``), each right on different questions;
+Adaptive-RAG (Jeong et al., NAACL 2024) chooses among them from the question alone. The cascade (policy
+"cascade") reads each answer instead: it answers with the cheapest route and stops where that answer checks out,
+else pays for the next route. Two checks cost no model call: the answer's normalised NLL (DTR Eqs. 2-3,
+:attr:`ragate.methods.trace.Trace.answer_nll`) at most the stage's threshold, and, from the second route on, the
+answer agreeing with the route before it (PAIRS's agreement, read after the answer rather than before it).
+
+:func:`check_routes` refuses, before any model call, routes that are unknown, repeated, in mixed answer formats
+(chain-of-thought and single-shot) or not ordered by cost (closed-book, then one retrieval, then many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ragate.errors import RagateError
+from ragate.gates.base import GateDecision
+from ragate.methods.spec import MethodSpec, RouteSpec
+from ragate.methods.trace import RouteCheck, RouteInfo, Trace
+from ragate.text import normalize_answer
+
+COSTS = ("closed-book", "one retrieval", "many retrievals")
+
+
+def route_cost(spec: MethodSpec) -> int:
+    """A route's cost class, the order routes must come in: 0 closed-book, 1 one retrieval (a single-shot method
+    that may retrieve, or a dynamic one that retrieves once before writing), 2 many (a dynamic method whose
+    trigger retrieves while it writes)."""
+    if not spec.retrieves:
+        return 0
+    if spec.dynamic is not None and spec.dynamic.trigger != "none":
+        return 2
+    return 1
+
+
+def route_specs(route: RouteSpec) -> list[MethodSpec]:
+    """The routes' methods, checked (:func:`check_routes`), with the answer length and number of documents the
+    route method sets (``RouteSpec.max_tokens``, ``RouteSpec.k``), where it sets them."""
+    from ragate.methods.registry import get_method
+
+    if route.policy != "cascade":
+        raise RagateError(f"unknown route policy {route.policy!r}: the one built in is 'cascade'")
+    specs = [get_method(name) for name in route.routes]
+    check_routes(specs, route)
+    if route.max_tokens is not None or route.k is not None:
+        specs = [_limited(s, route.max_tokens, route.k) for s in specs]
+    return specs
+
+
+def _limited(spec: MethodSpec, max_tokens: int | None, k: int | None) -> MethodSpec:
+    if spec.dynamic is not None:
+        d = replace(spec.dynamic, max_tokens=max_tokens or spec.dynamic.max_tokens, k=k or spec.dynamic.k)
+        return replace(spec, dynamic=d, max_tokens=max_tokens or spec.max_tokens)
+    selector = replace(spec.selector, k=k) if k is not None else spec.selector
+    return replace(spec, max_tokens=max_tokens or spec.max_tokens, selector=selector)
+
+
+def check_routes(specs: list[MethodSpec], route: RouteSpec) -> None:
+    """Refuse, naming the fix: fewer than two routes, a route repeated or itself a route method, routes in two
+    answer formats, routes not ordered by cost, or stop thresholds that do not match the stages."""
+    names = [s.name for s in specs]
+    if len(specs) < 2:
+        raise RagateError(f"a route method needs two routes or more, cheapest first (got {names})")
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise RagateError(f"route {twice[0]!r} is given twice: each route once, cheapest first")
+    if nested := [s.name for s in specs if s.route is not None]:
+        raise RagateError(f"{nested[0]!r} is itself a route method: give the methods it routes between")
+    if len({s.dynamic is not None for s in specs}) > 1:
+        cot = [s.name for s in specs if s.dynamic is not None]
+        raise RagateError(
+            f"routes answer in one format so that their answers compare: {', '.join(cot)} write a chain of thought "
+            "and the rest answer directly; route between wo-rag, single-rag and ircot/dragin/etc, or between "
+            f"no-retrieval, standard-rag/dtr and a single-shot method (got {names})"
+        )
+    costs = [route_cost(s) for s in specs]
+    for before, after, a, b in zip(names, names[1:], costs, costs[1:], strict=False):
+        if b < a:
+            raise RagateError(
+                f"routes go cheapest first: {after!r} ({COSTS[b]}) comes after {before!r} ({COSTS[a]}); order "
+                "them closed-book, then one retrieval, then many"
+            )
+    if route.stop_nll is not None and len(route.stop_nll) != len(specs) - 1:
+        raise RagateError(
+            f"{len(specs)} routes have {len(specs) - 1} stop checks (the last route's answer is the answer): give "
+            f"{len(specs) - 1} stop thresholds, not {len(route.stop_nll)}"
+        )
+
+
+def stop_thresholds(route: RouteSpec) -> tuple[float, ...]:
+    """Each stage's NLL stop threshold: as given, else DTR's default tau for every stage."""
+    if route.stop_nll is not None:
+        return route.stop_nll
+    from ragate.gates.registry import get_gate
+
+    return (float(get_gate("ugt").default_tau),) * (len(route.routes) - 1)
+
+
+def answers_agree(a: str, b: str) -> bool:
+    """Two answers agree when their SQuAD-normalised texts are equal, or one's words appear whole in the other's
+    (a short answer inside a longer phrasing of it); an empty answer agrees with nothing."""
+    x, y = normalize_answer(a), normalize_answer(b)
+    if not x or not y:
+        return False
+    return x == y or f" {x} " in f" {y} " or f" {y} " in f" {x} "
+
+
+def run_route(
+    spec: MethodSpec,
+    question: str,
+    run: Callable[[MethodSpec], Trace],
+) -> Trace:
+    """Answer ``question`` with the route method ``spec``: ``run`` answers with one route's method; the cascade
+    stops at the first route whose answer checks out (see the module docstring). The trace carries every route's
+    stages in order, the last route's answer, documents and dynamic record, and the path (``Trace.route``)."""
+    route = spec.route
+    if route is None:
+        raise ValueError(f"method {spec.name!r} is not a route method")
+    specs = route_specs(route)
+    stops = stop_thresholds(route)
+    checks: list[RouteCheck] = []
+    traces: list[Trace] = []
+    for i, route_spec in enumerate(specs):
+        trace = run(route_spec)
+        traces.append(trace)
+        if i == len(specs) - 1:
+            break
+        nll = trace.answer_nll
+        stop = nll is not None and nll <= stops[i]
+        checks.append(RouteCheck(route_spec.name, "nll", nll, stops[i], stop))
+        if route.agree and i > 0 and not stop:
+            agree = answers_agree(trace.answer, traces[i - 1].answer)
+            checks.append(RouteCheck(route_spec.name, "agree", float(agree), 1.0, agree))
+            stop = agree
+        if stop:
+            break
+    final = traces[-1]
+    taken = specs[len(traces) - 1].name
+    info = RouteInfo(tuple(route.routes), taken, tuple(checks))
+    reason = f"answered by {taken}" + (f" ({checks[-1].kind} check met)" if checks and checks[-1].stop else "")
+    last = next((c for c in reversed(checks) if c.score is not None), None)  # the check that decided
+    decision = GateDecision(
+        any(t.retrieved for t in traces),
+        last.score if last is not None and last.score is not None else 0.0,
+        last.threshold if last is not None else 0.0,
+        reason,
+    )
+    return Trace(
+        spec.name,
+        question,
+        final.answer,
+        decision.retrieve,
+        decision,
+        tuple(q for t in traces for q in t.queries),
+        final.documents,
+        tuple(s for t in traces for s in t.stages),
+        dynamic=final.dynamic,
+        route=info,
+    )
+

@@ -1,0 +1,157 @@
+"""Routes as one method (ragate.methods.route): the cascade answers with the cheapest route and pays for the next
+only where the answer fails its checks (its normalised NLL, agreement with the route before); bad routes are
+refused before any model call. A scripted backend gives the exact log-probabilities the checks read; SmolLM2 and
+the demo index run the method as a user meets it (``ragate.Pipeline``, ``ragate ask``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragate.backends.scripted import ScriptedBackend, make_generation
+from ragate.errors import RagateError
+from ragate.methods import get_method, run_method
+from ragate.methods.configure import configure_method
+from ragate.methods.route import answers_agree, route_cost, route_specs
+from ragate.methods.trace import Stage, Trace
+from ragate.pipeline import Pipeline
+from ragate.retrieval.demo import demo_dir, demo_index
+from ragate.retrieval.index import open_index
+
+SINGLE = ["no-retrieval", "standard-rag", "standard-rag-pairs-prompts"]
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Any]:
+    with open_index(demo_index()) as retriever:
+        yield retriever
+
+
+def said(text: str, nll: float) -> Any:
+    """An answer whose every token has log-probability -nll (its normalised NLL is nll)."""
+    tokens = text.split(" ")
+    tokens = [tokens[0], *[" " + t for t in tokens[1:]]]
+    return make_generation(tokens, [-nll] * len(tokens))
+
+
+def route(routes: list[str], *, stops: tuple[float, ...] | None = None) -> Any:
+    spec = configure_method(get_method("route"), None, None, None, None, None, routes=routes)
+    return spec if stops is None else spec.with_(route=spec.route.__class__(**{**vars(spec.route), "stop_nll": stops}))
+
+
+def test_a_confident_closed_book_answer_stops_the_cascade_at_the_first_route(demo: Any) -> None:
+    lm = ScriptedBackend([said("Paris", 0.01)])
+    trace = run_method(route(SINGLE[:2], stops=(0.5,)), "What is the capital of France?", lm, demo)
+    assert trace.answer == "Paris" and not trace.retrieved and len(lm.calls) == 1  # the next route never ran
+    assert trace.route is not None and trace.route.taken == "no-retrieval"
+    [check] = trace.route.checks
+    assert (check.kind, check.stop, check.threshold) == ("nll", True, 0.5) and math.isclose(check.score or 0, 0.01)
+    assert trace.to_json()["route"]["taken"] == "no-retrieval"
+
+
+def test_an_unsure_answer_pays_for_the_next_route_and_its_answer_is_the_answer(demo: Any) -> None:
+    lm = ScriptedBackend([said("Lyon", 2.0), said("Paris", 0.3)])
+    trace = run_method(route(SINGLE[:2], stops=(0.5,)), "What is the capital of France?", lm, demo)
+    assert trace.answer == "Paris" and trace.retrieved and trace.documents and len(lm.calls) == 2
+    assert trace.route is not None and trace.route.taken == "standard-rag"
+    assert [(c.route, c.kind, c.stop) for c in trace.route.checks] == [("no-retrieval", "nll", False)]
+    names = [s.name for s in trace.stages]
+    assert names[0] == "answer" and "retrieve" in names and names[-1] == "answer"  # both routes' stages, in order
+    assert trace.tokens == sum(s.prompt_tokens + s.completion_tokens for s in trace.stages)
+
+
+def test_an_answer_that_agrees_with_the_route_before_stops_short_of_the_last_route(demo: Any) -> None:
+    lm = ScriptedBackend([said("Paris", 2.0), said("Paris, France", 2.0)])
+    trace = run_method(route(SINGLE, stops=(0.5, 0.5)), "What is the capital of France?", lm, demo)
+    assert trace.route is not None and trace.route.taken == "standard-rag" and len(lm.calls) == 2
+    assert [(c.kind, c.stop) for c in trace.route.checks] == [("nll", False), ("nll", False), ("agree", True)]
+    lm = ScriptedBackend([said("Paris", 2.0), said("Lyon", 2.0), said("Marseille", 2.0)])
+    trace = run_method(route(SINGLE, stops=(0.5, 0.5)), "What is the capital of France?", lm, demo)
+    assert trace.route is not None and trace.route.taken == SINGLE[2] and trace.answer == "Marseille"
+    assert len(lm.calls) == 3 and not any(c.stop for c in trace.route.checks)
+
+
+def test_answers_agree_as_normalised_words() -> None:
+    assert answers_agree("Paris", "paris, France") and answers_agree("The Louvre", "louvre")
+    assert not answers_agree("Paris", "Parisian") and not answers_agree("", "") and not answers_agree("Paris", "Lyon")
+
+
+def test_the_answer_nll_reads_the_calls_that_wrote_the_answer() -> None:
+    from ragate.gates.base import GateDecision
+
+    def trace(*stages: Stage) -> Trace:
+        return Trace("m", "q", "a", False, GateDecision(False, 0.0, 0.0, ""), (), (), stages)
+
+    draft = Stage("draft", 10, 4, 0.1, logprob=-2.0)
+    assert trace(draft).answer_nll == 0.5  # the draft kept as the answer
+    answer = Stage("answer", 50, 2, 0.1, logprob=-3.0)
+    assert trace(Stage("draft", 10, 4, 0.1, True, logprob=-9.0), Stage("retrieve", 0, 0, 0.1), answer).answer_nll == 1.5
+    assert trace(Stage("answer", 50, 2, 0.1)).answer_nll is None  # no log-probabilities given
+    assert trace(Stage("answer", 50, 0, 0.1, logprob=0.0)).answer_nll is None  # nothing generated
+    assert Stage.of("answer", said("a b", 0.25)).logprob == -0.5
+
+
+@pytest.mark.parametrize(
+    ("routes", "words"),
+    [
+        (["no-retrieval"], "two routes or more"),
+        (["no-retrieval", "no-retrieval"], "given twice"),
+        (["standard-rag", "no-retrieval"], "cheapest first"),
+        (["wo-rag", "standard-rag"], "one format"),
+        (["no-retrieval", "route"], "itself a route method"),
+        (["no-retrieval", "standrd-rag"], "Did you mean 'standard-rag'"),
+    ],
+)
+def test_bad_routes_are_refused_before_the_model_loads(routes: list[str], words: str) -> None:
+    with pytest.raises(RagateError, match=words):
+        Pipeline(method="route", routes=routes, model="no-such-model-anywhere")  # refused before the model loads
+
+
+def test_routes_go_with_the_route_method_and_stop_thresholds_match_the_stages() -> None:
+    with pytest.raises(RagateError, match="routes= goes with method='route'"):
+        Pipeline(method="dtr", routes=["no-retrieval", "standard-rag"], model="no-such-model-anywhere")
+    spec = get_method("route")
+    assert spec.route is not None
+    with pytest.raises(RagateError, match="give 2 stop thresholds, not 1"):
+        route_specs(spec.route.__class__(spec.route.routes, stop_nll=(0.5,)))
+    assert [route_cost(s) for s in route_specs(spec.route)] == [0, 1, 2]  # wo-rag, single-rag, ircot
+    assert spec.with_threshold(0.7).route.stop_nll == (0.7, 0.7)  # type: ignore[union-attr]
+
+
+def test_a_route_method_has_no_gate_to_run_alone(demo: Any) -> None:
+    from ragate.methods.runner import decide
+
+    with pytest.raises(ValueError, match="no gate to run before the answer"):
+        decide(route(SINGLE[:2]), "q", ScriptedBackend([]), demo)
+
+
+def test_pipeline_and_ask_answer_with_routes_on_smollm2(smollm2_path: Path, tmp_path: Path) -> None:
+    question = json.loads((demo_dir() / "questions.jsonl").read_text().splitlines()[0])["question"]
+    with Pipeline(method="route", routes=["no-retrieval", "standard-rag"], max_tokens=8, threshold=0.0) as rag:
+        ans = rag.answer(question)
+        saved = rag.savings(ans.trace)  # every route's cost is spent; no gate ran apart to remove
+    assert saved.spent.tokens == ans.trace.tokens > 0 and saved.how == "n/a"
+    assert ans.trace.route is not None and ans.trace.route.taken == "standard-rag"  # no answer has NLL 0
+    assert ans.retrieved and ans.documents and ans.trace.route.checks[0].score is not None
+    assert ans.to_json()["route"]["checks"][0]["kind"] == "nll"
+    out = subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "ask", question, "--method", "route", "--routes",
+         "no-retrieval,standard-rag", "--max-tokens", "8", "--json", "--quiet"],
+        check=False, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    assert record["route"]["routes"] == ["no-retrieval", "standard-rag"] and record["route"]["checks"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "ragate.cli.main", "ask", question, "--method", "route", "--routes",
+         "standard-rag,no-retrieval"],
+        check=False, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "cheapest first" in bad.stderr and "Traceback" not in bad.stderr
