@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,7 +130,7 @@ def test_a_route_method_has_no_gate_to_run_alone(demo: Any) -> None:
         decide(route(SINGLE[:2]), "q", ScriptedBackend([]), demo)
 
 
-def test_pipeline_and_ask_answer_with_routes_on_smollm2(smollm2_path: Path, tmp_path: Path) -> None:
+def test_pipeline_and_ask_answer_with_routes_on_smollm2(smollm2_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     question = json.loads((demo_dir() / "questions.jsonl").read_text().splitlines()[0])["question"]
     with Pipeline(method="route", routes=["no-retrieval", "standard-rag"], max_tokens=8, threshold=0.0) as rag:
         ans = rag.answer(question)
@@ -141,17 +139,13 @@ def test_pipeline_and_ask_answer_with_routes_on_smollm2(smollm2_path: Path, tmp_
     assert ans.trace.route is not None and ans.trace.route.taken == "standard-rag"  # no answer has NLL 0
     assert ans.retrieved and ans.documents and ans.trace.route.checks[0].score is not None
     assert ans.to_json()["route"]["checks"][0]["kind"] == "nll"
-    out = subprocess.run(
-        [sys.executable, "-m", "ragate.cli.main", "ask", question, "--method", "route", "--routes",
-         "no-retrieval,standard-rag", "--max-tokens", "8", "--json", "--quiet"],
-        check=False, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    record = json.loads(out.stdout)
+    from ragate.cli.main import main
+
+    capsys.readouterr()
+    argv = ["ask", question, "--method", "route", "--routes", "no-retrieval,standard-rag", "--max-tokens", "8"]
+    assert main([*argv, "--json", "--quiet"]) == 0
+    record = json.loads(capsys.readouterr().out)
     assert record["route"]["routes"] == ["no-retrieval", "standard-rag"] and record["route"]["checks"]
-    bad = subprocess.run(
-        [sys.executable, "-m", "ragate.cli.main", "ask", question, "--method", "route", "--routes",
-         "standard-rag,no-retrieval"],
-        check=False, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert bad.returncode != 0 and "cheapest first" in bad.stderr and "Traceback" not in bad.stderr
+    assert main(["ask", question, "--method", "route", "--routes", "standard-rag,no-retrieval"]) == 2
+    err = capsys.readouterr().err
+    assert "cheapest first" in err and "Traceback" not in err

@@ -309,7 +309,7 @@ def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, tmp
     from test_fleet import MODEL, start, stop
     from test_service import _serve, _stop
 
-    lm, lm_url = start()
+    lm, lm_url = start("--latency", "0.005")  # the stand-in's sleep is not what this test measures (time)
     common = ["--base-url", lm_url, "--model", MODEL, "--method", "targ-margin", "--budget", "0.3",
               "--window", "100", "--state", store.url]  # fmt: skip
     replicas = []
