@@ -62,18 +62,11 @@ def configure_method(
                 f"--proxy-model goes with a proxy gate (--method proxy-margin or proxy-entropy), not {spec.gate.kind!r}"
             )
         spec = spec.with_(gate=replace(spec.gate, proxy=str(proxy_model)))
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise RagateError(f"max_tokens must be at least 1, got {max_tokens}")
-        spec = spec.with_(max_tokens=max_tokens)
-        if spec.dynamic is not None:
-            spec = spec.with_(dynamic=replace(spec.dynamic, max_tokens=max_tokens))
-    if k is not None:
-        if k < 1:
-            raise RagateError(f"k must be at least 1, got {k}")
-        spec = spec.with_(selector=replace(spec.selector, k=k, n=max(spec.selector.n, k)))
-        if spec.dynamic is not None:
-            spec = spec.with_(dynamic=replace(spec.dynamic, k=k))
+    if max_tokens is not None and max_tokens < 1:
+        raise RagateError(f"max_tokens must be at least 1, got {max_tokens}")
+    if k is not None and k < 1:
+        raise RagateError(f"k must be at least 1, got {k}")
+    spec = spec.with_limits(max_tokens, k)
     if cross_encoder is not None:
         if spec.selector.kind not in RERANK_SELECTORS or spec.dynamic is not None:
             raise RagateError(

@@ -16,10 +16,10 @@ answer agreeing with the route before it (PAIRS's agreement, read after the answ
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
+from ragate.gates.pairs import contains_words
 from ragate.methods.spec import MethodSpec, RouteSpec
 from ragate.methods.trace import RouteCheck, RouteInfo, Trace
 from ragate.text import normalize_answer
@@ -47,17 +47,7 @@ def route_specs(route: RouteSpec) -> list[MethodSpec]:
         raise RagateError(f"unknown route policy {route.policy!r}: the one built in is 'cascade'")
     specs = [get_method(name) for name in route.routes]
     check_routes(specs, route)
-    if route.max_tokens is not None or route.k is not None:
-        specs = [_limited(s, route.max_tokens, route.k) for s in specs]
-    return specs
-
-
-def _limited(spec: MethodSpec, max_tokens: int | None, k: int | None) -> MethodSpec:
-    if spec.dynamic is not None:
-        d = replace(spec.dynamic, max_tokens=max_tokens or spec.dynamic.max_tokens, k=k or spec.dynamic.k)
-        return replace(spec, dynamic=d, max_tokens=max_tokens or spec.max_tokens)
-    selector = replace(spec.selector, k=k) if k is not None else spec.selector
-    return replace(spec, max_tokens=max_tokens or spec.max_tokens, selector=selector)
+    return [s.with_limits(route.max_tokens, route.k) for s in specs]
 
 
 def check_routes(specs: list[MethodSpec], route: RouteSpec) -> None:
@@ -103,11 +93,8 @@ def stop_thresholds(route: RouteSpec) -> tuple[float, ...]:
 
 def answers_agree(a: str, b: str) -> bool:
     """Two answers agree when their SQuAD-normalised texts are equal, or one's words appear whole in the other's
-    (a short answer inside a longer phrasing of it); an empty answer agrees with nothing."""
-    x, y = normalize_answer(a), normalize_answer(b)
-    if not x or not y:
-        return False
-    return x == y or f" {x} " in f" {y} " or f" {y} " in f" {x} "
+    (a short answer inside a longer phrasing of it: ``pairs-lenient``'s test); an empty answer agrees with nothing."""
+    return contains_words(normalize_answer(a), normalize_answer(b))
 
 
 def run_route(

@@ -153,6 +153,20 @@ class MethodSpec:
     def with_(self, **changes: object) -> MethodSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def with_limits(self, max_tokens: int | None, k: int | None) -> MethodSpec:
+        """This method with every answer stage bounded to ``max_tokens`` and ``k`` documents read (a dynamic
+        method's per retrieval; a selector's pool at least ``k``); None keeps the method's own."""
+        spec = self
+        if max_tokens is not None:
+            spec = replace(spec, max_tokens=max_tokens)
+            if spec.dynamic is not None:
+                spec = replace(spec, dynamic=replace(spec.dynamic, max_tokens=max_tokens))
+        if k is not None:
+            spec = replace(spec, selector=replace(spec.selector, k=k, n=max(spec.selector.n, k)))
+            if spec.dynamic is not None:
+                spec = replace(spec, dynamic=replace(spec.dynamic, k=k))
+        return spec
+
     def with_threshold(self, tau: float | None) -> MethodSpec:
         """This method with its gate's threshold (a dynamic method: its trigger's) set to ``tau`` (None: as is)."""
         if tau is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -285,7 +285,7 @@ class Runtime:
                 "reason": trace.gate.reason,
                 "summary": self.plain(trace),
             },
-            **({"route": trace.to_json()["route"]} if trace.route is not None else {}),  # the route and its checks
+            **({"route": asdict(trace.route)} if trace.route is not None else {}),  # the route and its checks
             "documents": [_hit(h) for h in trace.documents],
             "model": self.lm.model,
             "index": self.index_name,
