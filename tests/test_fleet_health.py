@@ -250,12 +250,13 @@ def test_a_killed_server_re_enters_when_it_answers_again() -> None:
 def test_slow_headers_do_not_hold_the_service(tmp_path: Path) -> None:
     """``ragate serve --openai-timeout 1`` over a server that starts trickling its headers: requests get 504 after
     about a second, not at ``--timeout``, and leave their slots; once the server answers again, so does the
-    service (before: the slots stayed taken by calls that never ended, and every later request got 429 or 504)."""
+    service, its first retrieval loading the demo index's encoder (before: the slots stayed taken by calls that
+    never ended, and every later request got 429 or 504)."""
     from test_service import _serve, _stop
 
     proc, upstream = start()
     args = ["--base-url", upstream, "--model", MODEL, "--method", "targ-margin", "--openai-timeout", "1"]
-    args += ["--timeout", "8", "--max-concurrency", "2"]
+    args += ["--timeout", "30", "--max-concurrency", "2"]  # room for the first retrieval to load the encoder
     service, url = _serve(args, tmp_path / "serve.log", env={"RAGATE_API_KEY": ""})
     try:
         with httpx.Client(base_url=url, timeout=30) as client:
@@ -267,9 +268,9 @@ def test_slow_headers_do_not_hold_the_service(tmp_path: Path) -> None:
             results = [bounded(ask_service, 20) for _ in range(2)]
             for r, took in results:
                 assert isinstance(r, httpx.Response) and r.status_code == 504, r
-                assert took < 5, (took, r.text)  # --openai-timeout 1 ended it, not --timeout 8
+                assert took < 5, (took, r.text)  # --openai-timeout 1 ended it, not --timeout 30
             set_mode(upstream, "ok")
-            r, _ = bounded(ask_service, 20)
+            r, _ = bounded(ask_service, 40)
             assert isinstance(r, httpx.Response) and r.status_code == 200, r
     finally:
         stop(proc)
