@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +45,8 @@ from ragate.learning.scores import (
     fit_probe,
     label_curve,
     paired_auroc_gap,
-    tune,
 )
+from ragate.learning.scores import tune as _tune
 from ragate.learning.sweeps import sweep_questions
 
 RUNS = Path("docs/results/runs")
@@ -73,6 +76,20 @@ DATASETS: dict[str, tuple[tuple[tuple[str, str | None], ...], str]] = {
 NAMES = tuple(n for n in QUESTION_FEATURES if n != "rarity")  # rarity needs the index's document frequencies
 BUDGETS = (0.3, 0.5)
 SILVER_F1 = 0.5
+_TUNED: dict[str, tuple[int, float, float]] = {}
+
+
+def tune(data: Labelled) -> tuple[int, float, float]:
+    """:func:`ragate.learning.scores.tune` of ``data``, computed once per process for the same features and labels
+    (the tables tune the gold hidden + question probe three times: its row, the cascade and the label curve)."""
+    key = hashlib.sha256()
+    for part in (json.dumps([data.ids, data.names]).encode(), data.scalars.tobytes(), data.y.tobytes()):
+        key.update(part)
+    key.update(b"-" if data.hidden is None else data.hidden.tobytes())
+    digest = key.hexdigest()
+    if digest not in _TUNED:
+        _TUNED[digest] = _tune(data)
+    return _TUNED[digest]
 
 
 def _records(sweep: str, family: str | None) -> tuple[list[dict], dict[str, str]]:
@@ -154,101 +171,116 @@ SUMMARY: list[str] = []
 
 
 def run(out: Path | None) -> str:
+    """Each dataset's tables (the two computed side by side, one process each: every fit is single-threaded, so
+    the digits do not depend on the machine), then the private documents'."""
     SUMMARY.clear()
-    lines = []
-    for dataset, (train, test_sweep) in DATASETS.items():
-        train_name = " + ".join(sweep for sweep, _ in train if (RUNS / sweep).is_dir())
-        test, test_records = labelled(test_sweep, None, "gold")
-        closed = np.array([float(r["closed"]["scores"]["acc"]) for r in test_records])
-        opened = np.array([float(r["open"]["scores"]["acc"]) for r in test_records])
-        targ = gate_scores(test_sweep, "targ-entropy")
-        dtr = gate_scores(test_sweep, "dtr")
-        p_targ = np.array([targ[i] for i in test.ids])
-        p_dtr = np.array([dtr[i] for i in test.ids])
-        lines += [f"### {dataset}: trained on {train_name}, scored on {test_sweep} (n = {len(test)})", ""]
-        lines += [
-            (
-                f"targ-entropy AUROC {_plain(auroc_interval(p_targ, test.y))}; dtr AUROC "
-                f"{_plain(auroc_interval(p_dtr, test.y))}; closed-book wrong on {int(test.y.sum())} of {len(test)}."
-            ),
-            "",
-            "| labels | features | n train (retrieve) | PCA, C (tuned on train) | AUROC (gold, test) | minus targ-entropy's | minus dtr's | "
-            + " | ".join(f"ACC at {b:g}: Δ vs random" for b in BUDGETS)
-            + " |",
-            "|---|---|---|---|---|---|---|" + "---|" * len(BUDGETS),
-        ]
-        probs = {}
-        for label in ("gold", "silver"):
-            rows = labelled_train(train, label)
-            for feats, name in (
-                (True, "hidden + question"),
-                (False, "question only"),
-                ("hidden", "hidden only"),
-            ):
-                if feats == "hidden":
-                    tr, te = rows.select([], hidden=True), test.select([], hidden=True)
-                else:
-                    tr, te = rows.select(NAMES, hidden=bool(feats)), test.select(NAMES, hidden=bool(feats))
-                try:
-                    k, c, _ = tune(tr)
-                    probe, _ = fit_probe(tr, components=k or 1, c=c)
-                except RagateError as err:  # too few labels of a class
-                    lines.append(
-                        f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | | {err} | | |"
-                        + " |" * len(BUDGETS)
-                    )
-                    continue
-                p = probe.probabilities(te.scalars, te.hidden)
-                probs[(label, name)] = p
-                if name == "hidden + question":
-                    gap = paired_auroc_gap(p, p_targ, te.y)
-                    SUMMARY.append(
-                        f"| {dataset} | {label} ({len(tr)} training questions) | {_plain(auroc_interval(p_targ, te.y))} | "
-                        f"{_plain(auroc_interval(p, te.y))} | {_ci(gap)} |"
-                    )
-                cells = []
-                for b in BUDGETS:
-                    acc = accuracy_at(p, closed, opened, b)
-                    rand = b * opened + (1 - b) * closed
-                    lo, hi = paired_bootstrap_diff(acc, rand, samples=2000, seed=0)
-                    d = float(np.mean(acc - rand))
-                    cells.append(f"{100 * acc.mean():.1f}: {_ci((100 * d, 100 * lo, 100 * hi), 1)}")
-                lines.append(
-                    f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | {k or '–'}, {c:g} | {_plain(auroc_interval(p, te.y))} | "
-                    f"{_ci(paired_auroc_gap(p, p_targ, te.y))} | {_ci(paired_auroc_gap(p, p_dtr, te.y))} | "
-                    + " | ".join(cells)
-                    + " |"
-                )
-        if ("gold", "hidden + question") in probs and ("gold", "question only") in probs:
-            gap = paired_auroc_gap(
-                probs[("gold", "hidden + question")], probs[("gold", "question only")], test.y
-            )
-            lines += ["", f"Hidden state's worth (gold labels; with minus without, paired): {_ci(gap)}."]
-        lines += cascade_rows(train, test_sweep, test)
-        curves = {}
-        for label in ("gold", "silver"):
-            rows = labelled_train(train, label)
-            k, c, _ = tune(rows)
-            curves[label] = label_curve(rows, test, (50, 100, 200, 400), components=k, c=c)
-        curve_g, curve_s = curves["gold"], curves["silver"]
-        lines += [
-            "",
-            (
-                "Labels against AUROC on the test questions (hidden + question; the first n of a seeded shuffle of "
-                "the training questions; – : more labels than the training split holds, or fewer than 10 of a class):"
-            ),
-            "",
-            "| labels | " + " | ".join(str(n) for n, _ in curve_g) + " |",
-            "|---|" + "---|" * len(curve_g),
-            "| gold | " + " | ".join("–" if v is None else f"{v:.3f}" for _, v in curve_g) + " |",
-            "| silver | " + " | ".join("–" if v is None else f"{v:.3f}" for _, v in curve_s) + " |",
-            "",
-        ]
+    lines: list[str] = []
+    with ProcessPoolExecutor(max_workers=max(1, min(len(DATASETS), os.cpu_count() or 1))) as pool:
+        for part, summary_rows, gates in pool.map(dataset_tables, DATASETS):
+            lines += part
+            SUMMARY.extend(summary_rows)
+            GATES.update(gates)
     lines += private_docs_rows()
     text = "\n".join(lines) + "\n"
     if out is not None:
         out.write_text(text)
     return text
+
+
+def dataset_tables(dataset: str) -> tuple[list[str], list[str], dict[str, LearnedGateFile]]:
+    """One dataset's lines, its rows of the summary and its cascade gate file (see :func:`cascade_rows`)."""
+    SUMMARY.clear()
+    GATES.clear()
+    lines: list[str] = []
+    train, test_sweep = DATASETS[dataset]
+    train_name = " + ".join(sweep for sweep, _ in train if (RUNS / sweep).is_dir())
+    test, test_records = labelled(test_sweep, None, "gold")
+    closed = np.array([float(r["closed"]["scores"]["acc"]) for r in test_records])
+    opened = np.array([float(r["open"]["scores"]["acc"]) for r in test_records])
+    targ = gate_scores(test_sweep, "targ-entropy")
+    dtr = gate_scores(test_sweep, "dtr")
+    p_targ = np.array([targ[i] for i in test.ids])
+    p_dtr = np.array([dtr[i] for i in test.ids])
+    lines += [f"### {dataset}: trained on {train_name}, scored on {test_sweep} (n = {len(test)})", ""]
+    lines += [
+        (
+            f"targ-entropy AUROC {_plain(auroc_interval(p_targ, test.y))}; dtr AUROC "
+            f"{_plain(auroc_interval(p_dtr, test.y))}; closed-book wrong on {int(test.y.sum())} of {len(test)}."
+        ),
+        "",
+        "| labels | features | n train (retrieve) | PCA, C (tuned on train) | AUROC (gold, test) | minus targ-entropy's | minus dtr's | "
+        + " | ".join(f"ACC at {b:g}: Δ vs random" for b in BUDGETS)
+        + " |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(BUDGETS),
+    ]
+    probs = {}
+    for label in ("gold", "silver"):
+        rows = labelled_train(train, label)
+        for feats, name in (
+            (True, "hidden + question"),
+            (False, "question only"),
+            ("hidden", "hidden only"),
+        ):
+            if feats == "hidden":
+                tr, te = rows.select([], hidden=True), test.select([], hidden=True)
+            else:
+                tr, te = rows.select(NAMES, hidden=bool(feats)), test.select(NAMES, hidden=bool(feats))
+            try:
+                k, c, _ = tune(tr)
+                probe, _ = fit_probe(tr, components=k or 1, c=c)
+            except RagateError as err:  # too few labels of a class
+                lines.append(
+                    f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | | {err} | | |"
+                    + " |" * len(BUDGETS)
+                )
+                continue
+            p = probe.probabilities(te.scalars, te.hidden)
+            probs[(label, name)] = p
+            if name == "hidden + question":
+                gap = paired_auroc_gap(p, p_targ, te.y)
+                SUMMARY.append(
+                    f"| {dataset} | {label} ({len(tr)} training questions) | {_plain(auroc_interval(p_targ, te.y))} | "
+                    f"{_plain(auroc_interval(p, te.y))} | {_ci(gap)} |"
+                )
+            cells = []
+            for b in BUDGETS:
+                acc = accuracy_at(p, closed, opened, b)
+                rand = b * opened + (1 - b) * closed
+                lo, hi = paired_bootstrap_diff(acc, rand, samples=2000, seed=0)
+                d = float(np.mean(acc - rand))
+                cells.append(f"{100 * acc.mean():.1f}: {_ci((100 * d, 100 * lo, 100 * hi), 1)}")
+            lines.append(
+                f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | {k or '–'}, {c:g} | {_plain(auroc_interval(p, te.y))} | "
+                f"{_ci(paired_auroc_gap(p, p_targ, te.y))} | {_ci(paired_auroc_gap(p, p_dtr, te.y))} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    if ("gold", "hidden + question") in probs and ("gold", "question only") in probs:
+        gap = paired_auroc_gap(
+            probs[("gold", "hidden + question")], probs[("gold", "question only")], test.y
+        )
+        lines += ["", f"Hidden state's worth (gold labels; with minus without, paired): {_ci(gap)}."]
+    lines += cascade_rows(train, test_sweep, test)
+    curves = {}
+    for label in ("gold", "silver"):
+        rows = labelled_train(train, label)
+        k, c, _ = tune(rows)
+        curves[label] = label_curve(rows, test, (50, 100, 200, 400), components=k, c=c)
+    curve_g, curve_s = curves["gold"], curves["silver"]
+    lines += [
+        "",
+        (
+            "Labels against AUROC on the test questions (hidden + question; the first n of a seeded shuffle of "
+            "the training questions; – : more labels than the training split holds, or fewer than 10 of a class):"
+        ),
+        "",
+        "| labels | " + " | ".join(str(n) for n, _ in curve_g) + " |",
+        "|---|" + "---|" * len(curve_g),
+        "| gold | " + " | ".join("–" if v is None else f"{v:.3f}" for _, v in curve_g) + " |",
+        "| silver | " + " | ".join("–" if v is None else f"{v:.3f}" for _, v in curve_s) + " |",
+        "",
+    ]
+    return lines, list(SUMMARY), dict(GATES)
 
 
 PRIVATE = "sweep-private-docs-qwen2.5-coder-1.5b-43"

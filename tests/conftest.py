@@ -69,6 +69,18 @@ def minilm() -> object:
 
 
 @pytest.fixture(scope="session")
+def demo_bm25(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo passages as a bm25 index, built once: a ``ragate eval`` subprocess over it (``--index``) starts
+    without the demo index's encoder (importing sentence-transformers alone takes seconds a process)."""
+    from ragate.retrieval.corpus import read_passages
+    from ragate.retrieval.demo import demo_dir
+    from ragate.retrieval.index import build_index
+
+    root = Path(tmp_path_factory.mktemp("demo-bm25")) / "bm25"
+    return build_index(read_passages(demo_dir() / "passages.jsonl"), root, "bm25", progress=False)
+
+
+@pytest.fixture(scope="session")
 def wiki_passages() -> list[object]:
     """40 short Wikipedia-style passages on distinct topics (tests/data/wiki_passages.jsonl)."""
     import json

@@ -354,26 +354,28 @@ def test_folding_parts_twice_doubles_nothing(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.part*"))
 
 
-def _eval_cmd(out: Path, calls: Path) -> list[str]:
+def _eval_cmd(out: Path, calls: Path, index: Path | None = None) -> list[str]:
+    """``ragate eval`` of two methods over 10 demo questions (over ``index``: the demo index when None)."""
     return [
         sys.executable, "-m", "ragate.cli.main", "eval", "--dataset", str(DEMO_QUESTIONS), "--methods",
         "no-retrieval,random", "--limit", "10", "--out", str(out), "--quiet", "--call-cache", str(calls),
+        *(["--index", str(index)] if index is not None else []),
     ]  # fmt: skip
 
 
 def test_killing_one_of_two_workers_then_resuming_loses_and_doubles_nothing(
-    smollm2_path: Path, tmp_path: Path
+    smollm2_path: Path, demo_bm25: Path, tmp_path: Path
 ) -> None:
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     whole = tmp_path / "whole"
     subprocess.run(
-        [*_eval_cmd(whole, tmp_path / "c1.sqlite"), "--no-call-cache"],
+        [*_eval_cmd(whole, tmp_path / "c1.sqlite", demo_bm25), "--no-call-cache"],
         check=True, env=env, capture_output=True, timeout=600,
     )  # fmt: skip
     for attempt in range(3):  # a worker answered from calls its sibling stored can finish between two polls
         run, store = tmp_path / f"sharded{attempt}", tmp_path / f"c2-{attempt}.sqlite"
         proc = subprocess.Popen(
-            [*_eval_cmd(run, store), "--workers", "2"],
+            [*_eval_cmd(run, store, demo_bm25), "--workers", "2"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert proc.stderr is not None
@@ -401,7 +403,7 @@ def test_killing_one_of_two_workers_then_resuming_loses_and_doubles_nothing(
     partial = read_records(run / "questions.jsonl")
     assert 2 <= len(partial) < 20 and not list(run.glob("*.part*"))
     resumed = subprocess.run(
-        [*_eval_cmd(run, store), "--workers", "2", "--resume"],
+        [*_eval_cmd(run, store, demo_bm25), "--workers", "2", "--resume"],
         check=False, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr

@@ -75,21 +75,25 @@ def test_summary_counts_scores_and_refuses_to_mix_runs(tmp_path: Path) -> None:
     assert again["summary"] == results["summary"]
 
 
-def _eval_cmd(out: Path) -> list[str]:
+def _eval_cmd(out: Path, index: Path) -> list[str]:
     # each run directory has its own call store: with the shared one (RAGATE_HOME), a run after the first is
     # answered from stored calls, writes all its lines between two polls and cannot be killed mid-run
     return [
         sys.executable, "-m", "ragate.cli.main", "eval", "--dataset", str(DEMO_QUESTIONS), "--methods",
-        "no-retrieval,random", "--limit", "6", "--out", str(out), "--quiet",
+        "no-retrieval,random", "--limit", "6", "--out", str(out), "--quiet", "--index", str(index),
         "--call-cache", str(out.with_suffix(".calls.sqlite")),
     ]  # fmt: skip
 
 
-def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(smollm2_path: Path, tmp_path: Path) -> None:
+def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(
+    smollm2_path: Path, demo_bm25: Path, tmp_path: Path
+) -> None:
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    subprocess.run(_eval_cmd(tmp_path / "whole"), check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(_eval_cmd(tmp_path / "whole", demo_bm25), check=True, env=env, capture_output=True, timeout=600)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_eval_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _eval_cmd(killed, demo_bm25), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     lines = killed / "questions.jsonl"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -103,7 +107,7 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(smollm2_path: P
     cut = len(read_records(lines))
     assert 4 <= cut < 12
     resumed = subprocess.run(
-        [*_eval_cmd(killed), "--resume"], check=False, env=env, capture_output=True, text=True, timeout=600
+        [*_eval_cmd(killed, demo_bm25), "--resume"], check=False, env=env, capture_output=True, text=True, timeout=600
     )
     assert resumed.returncode == 0, resumed.stderr
     whole = read_records(tmp_path / "whole" / "questions.jsonl")

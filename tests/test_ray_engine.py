@@ -53,12 +53,12 @@ def records(out: Path) -> dict[tuple[str, str], Any]:
     return {(r["id"], r["method"]): r for r in found}
 
 
-def config(limit: int, methods: tuple[str, ...]) -> EvalConfig:
-    return EvalConfig(dataset="demo", methods=methods, limit=limit)
+def config(limit: int, methods: tuple[str, ...], index: Path | None = None) -> EvalConfig:
+    return EvalConfig(dataset="demo", methods=methods, limit=limit, index=None if index is None else str(index))
 
 
-def test_a_ray_run_gives_the_records_of_a_local_run(cluster: None, tmp_path: Path) -> None:
-    c = config(4, ("no-retrieval", "targ-margin"))
+def test_a_ray_run_gives_the_records_of_a_local_run(cluster: None, demo_bm25: Path, tmp_path: Path) -> None:
+    c = config(4, ("no-retrieval", "targ-margin"), demo_bm25)  # bm25: no worker loads an encoder (seconds each)
     local = run_eval(c, tmp_path / "local", progress=False, cache=False)
     far = run_eval(c, tmp_path / "ray", progress=False, cache=False, engine="ray", ray_workers=2)
     assert records(tmp_path / "ray") == records(tmp_path / "local")
