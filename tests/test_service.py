@@ -580,7 +580,7 @@ def _gauge(client: httpx.Client, name: str) -> float:
     raise AssertionError(f"no {name} in /metrics")
 
 
-def test_a_budget_steers_the_retrieval_rate_and_survives_a_kill(tmp_path: Path) -> None:
+def test_a_budget_steers_the_retrieval_rate_and_survives_a_kill(demo_bm25: Path, tmp_path: Path) -> None:
     """`ragate serve --budget 0.3` with SmolLM2: its default TARG-entropy threshold would retrieve for nearly
     every question; the controller brings the rate over its window toward 0.3, and a kill -9 and restart keeps
     the threshold it had reached."""
@@ -591,6 +591,7 @@ def test_a_budget_steers_the_retrieval_rate_and_survives_a_kill(tmp_path: Path) 
     ]
     state = tmp_path / "budget.json"
     args = ["--method", "targ-entropy", "--budget", "0.3", "--window", "10", "--budget-state", str(state)]
+    args += ["--index", str(demo_bm25)]  # the demo passages without the encoder's start-up
     proc, url = _serve(args, tmp_path / "serve.log", env={"RAGATE_API_KEY": ""})
     decided = []
     try:

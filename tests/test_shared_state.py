@@ -294,7 +294,7 @@ def test_replicas_with_another_budget_are_refused(store: Store) -> None:
         controller(store.url, budget=0.5)
 
 
-def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, tmp_path: Path) -> None:
+def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, demo_bm25: Path, tmp_path: Path) -> None:
     """Two `ragate serve --budget 0.3 --state URL` processes over one LM server (a latency server on 127.0.0.1),
     requests spread over both at random: the realised rate over all of them is within 0.03 of 0.3 and both serve
     one tau. The store killed: /healthz says degraded within 2 s with no request, and every request is still
@@ -311,7 +311,7 @@ def test_two_serve_replicas_share_one_budget_through_the_store(store: Store, tmp
 
     lm, lm_url = start("--latency", "0.005")  # the stand-in's sleep is not what this test measures (time)
     common = ["--base-url", lm_url, "--model", MODEL, "--method", "targ-margin", "--budget", "0.3",
-              "--window", "100", "--state", store.url]  # fmt: skip
+              "--window", "100", "--index", str(demo_bm25), "--state", store.url]  # fmt: skip (bm25: no encoder)
     replicas = []
     try:
         for name in ("a", "b"):
