@@ -108,6 +108,14 @@ def register(subparsers: Any) -> None:
         metavar="METHOD:AGAINST",
         help="add one pair to an eval run's paired differences, e.g. dpr-ais:dtr-no-ugt (repeatable)",
     )
+    rep.add_argument(
+        "--routes",
+        default=None,
+        metavar="A,B,C",
+        help="print the routes' frontier instead (nothing written): each fixed route, the cascade and the oracle, "
+        "replayed from an eval run (and the --with runs) that answered every question with each of these methods, "
+        "cheapest first",
+    )
     rep.set_defaults(run=_run_report)
 
 
@@ -347,6 +355,12 @@ def _run_report(args: argparse.Namespace) -> int:
             with atomic_writer(args.out) as f:
                 f.write(text.encode())
             print(f"wrote {args.out}")
+        return 0
+    if args.routes is not None:
+        from ragate.report.routes import routes_report
+
+        routes = [r.strip() for r in args.routes.split(",") if r.strip()]
+        print(routes_report([args.run_dir, *args.with_runs], routes, args.metric or "em"), end="")
         return 0
     from ragate.errors import RagateError
     from ragate.eval.summary import parse_pair

@@ -31,6 +31,31 @@ class Stage:
         return cls(name, gen.prompt_tokens, gen.completion_tokens, gen.seconds, overhead, gen.finish_reason, total)
 
 
+def _is_call(stage: Stage) -> bool:
+    return bool(stage.prompt_tokens or stage.completion_tokens)
+
+
+def answer_stages(stages: tuple[Stage, ...] | list[Stage], *, dynamic: bool) -> list[Stage]:
+    """The LM calls that wrote the answer: a single-shot method's reading answer and its continuation, else its
+    draft kept as the answer; a dynamic method's every generation (its chain of thought, tokens cut at a retrieval
+    included)."""
+    calls = [s for s in stages if _is_call(s)]
+    if dynamic:
+        return [s for s in calls if s.name in ("generate", "answer-is")]
+    return [s for s in calls if s.name in ("answer", "continue")] or [s for s in calls if s.name == "draft"]
+
+
+def answer_nll(stages: tuple[Stage, ...] | list[Stage], *, dynamic: bool) -> float | None:
+    """The normalised NLL, -(1/T) sum_t log p(a_t) (DTR Eqs. 2-3), of the tokens of the calls that wrote the answer
+    (:func:`answer_stages`), each whole. None where the backend gave no log-probabilities or nothing was
+    generated."""
+    wrote = [s for s in answer_stages(stages, dynamic=dynamic) if s.completion_tokens]
+    tokens = sum(s.completion_tokens for s in wrote)
+    if not tokens or any(s.logprob is None for s in wrote):
+        return None
+    return -math.fsum(s.logprob or 0.0 for s in wrote) / tokens
+
+
 @dataclass(frozen=True)
 class RetrievalEvent:
     """One retrieval of a dynamic method: where in the output it happened and what it asked.
@@ -118,27 +143,13 @@ class Trace:
     def finish_reason(self) -> str:
         """Why the answer's text ended: "length" when the call that wrote it (the reading answer, a draft
         kept as the answer, or its continuation) stopped at ``max_tokens``, else "stop"."""
-        lm = [s for s in self.stages if s.prompt_tokens or s.completion_tokens]
-        answer = (
-            [s for s in lm if s.name in ("answer", "continue")] or [s for s in lm if s.name == "draft"] or lm
-        )
+        answer = answer_stages(self.stages, dynamic=False) or [s for s in self.stages if _is_call(s)]
         return "length" if answer and answer[-1].finish_reason == "length" else "stop"
 
     @property
     def answer_nll(self) -> float | None:
-        """The normalised NLL, -(1/T) sum_t log p(a_t) (DTR Eqs. 2-3), of the tokens of the calls that wrote the
-        answer: a single-shot method's reading answer, or its draft kept as the answer and that draft's
-        continuation, each whole; a dynamic method's every generation (its chain of thought, tokens cut at a
-        retrieval included). None where the backend gave no log-probabilities or nothing was generated."""
-        lm = [s for s in self.stages if s.completion_tokens]
-        if self.dynamic is not None:
-            wrote = [s for s in lm if s.name in ("generate", "answer-is")]
-        else:
-            wrote = [s for s in lm if s.name in ("answer", "continue")] or [s for s in lm if s.name == "draft"]
-        tokens = sum(s.completion_tokens for s in wrote)
-        if not tokens or any(s.logprob is None for s in wrote):
-            return None
-        return -math.fsum(s.logprob or 0.0 for s in wrote) / tokens
+        """The normalised NLL of the calls that wrote the answer (:func:`answer_nll`)."""
+        return answer_nll(self.stages, dynamic=self.dynamic is not None)
 
     @property
     def lm_calls(self) -> int:

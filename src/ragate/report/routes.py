@@ -1,0 +1,289 @@
+"""The routes' frontier: accuracy against cost for each fixed route, the oracle and the cascade, replayed from an
+eval run that answered every question with every route.
+
+A route method runs each route as that method alone, so a route's answer to a question does not depend on the
+other routes: one eval run of every route over the same questions (``ragate eval --methods wo-rag,single-rag,ircot``)
+holds what any cascade would answer and pay, without running it. The cascade
+(:func:`ragate.methods.route.run_route`) stops at the first route whose answer's normalised NLL (DTR Eqs. 2-3) is at
+most the stage's threshold or, from the second route on, agrees with the answer of the route before; it pays for
+every route it ran. The oracle takes the cheapest route that is right (the first route where none is): the label
+Adaptive-RAG (Jeong et al., NAACL 2024) trains its classifier on, for evaluation only.
+
+Stop thresholds for a target cost are chosen on questions disjoint from those they are scored on (two-fold
+cross-fitting): the questions are split in two halves by a seeded shuffle, and each half is answered with the
+thresholds whose cascade, on the other half, is the most accurate at mean retrievals within the target (ties:
+fewer retrievals, then more tokens saved). A target is a share of the last route's mean retrievals. Paired bootstrap
+95% intervals compare each row with always taking the last route, over the same questions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from ragate.errors import RagateError
+from ragate.eval.metrics import paired_bootstrap_diff
+from ragate.eval.summary import verdict
+from ragate.methods.route import answers_agree
+from ragate.methods.trace import Stage, answer_nll
+
+COSTS = ("retrievals", "lm_calls", "tokens", "seconds")
+METRICS = ("em", "f1", "acc")
+DEFAULT_TARGETS = (0.25, 0.4, 0.6)  # shares of the last route's mean retrievals
+GRID = tuple(q / 10 for q in range(11))  # each stage's thresholds: these quantiles of its NLLs on the tuning half
+
+
+@dataclass(frozen=True, eq=False)
+class RouteTable:
+    """Every route's answer to the same questions: per question (rows) and route (columns, cheapest first) its
+    scores, cost and answer NLL (nan where the record holds no log-probabilities)."""
+
+    routes: tuple[str, ...]
+    ids: tuple[str, ...]
+    answers: tuple[tuple[str, ...], ...]
+    scores: Mapping[str, np.ndarray]  # metric -> (n, routes)
+    costs: Mapping[str, np.ndarray]  # "retrievals", "lm_calls", "tokens", "seconds" -> (n, routes)
+    nll: np.ndarray  # (n, routes)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, rows: np.ndarray) -> RouteTable:
+        return RouteTable(
+            self.routes,
+            tuple(self.ids[i] for i in rows),
+            tuple(self.answers[i] for i in rows),
+            {k: v[rows] for k, v in self.scores.items()},
+            {k: v[rows] for k, v in self.costs.items()},
+            self.nll[rows],
+        )
+
+    @property
+    def has_nll(self) -> bool:
+        """Whether some route but the last has an NLL to stop on (a route without one never stops on NLL)."""
+        return bool(np.isfinite(self.nll[:, :-1]).any())
+
+
+def record_nll(record: Mapping[str, Any]) -> float | None:
+    """The answer's normalised NLL from an eval record's trace (None: its stages hold no log-probabilities, as in
+    runs recorded before stages kept them)."""
+    trace = record.get("trace") or {}
+    names = {f.name for f in fields(Stage)}
+    stages = [Stage(**{k: v for k, v in s.items() if k in names}) for s in trace.get("stages") or []]
+    return answer_nll(stages, dynamic=trace.get("dynamic") is not None)
+
+
+def _cost(record: Mapping[str, Any]) -> tuple[float, float, float, float]:
+    stages = (record.get("trace") or {}).get("stages") or []
+    calls = sum(1 for s in stages if s.get("prompt_tokens") or s.get("completion_tokens"))
+    tokens = record.get("prompt_tokens", 0) + record.get("completion_tokens", 0) + record.get("overhead_tokens", 0)
+    return float(record.get("retrievals", 0)), float(calls), float(tokens), float(record.get("seconds", 0.0))
+
+
+def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> RouteTable:
+    """The questions every route answered, in the order of the first route's records (a question a route
+    answered twice: its first record)."""
+    by_route: dict[str, dict[str, Mapping[str, Any]]] = {r: {} for r in routes}
+    for r in records:
+        if r.get("method") in by_route and "error" not in r:
+            by_route[r["method"]].setdefault(str(r["id"]), r)
+    if missing := [r for r in routes if not by_route[r]]:
+        raise RagateError(
+            f"the run has no answered records of route {missing[0]!r}: run every route over the same questions "
+            f"(ragate eval --methods {','.join(routes)})"
+        )
+    ids = tuple(i for i in by_route[routes[0]] if all(i in by_route[r] for r in routes))
+    if not ids:
+        raise RagateError(f"no question was answered by every route of {', '.join(routes)}")
+    rows = [[by_route[r][i] for r in routes] for i in ids]
+    scores = {m: np.array([[float(x["scores"][m]) for x in row] for row in rows]) for m in METRICS}
+    cost = np.array([[_cost(x) for x in row] for row in rows])  # (n, routes, 4)
+    nll = np.array([[math.nan if (v := record_nll(x)) is None else v for x in row] for row in rows])
+    return RouteTable(
+        tuple(routes),
+        ids,
+        tuple(tuple(str(x.get("prediction", "")) for x in row) for row in rows),
+        scores,
+        {name: cost[:, :, j] for j, name in enumerate(COSTS)},
+        nll,
+    )
+
+
+def cascade(table: RouteTable, stops: Sequence[float], *, agree: bool = True) -> np.ndarray:
+    """The route the cascade answers each question with (its index): the first whose NLL is at most its stop
+    threshold or (from the second route on, with ``agree``) whose answer agrees with the route before's; the last
+    route otherwise. A missing NLL never stops (as in :func:`ragate.methods.route.run_route`)."""
+    n, last = len(table), len(table.routes) - 1
+    taken = np.full(n, last)
+    for i in range(n):
+        for j in range(last):
+            nll = table.nll[i, j]
+            stop = bool(np.isfinite(nll) and nll <= stops[j])
+            if agree and j > 0 and not stop:
+                stop = answers_agree(table.answers[i][j], table.answers[i][j - 1])
+            if stop:
+                taken[i] = j
+                break
+    return taken
+
+
+def oracle(table: RouteTable, metric: str) -> np.ndarray:
+    """The cheapest route that is right on each question (score > 0), the first route where none is."""
+    right = table.scores[metric] > 0
+    return np.where(right.any(axis=1), right.argmax(axis=1), 0)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One policy's answers: the route taken per question, what it scored and what it paid (per question)."""
+
+    name: str
+    taken: np.ndarray
+    score: np.ndarray
+    costs: Mapping[str, np.ndarray]
+    note: str = ""
+
+
+def outcome(table: RouteTable, name: str, taken: np.ndarray, metric: str, *, ran_all: bool, note: str = "") -> Row:
+    """The row of a policy taking ``taken``: its score, and its cost, every route up to the one taken where it ran
+    them in turn (``ran_all``: a cascade), else the route taken alone (a fixed route, the oracle)."""
+    n = np.arange(len(table))
+    upto = np.arange(len(table.routes))[None, :] <= taken[:, None]
+    costs = {
+        k: (v * upto).sum(axis=1) if ran_all else v[n, taken] for k, v in table.costs.items()
+    }
+    return Row(name, taken, table.scores[metric][n, taken], costs, note)
+
+
+def _quantiles(values: np.ndarray) -> list[float]:
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return [-math.inf]
+    return [-math.inf, *sorted({float(np.quantile(finite, q)) for q in GRID})]
+
+
+def tune_stops(table: RouteTable, target: float, metric: str, *, agree: bool = True) -> tuple[float, ...]:
+    """The stop thresholds (one per route but the last) whose cascade on ``table`` is the most accurate with mean
+    retrievals at most ``target``; ties: fewer retrievals, then fewer tokens. -inf: that stage never stops on
+    NLL. Over a grid of each stage's NLL quantiles."""
+    grids = [_quantiles(table.nll[:, j]) for j in range(len(table.routes) - 1)]
+    best: tuple[float, float, float, tuple[float, ...]] | None = None
+    for combo in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T:
+        stops = tuple(map(float, combo))
+        row = outcome(table, "", cascade(table, stops, agree=agree), metric, ran_all=True)
+        retrievals = float(row.costs["retrievals"].mean())
+        if retrievals > target + 1e-9:
+            continue
+        key = (-float(row.score.mean()), retrievals, float(row.costs["tokens"].mean()), stops)
+        if best is None or key[:3] < best[:3]:
+            best = key
+    if best is None:  # nothing within the target: stop as early as the grid allows
+        return tuple(max(g) for g in grids)
+    return best[3]
+
+
+def cross_fitted(table: RouteTable, target: float, metric: str, *, seed: int = 0, agree: bool = True) -> np.ndarray:
+    """Each question's route under thresholds tuned on the other half of the questions (:func:`tune_stops`)."""
+    order = np.random.default_rng(seed).permutation(len(table))
+    halves = (order[: len(order) // 2], order[len(order) // 2 :])
+    taken = np.zeros(len(table), dtype=int)
+    for scored, tuned in (halves, halves[::-1]):
+        stops = tune_stops(table.take(tuned), target, metric, agree=agree)
+        taken[scored] = cascade(table.take(scored), stops, agree=agree)
+    return taken
+
+
+def frontier(
+    table: RouteTable,
+    metric: str = "em",
+    *,
+    targets: Sequence[float] = DEFAULT_TARGETS,
+    seed: int = 0,
+) -> list[Row]:
+    """Every fixed route, the cascade on agreement alone, the cross-fitted cascade at each target (where the
+    records hold log-probabilities) and the oracle."""
+    n = len(table)
+    rows = [
+        outcome(table, f"always {r}", np.full(n, j), metric, ran_all=False) for j, r in enumerate(table.routes)
+    ]
+    never = [-math.inf] * (len(table.routes) - 1)
+    rows.append(outcome(table, "cascade: agreement", cascade(table, never), metric, ran_all=True))
+    last = float(table.costs["retrievals"][:, -1].mean())
+    for share in targets:
+        name = f"cascade: NLL + agreement, ≤ {share:g} × {table.routes[-1]}'s retrievals"
+        if not table.has_nll:
+            rows.append(Row(name, np.full(n, -1), np.full(n, np.nan), {}, "no log-probabilities in the records"))
+            continue
+        taken = cross_fitted(table, share * last, metric, seed=seed)
+        rows.append(outcome(table, name, taken, metric, ran_all=True, note="thresholds cross-fitted"))
+    rows.append(outcome(table, "oracle (cheapest right route)", oracle(table, metric), metric, ran_all=False))
+    return rows
+
+
+def frontier_markdown(
+    table: RouteTable, rows: Sequence[Row], metric: str = "em", *, samples: int = 2000, seed: int = 0
+) -> str:
+    """The frontier as a Markdown table: per row the metric (x 100), its paired difference with always taking the
+    last route, the share of questions each route answered, and mean retrievals, LM calls, tokens and seconds per
+    question."""
+    base = rows[len(table.routes) - 1]
+    head = (
+        f"| policy | {metric.upper()} | minus always {table.routes[-1]} (paired 95%) | "
+        + " / ".join(table.routes)
+        + " answered | retrievals/q | LM calls/q | tokens/q | seconds/q |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if row.note and not row.costs:
+            lines.append(f"| {row.name} | – | {row.note} | | | | | |")
+            continue
+        if row is base:
+            gap = "–"
+        else:
+            lo, hi = paired_bootstrap_diff(row.score.tolist(), base.score.tolist(), samples=samples, seed=seed)
+            d = float(np.mean(row.score - base.score))
+            gap = f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] ({verdict(lo, hi)})"
+        shares = " / ".join(f"{np.mean(row.taken == j):.2f}" for j in range(len(table.routes)))
+        c = {k: float(np.mean(v)) for k, v in row.costs.items()}
+        lines.append(
+            f"| {row.name} | {100 * float(np.mean(row.score)):.1f} | {gap} | {shares} | {c['retrievals']:.2f} | "
+            f"{c['lm_calls']:.2f} | {c['tokens']:.0f} | {c['seconds']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def routes_report(
+    run_dirs: Sequence[str | Any],
+    routes: Sequence[str],
+    metric: str = "em",
+    *,
+    targets: Sequence[float] = DEFAULT_TARGETS,
+    seed: int = 0,
+) -> str:
+    """The frontier of ``routes`` over the eval runs ``run_dirs`` (their records only, a route's answer from the
+    first run that holds it; nothing is written), with a line that says what it was computed from."""
+    from pathlib import Path
+
+    from ragate.eval.records import read_records
+
+    if len(set(routes)) != len(routes) or len(routes) < 2:
+        raise RagateError(f"--routes names two routes or more, each once, cheapest first (got {','.join(routes)})")
+    records: list[dict[str, Any]] = []
+    for run_dir in run_dirs:
+        path = Path(run_dir) / "questions.jsonl"
+        if not path.is_file():
+            raise RagateError(f"{run_dir} holds no questions.jsonl: give an eval run directory (ragate eval --out DIR)")
+        records += read_records(path, repair=False)
+    table = route_table(records, routes)
+    rows = frontier(table, metric, targets=targets, seed=seed)
+    nll = [r for r, ok in zip(routes, np.isfinite(table.nll).all(axis=0), strict=True) if not ok]
+    said = f"; no log-probabilities in the records of {', '.join(nll)}, which never stop on NLL" if nll else ""
+    where = " + ".join(str(d) for d in run_dirs)
+    return (
+        f"{len(table)} questions answered by every route ({', '.join(routes)}) in {where}{said}; {metric.upper()} "
+        f"x 100, costs per question; seed {seed}.\n\n" + frontier_markdown(table, rows, metric, seed=seed) + "\n"
+    )

@@ -1,0 +1,148 @@
+"""The routes' frontier (ragate.report.routes): a cascade replayed from the records of every route takes the route
+the live cascade takes and pays what it pays; the oracle takes the cheapest right route; stop thresholds are tuned
+on the other half of the questions; ``ragate report RUN --routes`` prints the frontier of a committed run."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ragate.errors import RagateError
+from ragate.gates.base import GateDecision
+from ragate.methods import get_method
+from ragate.methods.configure import configure_method
+from ragate.methods.route import run_route
+from ragate.methods.trace import Stage, Trace
+from ragate.report.routes import (
+    cascade,
+    cross_fitted,
+    frontier,
+    oracle,
+    outcome,
+    route_table,
+    routes_report,
+    tune_stops,
+)
+
+ROUTES = ["no-retrieval", "standard-rag", "standard-rag-pairs-prompts"]
+RUN = Path(__file__).parent.parent / "docs" / "results" / "runs" / "dynamic-hotpotqa-qwen2.5-coder-1.5b-300"
+
+
+def _trace(method: str, answer: str, nll: float | None, retrievals: int, tokens: int = 10) -> Trace:
+    logprob = None if nll is None else -nll * tokens
+    stages = (Stage("answer", 100 * (retrievals + 1), tokens, 0.5 + retrievals, logprob=logprob),)
+    decision = GateDecision(retrievals > 0, 0.0, 0.0, "")
+    return Trace(method, "q", answer, retrievals > 0, decision, (), (), stages)
+
+
+def _record(qid: str, trace: Trace, right: bool, retrievals: int) -> dict[str, Any]:
+    return {
+        "id": qid, "method": trace.method, "prediction": trace.answer,
+        "scores": {"em": float(right), "f1": float(right), "acc": float(right)},
+        "retrievals": retrievals, "prompt_tokens": trace.stages[0].prompt_tokens,
+        "completion_tokens": trace.stages[0].completion_tokens, "seconds": trace.seconds, "trace": trace.to_json(),
+    }  # fmt: skip
+
+
+def _scenario(n: int, seed: int) -> tuple[dict[str, list[Trace]], list[dict[str, Any]]]:
+    """Every route's answer to ``n`` questions: answers from a few words (so that routes agree, and disagree),
+    NLLs in [0, 2] or none."""
+    rng = random.Random(seed)
+    traces: dict[str, list[Trace]] = {}
+    records = []
+    for i in range(n):
+        qid = f"q{i}"
+        traces[qid] = []
+        for j, method in enumerate(ROUTES):
+            nll = None if rng.random() < 0.1 else rng.uniform(0.0, 2.0)
+            t = _trace(method, rng.choice(["Paris", "Lyon", "the city of Paris", "Nice", ""]), nll, j)
+            traces[qid].append(t)
+            records.append(_record(qid, t, rng.random() < 0.2 + 0.2 * j, j))
+    return traces, records
+
+
+def test_the_replay_takes_the_route_the_live_cascade_takes_and_pays_what_it_pays() -> None:
+    traces, records = _scenario(150, seed=3)
+    table = route_table(records, ROUTES)
+    stops = (0.6, 0.9)
+    spec = configure_method(get_method("route"), None, None, None, None, None, routes=ROUTES)
+    spec = spec.with_(route=spec.route.__class__(**{**vars(spec.route), "stop_nll": stops}))  # type: ignore[union-attr]
+    replayed = cascade(table, stops)
+    paid = outcome(table, "cascade", replayed, "em", ran_all=True)
+    for i, qid in enumerate(table.ids):
+        by_name = {t.method: t for t in traces[qid]}
+        live = run_route(spec, "q", lambda s, by_name=by_name: by_name[s.name])  # type: ignore[misc]
+        assert live.route is not None and ROUTES.index(live.route.taken) == replayed[i], qid
+        assert paid.costs["tokens"][i] == live.tokens and paid.costs["lm_calls"][i] == live.lm_calls
+    assert set(replayed.tolist()) == {0, 1, 2}  # every stage stopped some question (the test compares something)
+
+
+def test_the_oracle_takes_the_cheapest_right_route_and_the_first_where_none_is() -> None:
+    records = []
+    for qid, right in (("a", (0, 1, 1)), ("b", (0, 0, 1)), ("c", (1, 1, 1)), ("d", (0, 0, 0))):
+        for j, method in enumerate(ROUTES):
+            records.append(_record(qid, _trace(method, "x", 1.0, j), bool(right[j]), j))
+    table = route_table(records, ROUTES)
+    taken = oracle(table, "em")
+    assert taken.tolist() == [1, 2, 0, 0]
+    row = outcome(table, "oracle", taken, "em", ran_all=False)
+    assert row.score.tolist() == [1.0, 1.0, 1.0, 0.0] and row.costs["retrievals"].tolist() == [1, 2, 0, 0]
+    ran = outcome(table, "cascade", taken, "em", ran_all=True)  # a cascade pays for every route before its own
+    assert ran.costs["retrievals"].tolist() == [1, 3, 0, 0]
+
+
+def test_stop_thresholds_are_tuned_on_the_other_half_within_the_target() -> None:
+    _, records = _scenario(120, seed=5)
+    table = route_table(records, ROUTES)
+    target = 0.8
+    stops = tune_stops(table, target, "em")
+    tuned = outcome(table, "", cascade(table, stops), "em", ran_all=True)
+    assert tuned.costs["retrievals"].mean() <= target
+    taken = cross_fitted(table, target, "em", seed=0)
+    order = np.random.default_rng(0).permutation(len(table))
+    first, second = order[:60], order[60:]
+    assert taken[first].tolist() == cascade(table.take(first), tune_stops(table.take(second), target, "em")).tolist()
+    assert taken[second].tolist() == cascade(table.take(second), tune_stops(table.take(first), target, "em")).tolist()
+
+
+def test_a_record_without_log_probabilities_never_stops_on_nll() -> None:
+    records = [_record("a", _trace(m, "same", None, j), True, j) for j, m in enumerate(ROUTES)]
+    table = route_table(records, ROUTES)
+    assert math.isnan(table.nll[0, 0]) and not table.has_nll
+    assert cascade(table, (math.inf, math.inf)).tolist() == [1]  # the second route agrees with the first
+    assert cascade(table, (math.inf, math.inf), agree=False).tolist() == [2]
+    rows = frontier(table, "em", targets=(0.5,))
+    assert [r.name for r in rows][-2:] == ["cascade: NLL + agreement, ≤ 0.5 × standard-rag-pairs-prompts's retrievals",
+                                           "oracle (cheapest right route)"]  # fmt: skip
+    assert rows[-2].note == "no log-probabilities in the records"
+
+
+def test_routes_a_run_does_not_hold_are_named() -> None:
+    _, records = _scenario(3, seed=0)
+    with pytest.raises(RagateError, match=r"no answered records of route 'ircot'.*--methods no-retrieval,ircot"):
+        route_table(records, ["no-retrieval", "ircot"])
+    with pytest.raises(RagateError, match="each once"):
+        routes_report([RUN], ["wo-rag", "wo-rag"])
+    with pytest.raises(RagateError, match="holds no questions.jsonl"):
+        routes_report([RUN.parent], ["wo-rag", "ircot"])
+
+
+def test_report_prints_the_frontier_of_a_committed_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """The run of HotpotQA's first 300 questions (no log-probabilities in its records): the oracle is the one the
+    routes issue quotes, 37.7 EM at 0.24 retrievals per question; the cascade on agreement alone pays for more
+    than always taking IRCoT."""
+    from ragate.cli.main import main
+
+    assert main(["report", str(RUN), "--routes", "wo-rag,single-rag,ircot"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out.splitlines() if line.startswith("| ")}
+    assert rows["oracle (cheapest right route)"][1] == "37.7" and rows["oracle (cheapest right route)"][4] == "0.24"
+    assert rows["always ircot"][1] == "30.0" and rows["always wo-rag"][1] == "18.3"
+    assert float(rows["cascade: agreement"][4]) > float(rows["always ircot"][4])
+    assert "no log-probabilities in the records of wo-rag, single-rag, ircot" in out
+    assert not (RUN / "report" / "routes.md").exists()  # printed, nothing written
