@@ -123,6 +123,26 @@ def test_routes_go_with_the_route_method_and_stop_thresholds_match_the_stages() 
     assert spec.with_threshold(0.7).route.stop_nll == (0.7, 0.7)  # type: ignore[union-attr]
 
 
+def test_savings_are_beside_always_taking_the_last_route(demo: Any) -> None:
+    """Measured where the cascade went on to the last route (its own stages), estimated from those answers where
+    it stopped before, unknown until one has; the routes run before the answering one are the decision's cost."""
+    from ragate.answers.savings import AlwaysRetrieveCost
+
+    costs = AlwaysRetrieveCost()
+    spec = route(SINGLE[:2], stops=(0.5,))
+    sure = run_method(spec, "What is the capital of France?", ScriptedBackend([said("Paris", 0.01)]), demo)
+    first = costs.savings(sure)
+    assert (first.how, first.always, first.gate.tokens) == ("unknown", None, 0)
+    unsure = run_method(spec, "Which city is it?", ScriptedBackend([said("Lyon", 2.0), said("Paris", 0.3)]), demo)
+    went = costs.savings(unsure)
+    closed = sum(s.prompt_tokens + s.completion_tokens for s in unsure.stages[: unsure.route.stages[0]])  # type: ignore[union-attr]
+    assert went.how == "measured" and went.gate.tokens == closed > 0
+    assert went.always is not None and went.always.tokens == unsure.tokens - closed
+    again = costs.savings(sure)
+    assert again.how == "estimated" and again.always == went.always and "took standard-rag" in again.estimator
+    assert again.saved is not None and again.saved.tokens == went.always.tokens - sure.tokens
+
+
 def test_a_route_method_has_no_gate_to_run_alone(demo: Any) -> None:
     from ragate.methods.runner import decide
 
@@ -134,9 +154,13 @@ def test_pipeline_and_ask_answer_with_routes_on_smollm2(smollm2_path: Path, caps
     question = json.loads((demo_dir() / "questions.jsonl").read_text().splitlines()[0])["question"]
     with Pipeline(method="route", routes=["no-retrieval", "standard-rag"], max_tokens=8, threshold=0.0) as rag:
         ans = rag.answer(question)
-        saved = rag.savings(ans.trace)  # every route's cost is spent; no gate ran apart to remove
-    assert saved.spent.tokens == ans.trace.tokens > 0 and saved.how == "n/a"
+        saved = rag.savings(ans.trace)  # beside always taking the last route: measured, as it took it
     assert ans.trace.route is not None and ans.trace.route.taken == "standard-rag"  # no answer has NLL 0
+    first = ans.trace.route.stages[0]  # the closed-book route's stages, paid before the last route
+    assert saved.how == "measured" and saved.spent.tokens == ans.trace.tokens > 0
+    assert saved.gate.tokens == sum(s.prompt_tokens + s.completion_tokens for s in ans.trace.stages[:first]) > 0
+    assert saved.always is not None and saved.always.tokens == ans.trace.tokens - saved.gate.tokens
+    assert saved.saved is not None and saved.saved.tokens == -saved.gate.tokens  # the cascade cost more here
     assert ans.retrieved and ans.documents and ans.trace.route.checks[0].score is not None
     assert ans.to_json()["route"]["checks"][0]["kind"] == "nll"
     from ragate.cli.main import main

@@ -6,6 +6,10 @@ after the gate's, plus a pseudo-context the gate wrote that the selector reused)
 answered without reading, nobody read the documents, so the cost is **estimated**: the mean of the measured cost
 of the last answers of the same method that did retrieve (:class:`AlwaysRetrieveCost`). Until one has, it is
 **unknown**. Dynamic methods and CRAG-lite decide while answering: there is no gate to take away (**n/a**).
+
+A route method (``ragate.methods.route``) is compared with always taking its last, dearest route: measured where
+the cascade went on to that route (its own stages), else estimated from the last answers that did, the same way;
+its ``gate`` cost is the routes it ran before the one that answered.
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ class AlwaysRetrieveCost:
         spent, gate = Cost.of(trace.stages), Cost.of(gate_stages(trace))
         if read is not None:
             spent = spent + read
+        if trace.route is not None and trace.route.stages:
+            return self._route(trace, spent)
         if trace.gate_stages is None:
             return Savings(
                 spent, gate, None, "n/a", f"{trace.method} decides while answering: no gate to remove"
@@ -126,6 +132,26 @@ class AlwaysRetrieveCost:
         mean = Cost(round(sum(c.tokens for c in seen) / len(seen)), sum(c.seconds for c in seen) / len(seen))
         estimator = f"mean of the last {len(seen)} answers of {trace.method} that retrieved"
         return Savings(spent, gate, mean, "estimated", estimator)
+
+
+    def _route(self, trace: Trace, spent: Cost) -> Savings:
+        """A route method's answer beside always taking its last route (see the module docstring)."""
+        route = trace.route
+        assert route is not None
+        last, ran = route.routes[-1], route.stages
+        before = Cost.of(trace.stages[: sum(ran[:-1])])  # the routes run before the one that answered
+        key = f"{trace.method}: always {last}"
+        if route.taken == last:
+            measured = Cost.of(trace.stages[sum(ran[:-1]) :])
+            with self._lock:
+                self._seen.setdefault(key, deque(maxlen=self.window)).append(measured)
+            return Savings(spent, before, measured, "measured", f"this answer's {last} stages (its last route)")
+        with self._lock:
+            seen = list(self._seen.get(key, ()))
+        if not seen:
+            return Savings(spent, before, None, "unknown", f"no answer has gone on to {last} yet")
+        mean = Cost(round(sum(c.tokens for c in seen) / len(seen)), sum(c.seconds for c in seen) / len(seen))
+        return Savings(spent, before, mean, "estimated", f"mean of the last {len(seen)} answers that took {last}")
 
 
 def log_entry(trace: Trace, savings: Savings, *, model: str, at: float | None = None) -> dict[str, Any]:

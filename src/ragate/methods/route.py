@@ -128,7 +128,7 @@ def run_route(
             break
     final = traces[-1]
     taken = specs[len(traces) - 1].name
-    info = RouteInfo(tuple(route.routes), taken, tuple(checks))
+    info = RouteInfo(tuple(route.routes), taken, tuple(checks), tuple(len(t.stages) for t in traces))
     reason = f"answered by {taken}" + (f" ({checks[-1].kind} check met)" if checks and checks[-1].stop else "")
     last = next((c for c in reversed(checks) if c.score is not None), None)  # the check that decided
     decision = GateDecision(

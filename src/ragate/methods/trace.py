@@ -105,12 +105,13 @@ class RouteCheck:
 
 @dataclass(frozen=True)
 class RouteInfo:
-    """What a route method did: the routes it could take (cheapest first), the one whose answer it gave, and each
-    check met on the way."""
+    """What a route method did: the routes it could take (cheapest first), the one whose answer it gave, each
+    check met on the way, and how many of the trace's stages each route it ran made (in order)."""
 
     routes: tuple[str, ...]
     taken: str
     checks: tuple[RouteCheck, ...]
+    stages: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
