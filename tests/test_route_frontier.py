@@ -117,9 +117,30 @@ def test_a_record_without_log_probabilities_never_stops_on_nll() -> None:
     assert cascade(table, (math.inf, math.inf)).tolist() == [1]  # the second route agrees with the first
     assert cascade(table, (math.inf, math.inf), agree=False).tolist() == [2]
     rows = frontier(table, "em", targets=(0.5,))
-    assert [r.name for r in rows][-2:] == ["cascade: NLL + agreement, ≤ 0.5 × standard-rag-pairs-prompts's retrievals",
-                                           "oracle (cheapest right route)"]  # fmt: skip
-    assert rows[-2].note == "no log-probabilities in the records"
+    assert [r.name for r in rows][-3:] == ["cascade: NLL + agreement, ≤ 0.5 × standard-rag-pairs-prompts's retrievals",
+                                           "adaptive-rag: question classifier", "oracle (cheapest right route)"]  # fmt: skip
+    assert rows[-3].note == "no log-probabilities in the records"
+
+
+def test_adaptive_rag_learns_the_cheapest_right_route_from_the_question_on_the_other_half() -> None:
+    """Adaptive-RAG's labels: the cheapest right route, else the dataset's kind (multi-step for a multi-hop
+    dataset, one retrieval otherwise); its classifier, trained on one half, routes the other half's questions."""
+    from ragate.report.routes import adaptive_rag, route_labels
+
+    records = []
+    for i in range(80):
+        who = i % 2 == 0  # "who" questions: the closed-book route is right; "when ... in 1999": only the last
+        question = f"Who wrote book {i}?" if who else f"When did event {i} happen in 1999 and where?"
+        for j, method in enumerate(ROUTES):
+            r = _record(f"q{i}", _trace(method, "x", 1.0, j), (j == 0) if who else (j == 2), j)
+            records.append(r | {"question": question, "dataset": "hotpotqa"})
+    table = route_table(records, ROUTES)
+    assert route_labels(table, "em").tolist() == [0, 2] * 40
+    assert adaptive_rag(table, "em").tolist() == [0, 2] * 40
+    wrong = route_table([r | {"scores": {"em": 0.0, "f1": 0.0, "acc": 0.0}} for r in records], ROUTES)
+    assert set(route_labels(wrong, "em").tolist()) == {2}  # none right, a multi-hop dataset: the last route
+    squad = route_table([r | {"scores": {"em": 0.0, "f1": 0.0, "acc": 0.0}, "dataset": "squad-v1"} for r in records], ROUTES)
+    assert set(route_labels(squad, "em").tolist()) == {1}  # a single-hop one: one retrieval
 
 
 def test_routes_a_run_does_not_hold_are_named() -> None:
@@ -144,5 +165,6 @@ def test_report_prints_the_frontier_of_a_committed_run(capsys: pytest.CaptureFix
     assert rows["oracle (cheapest right route)"][1] == "37.7" and rows["oracle (cheapest right route)"][4] == "0.24"
     assert rows["always ircot"][1] == "30.0" and rows["always wo-rag"][1] == "18.3"
     assert float(rows["cascade: agreement"][4]) > float(rows["always ircot"][4])
+    assert float(rows["adaptive-rag: question classifier"][4]) < float(rows["always ircot"][4])
     assert "no log-probabilities in the records of wo-rag, single-rag, ircot" in out
     assert not (RUN / "report" / "routes.md").exists()  # printed, nothing written

@@ -3,5 +3,5 @@ comparisons at a matched budget (``matched.py``), the routes' frontier replayed 
 (``routes.py``), a run directory's report (``tables.py``, its figures in ``plots.py``) and the papers' tables
 reproduced (``reproduce.py``).
 
-May import: core, methods, eval (docs/architecture.md).
+May import: core, gates, methods, eval (docs/architecture.md).
 """

@@ -9,6 +9,11 @@ most the stage's threshold or, from the second route on, agrees with the answer 
 every route it ran. The oracle takes the cheapest route that is right (the first route where none is): the label
 Adaptive-RAG (Jeong et al., NAACL 2024) trains its classifier on, for evaluation only.
 
+Adaptive-RAG's own policy is the baseline: a classifier of the question alone, trained on the cheapest right route
+of training questions (where no route is right, the dataset's kind: the multi-step route for a multi-hop dataset,
+the one-retrieval route otherwise; its Section 3.3), here a multinomial logistic regression on ragate's question
+features in place of the paper's T5-Large, cross-fitted like the thresholds. It pays for the one route it chose.
+
 Stop thresholds for a target cost are chosen on questions disjoint from those they are scored on (two-fold
 cross-fitting): the questions are split in two halves by a seeded shuffle, and each half is answered with the
 thresholds whose cascade, on the other half, is the most accurate at mean retrievals within the target (ties:
@@ -35,6 +40,7 @@ COSTS = ("retrievals", "lm_calls", "tokens", "seconds")
 METRICS = ("em", "f1", "acc")
 DEFAULT_TARGETS = (0.25, 0.4, 0.6)  # shares of the last route's mean retrievals
 GRID = tuple(q / 10 for q in range(11))  # each stage's thresholds: these quantiles of its NLLs on the tuning half
+MULTI_HOP = frozenset({"hotpotqa", "hotpotqa-train-raw", "2wikimultihopqa", "musique"})  # Adaptive-RAG's kinds
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +50,8 @@ class RouteTable:
 
     routes: tuple[str, ...]
     ids: tuple[str, ...]
+    questions: tuple[str, ...]
+    datasets: tuple[str, ...]
     answers: tuple[tuple[str, ...], ...]
     scores: Mapping[str, np.ndarray]  # metric -> (n, routes)
     costs: Mapping[str, np.ndarray]  # "retrievals", "lm_calls", "tokens", "seconds" -> (n, routes)
@@ -56,6 +64,8 @@ class RouteTable:
         return RouteTable(
             self.routes,
             tuple(self.ids[i] for i in rows),
+            tuple(self.questions[i] for i in rows),
+            tuple(self.datasets[i] for i in rows),
             tuple(self.answers[i] for i in rows),
             {k: v[rows] for k, v in self.scores.items()},
             {k: v[rows] for k, v in self.costs.items()},
@@ -106,6 +116,8 @@ def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> 
     return RouteTable(
         tuple(routes),
         ids,
+        tuple(str(row[0].get("question", "")) for row in rows),
+        tuple(str(row[0].get("dataset", "")) for row in rows),
         tuple(tuple(str(x.get("prediction", "")) for x in row) for row in rows),
         scores,
         {name: cost[:, :, j] for j, name in enumerate(COSTS)},
@@ -135,6 +147,45 @@ def oracle(table: RouteTable, metric: str) -> np.ndarray:
     """The cheapest route that is right on each question (score > 0), the first route where none is."""
     right = table.scores[metric] > 0
     return np.where(right.any(axis=1), right.argmax(axis=1), 0)
+
+
+def route_labels(table: RouteTable, metric: str) -> np.ndarray:
+    """Adaptive-RAG's training labels: the cheapest right route, else the dataset's kind (the last route for a
+    multi-hop dataset, the second otherwise)."""
+    right = table.scores[metric] > 0
+    kind = np.array([len(table.routes) - 1 if d in MULTI_HOP else 1 for d in table.datasets])
+    return np.where(right.any(axis=1), right.argmax(axis=1), kind)
+
+
+def question_features(questions: Sequence[str]) -> np.ndarray:
+    """ragate's question-side signals (length, question word, digit, date; not rarity, which needs the index)."""
+    from ragate.gates.signals import QUESTION_FEATURES, signals
+
+    names = tuple(n for n in QUESTION_FEATURES if n != "rarity")
+    return np.array([signals(q, names, None, None).vector(names) for q in questions], dtype=float)
+
+
+def adaptive_rag(table: RouteTable, metric: str, *, seed: int = 0) -> np.ndarray:
+    """Each question's route as Adaptive-RAG's question classifier chooses it, trained on the other half of the
+    questions (:func:`route_labels`; the halves of :func:`cross_fitted`)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = question_features(table.questions), route_labels(table, metric)
+    order = np.random.default_rng(seed).permutation(len(table))
+    halves = (order[: len(order) // 2], order[len(order) // 2 :])
+    taken = np.zeros(len(table), dtype=int)
+    for scored, trained in (halves, halves[::-1]):
+        if not len(scored):
+            continue
+        classes = np.unique(y[trained]) if len(trained) else np.array([len(table.routes) - 1])
+        if len(classes) == 1:  # one label in training (or none): the classifier can only say it
+            taken[scored] = classes[0]
+            continue
+        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+        taken[scored] = model.fit(x[trained], y[trained]).predict(x[scored])
+    return taken
 
 
 @dataclass(frozen=True)
@@ -192,7 +243,12 @@ def cross_fitted(table: RouteTable, target: float, metric: str, *, seed: int = 0
     halves = (order[: len(order) // 2], order[len(order) // 2 :])
     taken = np.zeros(len(table), dtype=int)
     for scored, tuned in (halves, halves[::-1]):
-        stops = tune_stops(table.take(tuned), target, metric, agree=agree)
+        if not len(scored):
+            continue
+        if not len(tuned):  # nothing to tune on: no stage stops on NLL
+            stops: tuple[float, ...] = (-math.inf,) * (len(table.routes) - 1)
+        else:
+            stops = tune_stops(table.take(tuned), target, metric, agree=agree)
         taken[scored] = cascade(table.take(scored), stops, agree=agree)
     return taken
 
@@ -205,7 +261,7 @@ def frontier(
     seed: int = 0,
 ) -> list[Row]:
     """Every fixed route, the cascade on agreement alone, the cross-fitted cascade at each target (where the
-    records hold log-probabilities) and the oracle."""
+    records hold log-probabilities), Adaptive-RAG's question classifier (cross-fitted) and the oracle."""
     n = len(table)
     rows = [
         outcome(table, f"always {r}", np.full(n, j), metric, ran_all=False) for j, r in enumerate(table.routes)
@@ -220,6 +276,8 @@ def frontier(
             continue
         taken = cross_fitted(table, share * last, metric, seed=seed)
         rows.append(outcome(table, name, taken, metric, ran_all=True, note="thresholds cross-fitted"))
+    rows.append(outcome(table, "adaptive-rag: question classifier", adaptive_rag(table, metric, seed=seed), metric,
+                        ran_all=False, note="cross-fitted"))  # fmt: skip
     rows.append(outcome(table, "oracle (cheapest right route)", oracle(table, metric), metric, ran_all=False))
     return rows
 
