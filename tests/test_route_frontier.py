@@ -9,7 +9,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from ragate.errors import RagateError
@@ -22,6 +21,7 @@ from ragate.report.routes import (
     cascade,
     cross_fitted,
     frontier,
+    halves,
     oracle,
     outcome,
     route_table,
@@ -73,7 +73,7 @@ def test_the_replay_takes_the_route_the_live_cascade_takes_and_pays_what_it_pays
     spec = configure_method(get_method("route"), None, None, None, None, None, routes=ROUTES)
     spec = spec.with_(route=spec.route.__class__(**{**vars(spec.route), "stop_nll": stops}))  # type: ignore[union-attr]
     replayed = cascade(table, stops)
-    paid = outcome(table, "cascade", replayed, "em", ran_all=True)
+    paid = outcome(table, "cascade", replayed, "em", pays="every")
     for i, qid in enumerate(table.ids):
         by_name = {t.method: t for t in traces[qid]}
         live = run_route(spec, "q", lambda s, by_name=by_name: by_name[s.name])  # type: ignore[misc]
@@ -90,9 +90,9 @@ def test_the_oracle_takes_the_cheapest_right_route_and_the_first_where_none_is()
     table = route_table(records, ROUTES)
     taken = oracle(table, "em")
     assert taken.tolist() == [1, 2, 0, 0]
-    row = outcome(table, "oracle", taken, "em", ran_all=False)
+    row = outcome(table, "oracle", taken, "em", pays="taken")
     assert row.score.tolist() == [1.0, 1.0, 1.0, 0.0] and row.costs["retrievals"].tolist() == [1, 2, 0, 0]
-    ran = outcome(table, "cascade", taken, "em", ran_all=True)  # a cascade pays for every route before its own
+    ran = outcome(table, "cascade", taken, "em", pays="every")  # a cascade pays for every route before its own
     assert ran.costs["retrievals"].tolist() == [1, 3, 0, 0]
 
 
@@ -101,11 +101,10 @@ def test_stop_thresholds_are_tuned_on_the_other_half_within_the_target() -> None
     table = route_table(records, ROUTES)
     target = 0.8
     stops = tune_stops(table, target, "em")
-    tuned = outcome(table, "", cascade(table, stops), "em", ran_all=True)
+    tuned = outcome(table, "", cascade(table, stops), "em", pays="every")
     assert tuned.costs["retrievals"].mean() <= target
     taken = cross_fitted(table, target, "em", seed=0)
-    order = np.random.default_rng(0).permutation(len(table))
-    first, second = order[:60], order[60:]
+    (first, second), _ = halves(len(table), 0)
     assert taken[first].tolist() == cascade(table.take(first), tune_stops(table.take(second), target, "em")).tolist()
     assert taken[second].tolist() == cascade(table.take(second), tune_stops(table.take(first), target, "em")).tolist()
 
@@ -116,10 +115,11 @@ def test_a_record_without_log_probabilities_never_stops_on_nll() -> None:
     assert math.isnan(table.nll[0, 0]) and not table.has_nll
     assert cascade(table, (math.inf, math.inf)).tolist() == [1]  # the second route agrees with the first
     assert cascade(table, (math.inf, math.inf), agree=False).tolist() == [2]
-    rows = frontier(table, "em", targets=(0.5,))
-    assert [r.name for r in rows][-3:] == ["cascade: NLL + agreement, ≤ 0.5 × standard-rag-pairs-prompts's retrievals",
-                                           "adaptive-rag: question classifier", "oracle (cheapest right route)"]  # fmt: skip
-    assert rows[-3].note == "no log-probabilities in the records"
+    rows = {r.name: r for r in frontier(table, "em", targets=(0.5,))}
+    assert list(rows)[-1] == "oracle (cheapest right route)" and "adaptive-rag: question classifier" in rows
+    assert rows["cascade: NLL + agreement, ≤ 0.5 × standard-rag-pairs-prompts's retrievals"].note == (
+        "no log-probabilities in the records"
+    )
 
 
 def test_adaptive_rag_learns_the_cheapest_right_route_from_the_question_on_the_other_half() -> None:
@@ -141,6 +141,27 @@ def test_adaptive_rag_learns_the_cheapest_right_route_from_the_question_on_the_o
     assert set(route_labels(wrong, "em").tolist()) == {2}  # none right, a multi-hop dataset: the last route
     squad = route_table([r | {"scores": {"em": 0.0, "f1": 0.0, "acc": 0.0}, "dataset": "squad-v1"} for r in records], ROUTES)
     assert set(route_labels(squad, "em").tolist()) == {1}  # a single-hop one: one retrieval
+
+
+def test_the_learned_policy_reads_the_first_answer_and_keeps_to_its_target() -> None:
+    """The first route is right where its answer is not empty, the last always: fitted on the other half, the
+    policy answers closed-book where the first answer says something and pays for the last route where it is
+    empty, within a target that allows it; a target below the last route's cost keeps it to the first route."""
+    from ragate.report.routes import learned
+
+    records = []
+    for i in range(120):
+        said = "" if i % 3 == 0 else f"answer {i}"
+        for j, method in enumerate(ROUTES):
+            r = _record(f"q{i}", _trace(method, said if j == 0 else "x", 1.0, j), (j == 0 and bool(said)) or j == 2, j)
+            records.append(r | {"question": f"Which thing is number {i}?", "dataset": "hotpotqa"})
+    table = route_table(records, ROUTES)
+    empty = [not a[0] for a in table.answers]
+    taken = learned(table, "em", target=1.0)  # the empty third at 2 retrievals each: 0.67 a question
+    assert taken.tolist() == [2 if e else 0 for e in empty]
+    row = outcome(table, "learned", taken, "em", pays="first")
+    assert row.score.mean() == 1.0 and abs(row.costs["retrievals"].mean() - 2 / 3) < 1e-9
+    assert set(learned(table, "em", target=0.1).tolist()) == {0}
 
 
 def test_routes_a_run_does_not_hold_are_named() -> None:
@@ -166,5 +187,6 @@ def test_report_prints_the_frontier_of_a_committed_run(capsys: pytest.CaptureFix
     assert rows["always ircot"][1] == "30.0" and rows["always wo-rag"][1] == "18.3"
     assert float(rows["cascade: agreement"][4]) > float(rows["always ircot"][4])
     assert float(rows["adaptive-rag: question classifier"][4]) < float(rows["always ircot"][4])
+    assert all(line.count("|") == 9 for line in out.splitlines() if line.startswith("|"))  # no cell breaks the table
     assert "no log-probabilities in the records of wo-rag, single-rag, ircot" in out
     assert not (RUN / "report" / "routes.md").exists()  # printed, nothing written

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,6 +40,7 @@ COSTS = ("retrievals", "lm_calls", "tokens", "seconds")
 METRICS = ("em", "f1", "acc")
 DEFAULT_TARGETS = (0.25, 0.4, 0.6)  # shares of the last route's mean retrievals
 GRID = tuple(q / 10 for q in range(11))  # each stage's thresholds: these quantiles of its NLLs on the tuning half
+Pays = Literal["taken", "every", "first"]
 MULTI_HOP = frozenset({"hotpotqa", "hotpotqa-train-raw", "2wikimultihopqa", "musique"})  # Adaptive-RAG's kinds
 
 
@@ -149,6 +150,13 @@ def oracle(table: RouteTable, metric: str) -> np.ndarray:
     return np.where(right.any(axis=1), right.argmax(axis=1), 0)
 
 
+def halves(n: int, seed: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The two folds of cross-fitting, as (scored, trained) pairs: the questions split in two by a seeded shuffle."""
+    order = np.random.default_rng(seed).permutation(n)
+    a, b = order[: n // 2], order[n // 2 :]
+    return (a, b), (b, a)
+
+
 def route_labels(table: RouteTable, metric: str) -> np.ndarray:
     """Adaptive-RAG's training labels: the cheapest right route, else the dataset's kind (the last route for a
     multi-hop dataset, the second otherwise)."""
@@ -173,10 +181,8 @@ def adaptive_rag(table: RouteTable, metric: str, *, seed: int = 0) -> np.ndarray
     from sklearn.preprocessing import StandardScaler
 
     x, y = question_features(table.questions), route_labels(table, metric)
-    order = np.random.default_rng(seed).permutation(len(table))
-    halves = (order[: len(order) // 2], order[len(order) // 2 :])
     taken = np.zeros(len(table), dtype=int)
-    for scored, trained in (halves, halves[::-1]):
+    for scored, trained in halves(len(table), seed):
         if not len(scored):
             continue
         classes = np.unique(y[trained]) if len(trained) else np.array([len(table.routes) - 1])
@@ -185,6 +191,67 @@ def adaptive_rag(table: RouteTable, metric: str, *, seed: int = 0) -> np.ndarray
             continue
         model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
         taken[scored] = model.fit(x[trained], y[trained]).predict(x[scored])
+    return taken
+
+
+def first_answer_features(table: RouteTable) -> np.ndarray:
+    """What the first route's answer shows once written, at no further model call: its normalised NLL (0 where the
+    record has none, with a column saying whether it has one), its words (log), whether it is empty, and its
+    tokens (log)."""
+    nll = table.nll[:, 0]
+    has = np.isfinite(nll)
+    words = np.array([len(a[0].split()) for a in table.answers], dtype=float)
+    empty = np.array([float(not a[0].strip()) for a in table.answers])
+    return np.column_stack([np.where(has, nll, 0.0), has, np.log1p(words), empty, np.log1p(table.costs["tokens"][:, 0])])
+
+
+def _right_probabilities(x: np.ndarray, right: np.ndarray, trained: np.ndarray) -> list[Any]:
+    """Per route, a function of features giving P(right), fitted on the ``trained`` rows (a constant where they
+    hold one outcome only)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    fits: list[Any] = []
+    for r in range(right.shape[1]):
+        y = right[trained, r]
+        if len(np.unique(y)) < 2:
+            value = float(y[0]) if len(y) else 0.0
+            fits.append(lambda rows, value=value: np.full(len(rows), value))
+            continue
+        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x[trained], y)
+        fits.append(lambda rows, model=model: model.predict_proba(rows)[:, 1])
+    return fits
+
+
+LAMBDAS = (0.0, *np.geomspace(1e-3, 10.0, 49).tolist())
+
+
+def learned(table: RouteTable, metric: str, target: float, *, seed: int = 0) -> np.ndarray:
+    """Each question's route by P(right | route, features) - lambda * the route's mean retrievals: the features are
+    the question's and the first route's answer's (:func:`first_answer_features`; the first route always runs), a
+    logistic fit per route, and lambda the one whose choices are the most accurate with mean retrievals (the first
+    route's plus the chosen one's) at most ``target``; both fitted on the other half of the questions."""
+    x = np.hstack([question_features(table.questions), first_answer_features(table)])
+    right = table.scores[metric] > 0
+    taken = np.zeros(len(table), dtype=int)
+    for scored, trained in halves(len(table), seed):
+        if not len(scored) or not len(trained):
+            continue  # nothing to learn from: the first route
+        fits = _right_probabilities(x, right, trained)
+        cost = table.costs["retrievals"][trained].mean(axis=0)
+        p_train = np.column_stack([f(x[trained]) for f in fits])
+        sub = table.take(trained)
+        best: tuple[float, float, float] | None = None
+        for lam in LAMBDAS:
+            row = outcome(sub, "", np.argmax(p_train - lam * cost, axis=1), metric, pays="first")
+            spent = float(row.costs["retrievals"].mean())
+            key = (-float(row.score.mean()), spent, lam)
+            if spent <= target + 1e-9 and (best is None or key[:2] < best[:2]):
+                best = key
+        lam = best[2] if best is not None else LAMBDAS[-1]
+        p = np.column_stack([f(x[scored]) for f in fits])
+        taken[scored] = np.argmax(p - lam * cost, axis=1)
     return taken
 
 
@@ -199,14 +266,17 @@ class Row:
     note: str = ""
 
 
-def outcome(table: RouteTable, name: str, taken: np.ndarray, metric: str, *, ran_all: bool, note: str = "") -> Row:
-    """The row of a policy taking ``taken``: its score, and its cost, every route up to the one taken where it ran
-    them in turn (``ran_all``: a cascade), else the route taken alone (a fixed route, the oracle)."""
+def outcome(table: RouteTable, name: str, taken: np.ndarray, metric: str, *, pays: Pays, note: str = "") -> Row:
+    """The row of a policy taking ``taken``: its score and its cost, which ``pays`` says: "taken", the route taken
+    alone (a fixed route, a classifier of the question, the oracle); "every", every route up to the one taken (a
+    cascade runs them in turn); "first", the first route and the one taken (a policy that reads the first
+    route's answer, then chooses)."""
     n = np.arange(len(table))
-    upto = np.arange(len(table.routes))[None, :] <= taken[:, None]
-    costs = {
-        k: (v * upto).sum(axis=1) if ran_all else v[n, taken] for k, v in table.costs.items()
-    }
+    routes = np.arange(len(table.routes))[None, :]
+    ran = {"taken": routes == taken[:, None], "every": routes <= taken[:, None]}.get(pays)
+    if ran is None:
+        ran = (routes == taken[:, None]) | (routes == 0)
+    costs = {k: (v * ran).sum(axis=1) for k, v in table.costs.items()}
     return Row(name, taken, table.scores[metric][n, taken], costs, note)
 
 
@@ -225,7 +295,7 @@ def tune_stops(table: RouteTable, target: float, metric: str, *, agree: bool = T
     best: tuple[float, float, float, tuple[float, ...]] | None = None
     for combo in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T:
         stops = tuple(map(float, combo))
-        row = outcome(table, "", cascade(table, stops, agree=agree), metric, ran_all=True)
+        row = outcome(table, "", cascade(table, stops, agree=agree), metric, pays="every")
         retrievals = float(row.costs["retrievals"].mean())
         if retrievals > target + 1e-9:
             continue
@@ -239,10 +309,8 @@ def tune_stops(table: RouteTable, target: float, metric: str, *, agree: bool = T
 
 def cross_fitted(table: RouteTable, target: float, metric: str, *, seed: int = 0, agree: bool = True) -> np.ndarray:
     """Each question's route under thresholds tuned on the other half of the questions (:func:`tune_stops`)."""
-    order = np.random.default_rng(seed).permutation(len(table))
-    halves = (order[: len(order) // 2], order[len(order) // 2 :])
     taken = np.zeros(len(table), dtype=int)
-    for scored, tuned in (halves, halves[::-1]):
+    for scored, tuned in halves(len(table), seed):
         if not len(scored):
             continue
         if not len(tuned):  # nothing to tune on: no stage stops on NLL
@@ -264,10 +332,10 @@ def frontier(
     records hold log-probabilities), Adaptive-RAG's question classifier (cross-fitted) and the oracle."""
     n = len(table)
     rows = [
-        outcome(table, f"always {r}", np.full(n, j), metric, ran_all=False) for j, r in enumerate(table.routes)
+        outcome(table, f"always {r}", np.full(n, j), metric, pays="taken") for j, r in enumerate(table.routes)
     ]
     never = [-math.inf] * (len(table.routes) - 1)
-    rows.append(outcome(table, "cascade: agreement", cascade(table, never), metric, ran_all=True))
+    rows.append(outcome(table, "cascade: agreement", cascade(table, never), metric, pays="every"))
     last = float(table.costs["retrievals"][:, -1].mean())
     for share in targets:
         name = f"cascade: NLL + agreement, ≤ {share:g} × {table.routes[-1]}'s retrievals"
@@ -275,10 +343,14 @@ def frontier(
             rows.append(Row(name, np.full(n, -1), np.full(n, np.nan), {}, "no log-probabilities in the records"))
             continue
         taken = cross_fitted(table, share * last, metric, seed=seed)
-        rows.append(outcome(table, name, taken, metric, ran_all=True, note="thresholds cross-fitted"))
+        rows.append(outcome(table, name, taken, metric, pays="every", note="thresholds cross-fitted"))
+    for share in targets:
+        name = f"learned: P(right) of each route − λ·retrievals, ≤ {share:g} × {table.routes[-1]}'s retrievals"
+        taken = learned(table, metric, share * last, seed=seed)
+        rows.append(outcome(table, name, taken, metric, pays="first", note="cross-fitted"))
     rows.append(outcome(table, "adaptive-rag: question classifier", adaptive_rag(table, metric, seed=seed), metric,
-                        ran_all=False, note="cross-fitted"))  # fmt: skip
-    rows.append(outcome(table, "oracle (cheapest right route)", oracle(table, metric), metric, ran_all=False))
+                        pays="taken", note="cross-fitted"))  # fmt: skip
+    rows.append(outcome(table, "oracle (cheapest right route)", oracle(table, metric), metric, pays="taken"))
     return rows
 
 
