@@ -1,7 +1,7 @@
 """Retrieval budgets that hold (issue H), measured by replaying stored sweep records: no new LM calls.
 
     .venv/bin/python benchmarks/budget.py transfer SWEEP_DIR [SWEEP_DIR ...] [--splits 1000] [--dev-share 0.5]
-        [--budgets 0.1,0.2,0.3,0.5] [--confidence 0.95] [--metric acc] [--gates targ-margin,...]
+        [--budgets 0.1,0.2,0.3,0.5] [--confidence 0.95] [--metric acc] [--gates targ-margin,...] [--summary]
     .venv/bin/python benchmarks/budget.py drift SWEEP_DIR SWEEP_DIR [...] --gate targ-margin [--budget 0.3]
         [--window 50] [--plot drift.png]
     .venv/bin/python benchmarks/budget.py in-order SWEEP_DIR [...] [--gates dtr,targ-margin] [--budget 0.3]
@@ -15,7 +15,9 @@ binomial bound on the rate over new questions' *distribution*), and the batch-bo
 ``--batch M`` with M = the test set's size (a beta-binomial bound on the realised rate of M new questions). The
 table gives, for each, the mean realised
 retrieval rate on the test questions, the share of splits where it exceeds rho, and the mean test accuracy
-(each question takes its retrieval answer iff its score is above tau).
+(each question takes its retrieval answer iff its score is above tau). ``--summary`` prints instead one row per
+sweep: the min-max over gates and budgets of each tau's share of splits over budget, the batch bound's exact tail,
+and the batch bound's accuracy cost against the plain quantile at rho = 0.3 (docs/evaluation.md's table).
 
 The share of splits over budget mixes two kinds of chance: the dev draw (which the bound covers) and the finite
 test set's own sampling noise around the true rate (which it does not: a test set of m questions moves the
@@ -56,6 +58,8 @@ UNCALIBRATED = ("random",)  # a coin's rate is its parameter, not a threshold on
 
 HOWS = ("fixed", "quantile", "controller")
 
+CHUNK = 2000  # transfer's splits drawn and scored this many at a time (memory: a few MB per 1,000 at n = 300)
+
 
 def transfer_rows(
     rows: list[dict[str, Any]],
@@ -89,16 +93,20 @@ def transfer_rows(
             ks["batch"] = conservative_threshold(ranks, rho, confidence, batch=n - n_dev).k
         except ValueError as err:
             too_few = str(err)
-        for _ in range(splits):
-            order = rng.permutation(n)
-            dev, test = order[:n_dev], order[n_dev:]
-            taus = {"plain": threshold_for_budget(scores[dev].tolist(), rho)}
-            ordered = np.sort(scores[dev])
-            taus |= {how: float(ordered[k - 1]) for how, k in ks.items()}  # = conservative_threshold(...).tau
+        threshold_for_budget(scores, rho)  # its checks (a budget in [0, 1], finite scores), once
+        done = 0
+        while done < splits:  # in chunks, drawn in the same order as one at a time: the same splits
+            chunk = min(CHUNK, splits - done)
+            done += chunk
+            order = np.stack([rng.permutation(n) for _ in range(chunk)])
+            dev, test = order[:, :n_dev], order[:, n_dev:]
+            ordered = np.sort(scores[dev], axis=1)
+            taus = {"plain": plain_taus(ordered, rho)}  # = threshold_for_budget(scores[dev], rho), per split
+            taus |= {how: ordered[:, k - 1] for how, k in ks.items()}  # = conservative_threshold(...).tau
             for how, tau in taus.items():
-                retrieve = scores[test] > tau
-                accuracy = float(np.where(retrieve, opened[test], closed[test]).mean())
-                seen[how].append((float(retrieve.mean()), accuracy))
+                retrieve = scores[test] > tau[:, None]
+                accuracy = np.where(retrieve, opened[test], closed[test]).mean(axis=1)
+                seen[how].extend(zip(retrieve.mean(axis=1).tolist(), accuracy.tolist(), strict=True))
         row: dict[str, Any] = {"method": method, "budget": rho, "n": n, "dev": n_dev, "too_few": too_few}
         for how, pairs in seen.items():
             if pairs and (how == "plain" or too_few is None):
@@ -113,6 +121,14 @@ def transfer_rows(
     return out
 
 
+def plain_taus(ordered: np.ndarray, rho: float) -> np.ndarray:
+    """threshold_for_budget of each row of ``ordered`` (each split's dev scores, sorted): the inverted-CDF
+    quantile F^-1(1 - rho), the smallest score s with F(s) >= 1 - rho; below every score at rho = 1."""
+    if rho >= 1.0:
+        return np.nextafter(ordered[:, 0], -np.inf)
+    return np.quantile(ordered, round(1.0 - rho, 12), axis=1, method="inverted_cdf")
+
+
 def batch_exceedance(n_dev: int, m: int, k: int, rho: float) -> float:
     """P(more than rho * m of m new questions score above s_(k), the k-th smallest of n_dev dev scores): the
     beta-binomial tail that the batch bound keeps at most 1 - confidence, exact for distinct exchangeable scores
@@ -124,6 +140,8 @@ def batch_exceedance(n_dev: int, m: int, k: int, rho: float) -> float:
 
 def transfer(args: argparse.Namespace) -> int:
     budgets = [float(b) for b in args.budgets.split(",")]
+    se = 100 * (0.05 * 0.95 / args.splits) ** 0.5
+    summary: list[tuple[str, list[dict[str, Any]]]] = []
     for folder in args.sweeps:
         path = Path(folder) / "sweep.jsonl"
         if not path.is_file():
@@ -133,18 +151,19 @@ def transfer(args: argparse.Namespace) -> int:
             return 2
         records = compact(path)
         gates = args.gates.split(",") if args.gates else swept_methods(records)
-        se = 100 * (0.05 * 0.95 / args.splits) ** 0.5
-        print(
-            f"\n{folder}: {args.splits} random splits, {100 * args.dev_share:g}% dev / the rest test, "
-            f"confidence {args.confidence:g}, {args.metric}; a share over budget near 5% has a Monte-Carlo "
-            f"s.e. of {se:.2f} points; 'exact' is the beta-binomial P(over ρ) of the batch bound's k\n"
-        )
-        print(
-            "| gate | n (dev) | budget ρ | plain τ: test rate | over ρ | "
-            f"{args.metric} | conservative τ: test rate | over ρ | {args.metric} | batch-bound τ: test rate | "
-            f"over ρ (exact) | {args.metric} |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        if not args.summary:
+            print(
+                f"\n{folder}: {args.splits} random splits, {100 * args.dev_share:g}% dev / the rest test, "
+                f"confidence {args.confidence:g}, {args.metric}; a share over budget near 5% has a Monte-Carlo "
+                f"s.e. of {se:.2f} points; 'exact' is the beta-binomial P(over ρ) of the batch bound's k\n"
+            )
+            print(
+                "| gate | n (dev) | budget ρ | plain τ: test rate | over ρ | "
+                f"{args.metric} | conservative τ: test rate | over ρ | {args.metric} | batch-bound τ: test rate | "
+                f"over ρ (exact) | {args.metric} |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        mine: list[dict[str, Any]] = []
         for gate in gates:
             if gate in UNCALIBRATED:
                 continue
@@ -153,6 +172,9 @@ def transfer(args: argparse.Namespace) -> int:
                 rows, gate, budgets, splits=args.splits, dev_share=args.dev_share,
                 confidence=args.confidence, metric=args.metric, seed=args.seed,
             ):  # fmt: skip
+                mine.append(row)
+                if args.summary:
+                    continue
                 cells = []
                 for how in ("plain", "conservative", "batch"):
                     got = row.get(how)
@@ -165,7 +187,63 @@ def transfer(args: argparse.Namespace) -> int:
                 print(
                     f"| {gate} | {row['n']} ({row['dev']}) | {row['budget']:g} | " + " | ".join(cells) + " |"
                 )
+        summary.append((Path(folder).name, mine))
+    if args.summary:
+        print_transfer_summary(summary, args, budgets, se)
     return 0
+
+
+COST_AT = 0.3  # the budget at which --summary gives the batch bound's accuracy cost
+
+
+def print_transfer_summary(
+    summary: list[tuple[str, list[dict[str, Any]]]], args: argparse.Namespace, budgets: list[float], se: float
+) -> None:
+    """One row per sweep: the min-max over gates and budgets of each tau's share of splits over budget, the
+    batch bound's exact P(over rho), and the batch bound's accuracy cost against the plain quantile at COST_AT."""
+
+    def span(values: list[float], unit: str = "%") -> str:
+        return f"{min(values):.1f}–{max(values):.1f}{unit}" if values else "–"
+
+    cost = any(abs(b - COST_AT) < 1e-12 for b in budgets)
+    paid_head = f" {args.metric} cost of the batch bound at ρ = {COST_AT:g} (largest: plain τ → batch τ) |"
+    print(
+        "| sweep (n: dev / test) | plain quantile: splits over ρ | conservative (population) τ: over ρ | "
+        "batch-bound τ (`--batch M`): over ρ | its exact P(over ρ) |" + (paid_head if cost else "")
+    )
+    print("|---|---|---|---|---|" + ("---|" if cost else ""))
+    gap = 0.0  # the largest |Monte-Carlo share - exact tail| of the batch bound, in points
+    for name, rows in summary:
+        over = {how: [100 * r[how]["over"] for r in rows if how in r] for how in ("plain", "conservative")}
+        batch = [r["batch"] for r in rows if "exact_over" in r.get("batch", {})]
+        over["batch"] = [100 * b["over"] for b in batch]
+        exact = [100 * b["exact_over"] for b in batch]
+        gap = max([gap] + [abs(o - e) for o, e in zip(over["batch"], exact, strict=True)])
+        sizes = sorted({(r["n"], r["dev"]) for r in rows})
+        label = ", ".join(f"{n}: {dev} / {n - dev}" for n, dev in sizes)
+        cells = [span(over["plain"]), span(over["conservative"]), span(over["batch"]), span(exact)]
+        if cost:
+            paid = [
+                (100 * (r["plain"]["accuracy"] - r["batch"]["accuracy"]), r)
+                for r in rows
+                if abs(r["budget"] - COST_AT) < 1e-12 and "batch" in r
+            ]
+            if paid:
+                _, r = max(paid, key=lambda c: c[0])
+                cells.append(
+                    span([c for c, _ in paid], " points")
+                    + f" ({r['method']}: {100 * r['plain']['accuracy']:.1f} → {100 * r['batch']['accuracy']:.1f})"
+                )
+            else:
+                cells.append("–")
+        print(f"| {name} ({label}) | " + " | ".join(cells) + " |")
+    gates = list(dict.fromkeys(r["method"] for _, rows in summary for r in rows))
+    print(
+        f"\nMin–max over the gates {', '.join(gates)} and the budgets ρ = {', '.join(f'{b:g}' for b in budgets)}; "
+        f"{args.splits} random splits each, {100 * args.dev_share:g}% dev / the rest test, confidence "
+        f"{args.confidence:g}, {args.metric}. A share over budget near 5% has a Monte-Carlo s.e. of {se:.2f} points; "
+        f"the batch bound's share is at most {gap:.2f} points ({gap / se:.1f} s.e.) from its exact P(over ρ)."
+    )
 
 
 def replay(
@@ -335,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--metric", choices=("em", "f1", "acc"), default="acc")
     t.add_argument("--gates", default=None, help="comma-separated (default: every swept gate but random)")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--summary", action="store_true",
+        help="one row per sweep: the min-max over gates and budgets of each column (the table in docs/evaluation.md)",
+    )  # fmt: skip
     t.set_defaults(run=transfer)
     d = sub.add_parser("drift", help="a fixed tau vs the live controller over a stream whose mix changes")
     d.add_argument("sweeps", nargs="+", help="`ragate sweep` --out folders, played in this order")

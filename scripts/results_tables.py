@@ -27,7 +27,8 @@ rule. A plain difference is "higher" or "lower" when its interval excludes 0, el
 has the paper's direction (``expect``): "holds" when the interval excludes 0 on that side, "against" when it
 excludes 0 on the other, "not established" when it reaches 0; ``expect = "not lower"`` (a paper's "at no cost")
 can only be "against" (the interval below 0) or "not established" (equivalence would need a margin the papers do
-not give), and "not higher" the mirror. A row on a score's ranking (AUROC) is "too few (N of n ...)" when the rarer
+not give), and "not higher" the mirror. A claim's verdict is also taken under the spec's ``stability_seeds``
+bootstrap seeds from ``seed`` on; where some give another verdict, it reads "holds (fragile: k of N seeds)". A row on a score's ranking (AUROC) is "too few (N of n ...)" when the rarer
 class has fewer than 10 questions. Where the paper gives a number, the row says whether it lies inside the
 interval.
 """
@@ -49,7 +50,14 @@ from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.records import by_method, latest, read_records
 from ragate.eval.sweep import compact, default_records, method_records
 from ragate.eval.thresholds import threshold_for_budget
-from ragate.report.matched import matched_markdown, point_label, references, single_point, swept_point
+from ragate.report.matched import (
+    Resampling,
+    matched_markdown,
+    point_label,
+    references,
+    single_point,
+    swept_point,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC_NAME = {"em": "EM", "f1": "F1", "acc": "acc"}
@@ -70,6 +78,9 @@ class Results:
         self.runs: dict[str, str] = dict(spec.get("runs", {}))
         self.seed = int(spec.get("seed", 0))
         self.samples = int(spec.get("samples", 1000))
+        self.boot = Resampling(self.samples, self.seed)  # the budget tables' too
+        self.stability = int(spec.get("stability_seeds", 1))
+        self._bounds: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
         self._sweeps: dict[str, list[dict[str, Any]]] = {}
         self._records: dict[str, list[dict[str, Any]]] = {}
 
@@ -178,6 +189,18 @@ class Results:
         lo, hi = paired_bootstrap_diff(x, y, samples=self.samples, seed=self.seed)
         return {"n": len(ids), "delta": mean, "lo": lo, "hi": hi, "smallest": 1.96 * sd / math.sqrt(len(d))}
 
+    def seed_bounds(self, new: str, old: str, metric: str) -> list[tuple[float, float]]:
+        """The paired interval of ``new`` minus ``old`` under each of the ``stability`` seeds from ``seed`` on."""
+        key = (new, old, metric)
+        if key not in self._bounds:
+            a, b = self.side(new, metric), self.side(old, metric)
+            ids = [i for i in a if i in b]
+            x, y = [100.0 * a[i] for i in ids], [100.0 * b[i] for i in ids]
+            self._bounds[key] = [
+                paired_bootstrap_diff(x, y, samples=self.samples, seed=self.seed + k) for k in range(self.stability)
+            ]
+        return self._bounds[key]
+
 
 def fmt(v: float) -> str:
     """A signed value in points, one decimal, with a true minus sign; a nonzero bound that would round to 0.0
@@ -239,7 +262,12 @@ def claims_table(res: Results, table: Mapping[str, Any], only_headline: bool = F
         d = res.diff(row["new"], row["old"], metric)
         at = f" at {100 * res.rate(row['new']):.0f}% retrieval" if row.get("show_rate") else ""
         here = f"{name} {interval(d)}{at}, n = {d['n']}"
-        verdict = claim_verdict(d["lo"], d["hi"], row["expect"]) + paper_note(row.get("paper_value"), d)
+        verdict = claim_verdict(d["lo"], d["hi"], row["expect"])
+        bounds = res.seed_bounds(row["new"], row["old"], metric)
+        agree = sum(claim_verdict(lo, hi, row["expect"]) == verdict for lo, hi in bounds)
+        if agree < len(bounds):
+            verdict += f" (fragile: {agree} of {len(bounds)} seeds)"
+        verdict += paper_note(row.get("paper_value"), d)
         lines.append(f"| {row['claim']} | {row['paper']} | {here} | ±{d['smallest']:.1f} | {verdict} |")
     return "\n".join(lines)
 
@@ -306,7 +334,7 @@ def budget_table(res: Results, table: Mapping[str, Any]) -> str:
 
     for budget in table["budgets"]:
         for gate in gates:
-            point = swept_point(method_records(sweep, gate), gate, budget, metric, "quantile")
+            point = swept_point(method_records(sweep, gate), gate, budget, metric, "quantile", res.boot)
             rows.append(point | {"method": labels.get(gate, gate)})
         for label in dict.fromkeys(point_label(r) for r in extra):
             mine = [r for r in extra if point_label(r) == label]
@@ -315,7 +343,7 @@ def budget_table(res: Results, table: Mapping[str, Any]) -> str:
             else:
                 family = family_key(get_method(mine[0]["method"]))
                 reference = {r["id"]: r for r in sweep if r["family"] == family}
-            rows.append(single_point(mine, mine[0]["method"], budget, reference, metric) | {"method": label})
+            rows.append(single_point(mine, mine[0]["method"], budget, reference, metric, res.boot) | {"method": label})
     used = {res.family(table["sweep"], name)[0]["family"] for name in families.values()}
     refs = [r for r in references(sweep, metric) if set(r["methods"]) & set(gates) or r["family"] in used]
     for r in refs:

@@ -260,6 +260,8 @@ def sweep_fault(record: dict[str, Any]) -> str | None:
             return fault
         if not is_number(answer.get("seconds")) or not is_count(answer.get("tokens")):
             return f'"{side}" needs "seconds" (a finite number) and "tokens" (a count)'
+    if "question" in record and not isinstance(record["question"], str):
+        return f'"question" must be the question\'s text, not {short(record["question"])}'
     gates = record.get("gates")
     if not isinstance(gates, dict):
         return f'"gates" must be an object of gate scores, not {short(gates)}'
@@ -356,6 +358,7 @@ class Sweeping(Opened):
         methods = list(dict.fromkeys([*(stored["methods"] if stored else ()), *self.families[fam]]))
         return {
             "id": ex.id,
+            "question": ex.question,  # so that what reads the sweep needs no dataset file (learned gates, docs)
             "family": fam,
             "methods": methods,
             "closed": closed,

@@ -42,7 +42,9 @@ def _records(sweep_dir: Path) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class SweepQuestions:
     """What a fit reads from a sweep: its ``config.json`` (``saved``), the run's :class:`EvalConfig`, the dataset
-    files (checked by sha256), ``family``'s records (each (id, family) once) and the question of each record id."""
+    files (checked by sha256; as the sweep recorded them where its records hold their questions), ``family``'s
+    records (each (id, family) once) and the question of each record id (from the records where each holds its
+    own, else from the dataset file)."""
 
     saved: dict[str, Any]
     config: EvalConfig
@@ -82,6 +84,9 @@ def sweep_questions(
         dataset=saved["dataset"], methods=tuple(saved["methods"]), limit=saved.get("limit"),
         offset=saved.get("offset", 0),
     )  # fmt: skip
+    if all(isinstance(r.get("question"), str) for r in mine):  # the records hold their questions: no dataset read
+        recorded = list(saved.get("dataset_files") or [])
+        return SweepQuestions(saved, config, recorded, family, mine, {r["id"]: r["question"] for r in mine})
     files = dataset_files(config.dataset)
     was = [f.get("sha256") for f in saved.get("dataset_files") or []]
     if was and was != [f["sha256"] for f in files]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -50,14 +51,22 @@ def parse_budgets(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(budgets)))
 
 
+@dataclass(frozen=True)
+class Resampling:
+    """The paired bootstrap's resamples and numpy seed (a results spec's ``samples`` and ``seed``)."""
+
+    samples: int = 1000
+    seed: int = 0
+
+
 def _compare(
-    chosen: Sequence[float], always: Sequence[float], never: Sequence[float], rate: float
+    chosen: Sequence[float], always: Sequence[float], never: Sequence[float], rate: float, boot: Resampling
 ) -> dict[str, Any]:
     """Paired differences from Always-RAG and from a random gate at the same rate with the same reader, whose
     expected score on question i is rate * always_i + (1 - rate) * never_i."""
-    lo, hi = paired_bootstrap_diff(chosen, always)
+    lo, hi = paired_bootstrap_diff(chosen, always, samples=boot.samples, seed=boot.seed)
     random = [rate * a + (1 - rate) * n for a, n in zip(always, never, strict=True)]
-    rlo, rhi = paired_bootstrap_diff(chosen, random)
+    rlo, rhi = paired_bootstrap_diff(chosen, random, samples=boot.samples, seed=boot.seed)
     return {
         "delta_vs_always": statistics.fmean(chosen) - statistics.fmean(always),
         "ci_vs_always": (lo, hi),
@@ -74,6 +83,7 @@ def swept_point(
     budget: float,
     metric: str = "em",
     select: Select = "best",
+    boot: Resampling = Resampling(),
 ) -> dict[str, Any]:
     """``method``'s operating point within ``budget`` on the sweep ``rows``: its best exact point with rate <=
     ``budget`` (``select="best"``, TARG's tables), or tau = F^-1(1 - budget) of its scores (``"quantile"``, chosen
@@ -117,7 +127,7 @@ def swept_point(
         metric: statistics.fmean(chosen),
         "retrieval_rate": float(retrieve.mean()),
         "delta_latency": statistics.fmean(latency),
-    } | _compare(chosen, always, never, float(retrieve.mean()))
+    } | _compare(chosen, always, never, float(retrieve.mean()), boot)
 
 
 def single_point(
@@ -126,6 +136,7 @@ def single_point(
     budget: float,
     reference: Mapping[str, Mapping[str, Any]],
     metric: str = "em",
+    boot: Resampling = Resampling(),
 ) -> dict[str, Any]:
     """An eval method's one operating point at ``budget``: in budget or not; compared, on the questions it shares
     with ``reference`` (sweep rows of its family by question id), with that family's Always-RAG and Never."""
@@ -153,6 +164,7 @@ def single_point(
             [x["open"]["scores"][metric] for x in refs],
             [x["closed"]["scores"][metric] for x in refs],
             rate,
+            boot,
         )
         point["n_paired"] = len(shared)
         point["delta_latency"] = statistics.fmean(
