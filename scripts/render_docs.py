@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/render_docs.py            # run each block's command, write its output into the block
     .venv/bin/python scripts/render_docs.py --check    # exit 1, with a diff, where a block differs from its command
-    .venv/bin/python scripts/render_docs.py --list     # the blocks and their commands
+    .venv/bin/python scripts/render_docs.py --list     # the blocks and their commands, and every hand-typed table
 
 A generated block is the text between
 
@@ -14,6 +14,11 @@ in README.md or a Markdown file under docs/. COMMAND runs from the repository ro
 that prints several blocks frames each with a line ``<!-- block: NAME -->``; each distinct command runs once.
 Hand-written prose stays outside the markers; a number inside them that is edited by hand, or a record or default
 that changed without a re-render, fails ``--check`` (tests/test_generated_docs.py runs it).
+
+A table typed by hand outside the blocks is either a reference table, marked by a line ``<!-- reference table:
+WHY -->`` just before it (the papers' own numbers, defaults, options, file lists), or a measured table typed by
+hand: ``--list`` names each, with its rows that hold a number, and tests/test_generated_docs.py counts those rows
+(docs/results/archive.md, the dated record of superseded results, aside).
 """
 
 from __future__ import annotations
@@ -45,8 +50,58 @@ class Block:
     text: str
 
 
+ARCHIVE = Path("docs/results/archive.md")
+RECORDS = Path("docs/results/runs")  # what ragate eval, sweep and report wrote: records, not typed
+REFERENCE = re.compile(r"^<!-- reference table: .+ -->$")
+NUMBER = re.compile(r"(?<![A-Za-z_])[-+−]?\d+(?:[.,]\d+)?")
+
+
 def doc_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+@dataclass(frozen=True)
+class HandTable:
+    """A Markdown table typed by hand (outside every generated block and code fence): where it starts (1-based),
+    its rows that hold a number past their first cell, and why it is a reference table (None: a measured one)."""
+
+    path: Path
+    line: int
+    numeric_rows: int
+    reference: str | None
+
+
+def hand_tables(path: Path) -> list[HandTable]:
+    """The hand-typed tables of one file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[HandTable] = []
+    generated = fenced = False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            fenced = not fenced
+        elif BEGIN.match(line):
+            generated = True
+        elif line.startswith("<!-- end generated:"):
+            generated = False
+        if generated or fenced or not line.startswith("|"):
+            i += 1
+            continue
+        start = i
+        while i < len(lines) and lines[i].startswith("|"):
+            i += 1
+        rows = [r for r in lines[start + 2 : i] if any(NUMBER.search(c) for c in r.strip("|").split("|")[1:])]
+        before = next((lines[j] for j in range(start - 1, max(-1, start - 4), -1) if lines[j].strip()), "")
+        why = REFERENCE.match(before)
+        out.append(HandTable(path, start + 1, len(rows), before[len("<!-- reference table: ") : -4] if why else None))
+    return out
+
+
+def measured_by_hand(root: Path = ROOT) -> list[HandTable]:
+    """Every hand-typed table with numbers that is not a reference table, outside the archive and the records."""
+    typed = [p for p in doc_files(root) if p != root / ARCHIVE and not p.is_relative_to(root / RECORDS)]
+    return [t for p in typed for t in hand_tables(p) if t.reference is None and t.numeric_rows]
 
 
 def blocks(path: Path) -> Iterator[Block]:
@@ -118,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for b in found:
             print(f"{b.path.relative_to(args.root)}: {b.name}: {b.command}")
+        if not args.only:
+            by_hand = measured_by_hand(args.root)
+            for t in by_hand:
+                print(f"{t.path.relative_to(args.root)}:{t.line}: typed by hand, {t.numeric_rows} rows with numbers")
+            rows = sum(t.numeric_rows for t in by_hand)
+            print(f"{len(found)} generated blocks; {len(by_hand)} measured tables typed by hand ({rows} rows)")
         return 0
     want = expected(found, args.root)
     stale = [b for b in found if b.text != want[b.path, b.name]]
