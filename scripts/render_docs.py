@@ -53,7 +53,7 @@ class Block:
 ARCHIVE = Path("docs/results/archive.md")
 RECORDS = Path("docs/results/runs")  # what ragate eval, sweep and report wrote: records, not typed
 REFERENCE = re.compile(r"^<!-- reference table: .+ -->$")
-NUMBER = re.compile(r"(?<![A-Za-z_])[-+−]?\d+(?:[.,]\d+)?")
+NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+(?:[.,]\d+)?")  # not bm25's, sha256's or Qwen2.5's digits
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
@@ -79,7 +79,7 @@ def hand_tables(path: Path) -> list[HandTable]:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("```"):
+        if line.lstrip().startswith(("```", "~~~")):
             fenced = not fenced
         elif BEGIN.match(line):
             generated = True
@@ -93,6 +93,7 @@ def hand_tables(path: Path) -> list[HandTable]:
             i += 1
         rows = [r for r in lines[start + 2 : i] if any(NUMBER.search(c) for c in r.strip("|").split("|")[1:])]
         before = next((lines[j] for j in range(start - 1, max(-1, start - 4), -1) if lines[j].strip()), "")
+        before = before.strip()
         why = REFERENCE.match(before)
         out.append(HandTable(path, start + 1, len(rows), before[len("<!-- reference table: ") : -4] if why else None))
     return out

@@ -190,3 +190,22 @@ def test_report_prints_the_frontier_of_a_committed_run(capsys: pytest.CaptureFix
     assert all(line.count("|") == 9 for line in out.splitlines() if line.startswith("|"))  # no cell breaks the table
     assert "no log-probabilities in the records of wo-rag, single-rag, ircot" in out
     assert not (RUN / "report" / "routes.md").exists()  # printed, nothing written
+
+
+def test_the_replay_reads_what_the_live_cascade_reads() -> None:
+    """The answers compared are the traces' (not the extracted predictions), the tokens are counted once (a
+    record's overhead tokens are inside its prompt and completion tokens), and a draft whose continuation wrote
+    nothing keeps the draft's NLL."""
+    from ragate.methods.trace import answer_nll
+    from ragate.report.routes import route_table
+
+    records = []
+    for j, method in enumerate(ROUTES):
+        t = _trace(method, f"Paris\nline {j} of a longer answer", 0.9, j)
+        records.append(_record("a", t, True, j) | {"prediction": "Paris", "overhead_tokens": 7})
+    table = route_table(records, ROUTES)
+    assert table.answers[0][1].startswith("Paris\nline 1")
+    assert cascade(table, (0.5, 0.5)).tolist() == [2]  # the traces' answers differ past their first line
+    assert table.costs["tokens"][0, 0] == records[0]["prompt_tokens"] + records[0]["completion_tokens"]
+    draft = Stage("draft", 40, 20, 0.1, finish_reason="length", logprob=-4.0)
+    assert answer_nll([draft, Stage("continue", 60, 0, 0.01)], dynamic=False) == 0.2

@@ -36,9 +36,9 @@ def _is_call(stage: Stage) -> bool:
 
 
 def answer_stages(stages: tuple[Stage, ...] | list[Stage], *, dynamic: bool) -> list[Stage]:
-    """The LM calls that wrote the answer: a single-shot method's reading answer and its continuation, else its
-    draft kept as the answer; a dynamic method's every generation (its chain of thought, tokens cut at a retrieval
-    included)."""
+    """The LM calls that wrote the answer: a single-shot method's reading answer (or a draft's continuation), else
+    its draft kept as the answer; a dynamic method's every generation (its chain of thought, tokens cut at a
+    retrieval included)."""
     calls = [s for s in stages if _is_call(s)]
     if dynamic:
         return [s for s in calls if s.name in ("generate", "answer-is")]
@@ -49,7 +49,7 @@ def answer_nll(stages: tuple[Stage, ...] | list[Stage], *, dynamic: bool) -> flo
     """The normalised NLL, -(1/T) sum_t log p(a_t) (DTR Eqs. 2-3), of the tokens of the calls that wrote the answer
     (:func:`answer_stages`), each whole. None where the backend gave no log-probabilities or nothing was
     generated."""
-    wrote = [s for s in answer_stages(stages, dynamic=dynamic) if s.completion_tokens]
+    wrote = answer_stages([s for s in stages if s.completion_tokens], dynamic=dynamic)  # a call that wrote none
     tokens = sum(s.completion_tokens for s in wrote)
     if not tokens or any(s.logprob is None for s in wrote):
         return None

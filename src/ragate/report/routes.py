@@ -88,10 +88,16 @@ def record_nll(record: Mapping[str, Any]) -> float | None:
     return answer_nll(stages, dynamic=trace.get("dynamic") is not None)
 
 
+def _answer(record: Mapping[str, Any]) -> str:
+    """The answer's text as the live cascade compares it (the trace's answer, not the extracted prediction)."""
+    trace = record.get("trace") or {}
+    return str(trace["answer"]) if isinstance(trace.get("answer"), str) else str(record.get("prediction", ""))
+
+
 def _cost(record: Mapping[str, Any]) -> tuple[float, float, float, float]:
     stages = (record.get("trace") or {}).get("stages") or []
     calls = sum(1 for s in stages if s.get("prompt_tokens") or s.get("completion_tokens"))
-    tokens = record.get("prompt_tokens", 0) + record.get("completion_tokens", 0) + record.get("overhead_tokens", 0)
+    tokens = record.get("prompt_tokens", 0) + record.get("completion_tokens", 0)  # overhead is inside these
     return float(record.get("retrievals", 0)), float(calls), float(tokens), float(record.get("seconds", 0.0))
 
 
@@ -119,7 +125,7 @@ def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> 
         ids,
         tuple(str(row[0].get("question", "")) for row in rows),
         tuple(str(row[0].get("dataset", "")) for row in rows),
-        tuple(tuple(str(x.get("prediction", "")) for x in row) for row in rows),
+        tuple(tuple(_answer(x) for x in row) for row in rows),
         scores,
         {name: cost[:, :, j] for j, name in enumerate(COSTS)},
         nll,
@@ -159,9 +165,14 @@ def halves(n: int, seed: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.n
 
 def route_labels(table: RouteTable, metric: str) -> np.ndarray:
     """Adaptive-RAG's training labels: the cheapest right route, else the dataset's kind (the last route for a
-    multi-hop dataset, the second otherwise)."""
+    multi-hop dataset, the first one-retrieval route otherwise)."""
+    from ragate.methods.registry import get_method
+    from ragate.methods.route import route_cost
+
     right = table.scores[metric] > 0
-    kind = np.array([len(table.routes) - 1 if d in MULTI_HOP else 1 for d in table.datasets])
+    last = len(table.routes) - 1
+    one = next((j for j, r in enumerate(table.routes) if route_cost(get_method(r)) == 1), last)
+    kind = np.array([last if d in MULTI_HOP else one for d in table.datasets])
     return np.where(right.any(axis=1), right.argmax(axis=1), kind)
 
 
@@ -240,6 +251,7 @@ def learned(table: RouteTable, metric: str, target: float, *, seed: int = 0) -> 
             continue  # nothing to learn from: the first route
         fits = _right_probabilities(x, right, trained)
         cost = table.costs["retrievals"][trained].mean(axis=0)
+        cost[0] = 0.0  # the first route has run already: choosing it costs nothing more
         p_train = np.column_stack([f(x[trained]) for f in fits])
         sub = table.take(trained)
         best: tuple[float, float, float] | None = None
@@ -354,6 +366,11 @@ def frontier(
     return rows
 
 
+def _cell(text: str) -> str:
+    """Text set in a Markdown table cell: a "|" in a method's name cannot end the cell."""
+    return text.replace("|", "\\|")
+
+
 def frontier_markdown(
     table: RouteTable, rows: Sequence[Row], metric: str = "em", *, samples: int = 2000, seed: int = 0
 ) -> str:
@@ -362,14 +379,14 @@ def frontier_markdown(
     question."""
     base = rows[len(table.routes) - 1]
     head = (
-        f"| policy | {metric.upper()} | minus always {table.routes[-1]} (paired 95%) | "
-        + " / ".join(table.routes)
+        f"| policy | {metric.upper()} | minus always {_cell(table.routes[-1])} (paired 95%) | "
+        + " / ".join(map(_cell, table.routes))
         + " answered | retrievals/q | LM calls/q | tokens/q | seconds/q |"
     )
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if row.note and not row.costs:
-            lines.append(f"| {row.name} | – | {row.note} | | | | | |")
+            lines.append(f"| {_cell(row.name)} | – | {_cell(row.note)} | | | | | |")
             continue
         if row is base:
             gap = "–"
@@ -380,7 +397,7 @@ def frontier_markdown(
         shares = " / ".join(f"{np.mean(row.taken == j):.2f}" for j in range(len(table.routes)))
         c = {k: float(np.mean(v)) for k, v in row.costs.items()}
         lines.append(
-            f"| {row.name} | {100 * float(np.mean(row.score)):.1f} | {gap} | {shares} | {c['retrievals']:.2f} | "
+            f"| {_cell(row.name)} | {100 * float(np.mean(row.score)):.1f} | {gap} | {shares} | {c['retrievals']:.2f} | "
             f"{c['lm_calls']:.2f} | {c['tokens']:.0f} | {c['seconds']:.1f} |"
         )
     return "\n".join(lines)
