@@ -63,6 +63,7 @@ def test_an_unsure_answer_pays_for_the_next_route_and_its_answer_is_the_answer(d
     names = [s.name for s in trace.stages]
     assert names[0] == "answer" and "retrieve" in names and names[-1] == "answer"  # both routes' stages, in order
     assert trace.tokens == sum(s.prompt_tokens + s.completion_tokens for s in trace.stages)
+    assert trace.answer_nll is not None and math.isclose(trace.answer_nll, 0.3)  # the answering route's, alone
 
 
 def test_an_answer_that_agrees_with_the_route_before_stops_short_of_the_last_route(demo: Any) -> None:

@@ -141,16 +141,24 @@ class Trace:
         return sum(s.seconds for s in self.stages)
 
     @property
+    def answering_stages(self) -> tuple[Stage, ...]:
+        """The stages of the method that gave the answer: all of them, or a route method's last route's."""
+        if self.route is not None and self.route.stages:
+            return self.stages[sum(self.route.stages[:-1]) :]
+        return self.stages
+
+    @property
     def finish_reason(self) -> str:
         """Why the answer's text ended: "length" when the call that wrote it (the reading answer, a draft
         kept as the answer, or its continuation) stopped at ``max_tokens``, else "stop"."""
-        answer = answer_stages(self.stages, dynamic=False) or [s for s in self.stages if _is_call(s)]
+        stages = self.answering_stages
+        answer = answer_stages(stages, dynamic=False) or [s for s in stages if _is_call(s)]
         return "length" if answer and answer[-1].finish_reason == "length" else "stop"
 
     @property
     def answer_nll(self) -> float | None:
         """The normalised NLL of the calls that wrote the answer (:func:`answer_nll`)."""
-        return answer_nll(self.stages, dynamic=self.dynamic is not None)
+        return answer_nll(self.answering_stages, dynamic=self.dynamic is not None)
 
     @property
     def lm_calls(self) -> int:
