@@ -9,7 +9,8 @@ interval (``ragate.eval.metrics.paired_bootstrap_diff``, 1000 resamples, seed 0)
 ("not established" where the interval reaches 0). It also prints the smallest difference the run could
 establish: 1.96 times the standard error of the paired differences, the half-width an effect must exceed.
 
-Run: ``.venv/bin/python scripts/paired_runs.py docs/results/runs/NEW:etc=docs/results/runs/OLD:etc``
+Run: ``.venv/bin/python scripts/paired_runs.py docs/results/runs/NEW:etc=docs/results/runs/OLD:etc`` (``--name
+T=docs/results/runs/NEW`` writes that run as ``T`` in the table's cells, for a page's generated block).
 """
 
 from __future__ import annotations
@@ -105,8 +106,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RUN_DIR",
         help="every row over the questions that every method of this (running) eval run has answered",
     )
+    ap.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="ALIAS=RUN_DIR",
+        help="write RUN_DIR as ALIAS in the new/old cells (default: the directory's name)",
+    )
     args = ap.parse_args(argv)
     only = _answered_by_all(args.only) if args.only else None
+    aliases = {}
+    for item in args.name:
+        alias, sep, run = item.partition("=")
+        if not sep or not alias or not run:
+            raise SystemExit(f"error: --name {item!r} is not ALIAS=RUN_DIR")
+        aliases[Path(run)] = alias
     print(
         "| new | old | n | ΔEM [95%] | verdict | ΔF1 [95%] | Δacc [95%] | verdict (acc) | smallest ΔEM n can establish |"
     )
@@ -117,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {pair!r} is not NEW_RUN:METHOD=OLD_RUN:METHOD")
         r = compare(new, old, only)
         cells = {m: f"{r[m][0]:+.1f} [{r[m][1]:+.1f}, {r[m][2]:+.1f}]" for m in METRICS}
-        name = lambda s: f"{Path(s.rpartition(':')[0]).name}:{s.rpartition(':')[2]}"
+        name = lambda s: f"{aliases.get(Path(s.rpartition(':')[0]), Path(s.rpartition(':')[0]).name)}:{s.rpartition(':')[2]}"
         print(
             f"| {name(new)} | {name(old)} | {r['n']} | {cells['em']} | {_verdict(*r['em'][1:3])} | {cells['f1']} | "
             f"{cells['acc']} | {_verdict(*r['acc'][1:3])} | ±{r['em'][3]:.1f} |"

@@ -77,7 +77,7 @@ def test_a_number_edited_by_hand_fails_the_check(tmp_path: Path, capsys: pytest.
 
 # Rows of measured tables still typed by hand in README.md and docs/ (scripts/render_docs.py --list names each):
 # each is to become a generated block or move to docs/results/archive.md; lower this as they go, never raise it.
-MEASURED_BY_HAND = 252
+MEASURED_BY_HAND = 164
 
 
 def test_measured_tables_typed_by_hand_do_not_grow(capsys: pytest.CaptureFixture[str]) -> None:
