@@ -47,6 +47,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from dynamic import speed_cells  # benchmarks/dynamic.py: the speed table's own row
+
 from ragate.eval.records import by_method, latest, read_records
 from ragate.eval.summary import BASELINE, dynamic_table, summarize
 
@@ -222,20 +225,9 @@ def speed_table(files: Sequence[Path]) -> str:
     for path in files:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         for method in dict.fromkeys(r["method"] for r in rows):
-            cached = {r["id"]: r for r in rows if r["method"] == method and r["loop"] == "cached"}
-            naive = {r["id"]: r for r in rows if r["method"] == method and r["loop"] == "naive"}
-            ids = sorted(cached.keys() & naive.keys())
-            if not ids:
-                continue
-            c = statistics.fmean(cached[i]["cpu"] for i in ids)
-            n = statistics.fmean(naive[i]["cpu"] for i in ids)
-            same_pos = sum(cached[i]["positions"] == naive[i]["positions"] for i in ids)
-            same_out = sum(cached[i]["output"] == naive[i]["output"] for i in ids)
-            engine = cached[ids[0]].get("engine", "?")
-            lines.append(
-                f"| {engine} | {method} | {len(ids)} | {c:.2f} | {n:.2f} | {n / c:.1f}x "
-                f"| {same_pos}/{len(ids)} | {same_out}/{len(ids)} |"
-            )
+            if (cells := speed_cells(rows, method)) is not None:
+                engine = next(r.get("engine", "?") for r in rows if r["method"] == method and r["loop"] == "cached")
+                lines.append(f"| {engine} | {method} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
