@@ -352,7 +352,7 @@ def drift(args: argparse.Namespace) -> int:
         ax.legend(loc="best", fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
-        print(f"\nwrote {args.plot}")
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -214,15 +214,20 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> None:
     fig, axes = plt.subplots(1, len(run_dirs), figsize=(6.5 * len(run_dirs), 5.5), squeeze=False)
     for ax, run_dir in zip(axes[0], run_dirs, strict=True):
         config = json.loads((run_dir / "config.json").read_text())
+        drawn = 0
         for row in gate_rows(run_dir, metric):
             if isinstance(row["wrong"], str):  # too few of one class
                 continue
             point, low, high = row["wrong"]
             if point is None:
                 continue
+            drawn += 1
             x = max(row["seconds"], 1e-4)
             ax.errorbar(x, point, yerr=[[point - low], [high - point]], fmt="o", ms=4, capsize=2)
             ax.annotate(row["gate"], (x, point), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if not drawn:  # the table's rule: no AUROC where a class has too few questions
+            ax.text(0.5, 0.6, "no AUROC: too few questions of one class\n(the table says how many)",
+                    transform=ax.transAxes, ha="center", fontsize=9)  # fmt: skip
         ax.axhline(0.5, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log")
         ax.set_xlabel("seconds per question to decide (the sweep's, charged; log scale)")

@@ -286,7 +286,7 @@ def table(args: argparse.Namespace) -> int:
                 plots.setdefault(dataset, {})[key] = frontier(s, closed, rag)
     if args.plot:
         draw(plots, args.plot)
-        print(f"\nwrote {args.plot}")
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -15,6 +15,10 @@ that prints several blocks frames each with a line ``<!-- block: NAME -->``; eac
 Hand-written prose stays outside the markers; a number inside them that is edited by hand, or a record or default
 that changed without a re-render, fails ``--check`` (tests/test_generated_docs.py runs it).
 
+A figure is drawn by the command of the block that prints the data behind it: an argument ``{figure:PATH}`` is the
+PNG's path under the root when rendering, and a scratch file when checking, so ``--check`` compares the figure by
+its data (the block's text) and a render redraws it; a command prints nothing about where it drew.
+
 A table typed by hand outside the blocks is either a reference table, marked by a line ``<!-- reference table:
 WHY -->`` just before it (the papers' own numbers, defaults, options, file lists), or a measured table typed by
 hand: ``--list`` names each, with its rows that hold a number, and tests/test_generated_docs.py counts those rows
@@ -30,6 +34,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN = re.compile(r"^<!-- begin generated: (?P<name>[\w.-]+) \((?P<command>[^\n]*)\) -->$", re.MULTILINE)
 FRAME = re.compile(r"^<!-- block: (?P<name>[\w.-]+) -->$", re.MULTILINE)
+FIGURE = re.compile(r"\{figure:(?P<path>[\w./-]+\.png)\}")
 
 
 @dataclass(frozen=True)
@@ -122,9 +128,22 @@ def blocks(path: Path) -> Iterator[Block]:
         yield Block(path, name, m["command"], start, end, doc[start:end])
 
 
-def run(command: str, root: Path = ROOT) -> dict[str, str] | str:
-    """The command's output: one text, or the named blocks it frames."""
-    argv = shlex.split(command)
+def figure_args(argv: list[str], root: Path, figures: Path | None) -> list[str]:
+    """``{figure:PATH}`` arguments made paths: ``root / PATH`` when rendering, a file under ``figures`` when checking
+    (so that a check writes nothing into the tree)."""
+    out = []
+    for arg in argv:
+        if m := FIGURE.fullmatch(arg):
+            out.append(str(root / m["path"] if figures is None else figures / Path(m["path"]).name))
+        else:
+            out.append(arg)
+    return out
+
+
+def run(command: str, root: Path = ROOT, figures: Path | None = None) -> dict[str, str] | str:
+    """The command's output: one text, or the named blocks it frames (its figures drawn, see
+    :func:`figure_args`)."""
+    argv = figure_args(shlex.split(command), root, figures)
     if argv and argv[0] in (".venv/bin/python", "python", "python3"):
         argv[0] = sys.executable
     # one thread of numeric libraries each: two commands at a time, each with a BLAS thread per core, oversubscribe
@@ -147,11 +166,13 @@ def _normal(text: str) -> str:
     return text.strip("\n") + "\n"
 
 
-def expected(found: list[Block], root: Path = ROOT, workers: int = 2) -> dict[tuple[Path, str], str]:
+def expected(
+    found: list[Block], root: Path = ROOT, workers: int = 2, figures: Path | None = None
+) -> dict[tuple[Path, str], str]:
     """Each block's text as its command prints it (each distinct command run once, ``workers`` at a time)."""
     commands = sorted({b.command for b in found})
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        outputs = dict(zip(commands, pool.map(lambda c: run(c, root), commands), strict=True))
+        outputs = dict(zip(commands, pool.map(lambda c: run(c, root, figures), commands), strict=True))
     want = {}
     for b in found:
         out = outputs[b.command]
@@ -181,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = sum(t.numeric_rows for t in by_hand)
             print(f"{len(found)} generated blocks; {len(by_hand)} measured tables typed by hand ({rows} rows)")
         return 0
-    want = expected(found, args.root)
+    with tempfile.TemporaryDirectory(prefix="render-docs-figures-") as scratch:
+        want = expected(found, args.root, figures=Path(scratch) if args.check else None)
     stale = [b for b in found if b.text != want[b.path, b.name]]
     if args.check:
         for b in stale:

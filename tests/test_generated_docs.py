@@ -38,7 +38,9 @@ def test_every_generated_block_is_what_its_command_prints(
     names = {b.name for p in render.doc_files() for b in render.blocks(p)}
     assert {"learned-gate", "learned-gate-summary", "gate-table", "shadow-latency"} <= names
     only = [arg for name in sorted(names - LEARNED) for arg in ("--only", name)]
+    figures = {p: p.stat().st_mtime_ns for p in (ROOT / "docs" / "img").glob("*.png")}
     assert render.main(["--check", *only]) == 0, capsys.readouterr().out  # the diff of each stale block
+    assert {p: p.stat().st_mtime_ns for p in figures} == figures  # a check draws its figures elsewhere
 
 
 def test_the_learned_gate_blocks_are_what_their_command_prints(
@@ -97,3 +99,10 @@ def test_a_table_counts_as_typed_by_hand_outside_blocks_fences_and_reference_mar
     )
     tables = render.hand_tables(page)
     assert [(t.line, t.numeric_rows, t.reference) for t in tables] == [(1, 1, None), (8, 1, "the paper's own numbers")]
+
+
+def test_a_figure_is_drawn_into_the_tree_when_rendering_and_elsewhere_when_checking(tmp_path: Path) -> None:
+    render = _render_docs()
+    argv = ["--plot", "{figure:docs/img/x.png}", "--metric", "acc"]
+    assert render.figure_args(argv, tmp_path, None) == ["--plot", str(tmp_path / "docs/img/x.png"), "--metric", "acc"]
+    assert render.figure_args(argv, tmp_path, tmp_path / "scratch")[1] == str(tmp_path / "scratch" / "x.png")
