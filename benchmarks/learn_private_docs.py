@@ -190,8 +190,8 @@ def judge(out: Path, seed: int) -> None:
 
 def report(out: Path, seed: int = 0) -> str:
     """The tables, from ``DIR/judged.jsonl`` alone (the docs' generated block)."""
-    from ragate.learning.scores import Labelled, _raw_probe, auroc_interval, paired_auroc_gap
-    from ragate.report.analysis import auroc
+    from ragate.learning.scores import Labelled, _raw_probe
+    from ragate.report.analysis import auroc, auroc_interval, paired_auroc_gap
 
     judged = [json.loads(x) for x in (out / "judged.jsonl").read_text().splitlines()]
     y = np.array([j["closed_wrong"] for j in judged])

@@ -38,16 +38,15 @@ from ragate.gates.signals import QUESTION_FEATURES
 from ragate.learning.fit import question_digests
 from ragate.learning.scores import (
     Labelled,
-    auroc_interval,
     cascade_probabilities,
     choose_band,
     cross_fitted_logits,
     fit_probe,
     label_curve,
-    paired_auroc_gap,
 )
 from ragate.learning.scores import tune as _tune
 from ragate.learning.sweeps import sweep_questions
+from ragate.report.analysis import auroc_interval, paired_auroc_gap
 
 RUNS = Path("docs/results/runs")
 MODEL = "qwen2.5-coder-1.5b"

@@ -25,9 +25,9 @@ from ragate.learning.scores import (
     choose_band,
     ece,
     learn_gate,
-    paired_auroc_gap,
 )
 from ragate.learning.store import FeedbackStore, UnknownAnswer, answer_correct, answers_agree, pending_labels
+from ragate.report.analysis import paired_auroc_gap
 
 DEMO_SWEEP = Path(__file__).parent.parent / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
 DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"

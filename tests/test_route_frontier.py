@@ -187,7 +187,9 @@ def test_report_prints_the_frontier_of_a_committed_run(capsys: pytest.CaptureFix
     assert rows["always ircot"][1] == "30.0" and rows["always wo-rag"][1] == "18.3"
     assert float(rows["cascade: agreement"][4]) > float(rows["always ircot"][4])
     assert float(rows["adaptive-rag: question classifier"][4]) < float(rows["always ircot"][4])
-    assert all(line.count("|") == 9 for line in out.splitlines() if line.startswith("|"))  # no cell breaks the table
+    frontier_lines = out.split("Each stop check")[0].splitlines()
+    assert all(line.count("|") == 9 for line in frontier_lines if line.startswith("|"))  # no cell breaks the table
+    assert "| single-rag | disagrees with wo-rag |" in out and "| wo-rag | NLL | no log-probabilities" in out
     assert "no log-probabilities in the records of wo-rag, single-rag, ircot" in out
     assert not (RUN / "report" / "routes.md").exists()  # printed, nothing written
 
@@ -209,3 +211,26 @@ def test_the_replay_reads_what_the_live_cascade_reads() -> None:
     assert table.costs["tokens"][0, 0] == records[0]["prompt_tokens"] + records[0]["completion_tokens"]
     draft = Stage("draft", 40, 20, 0.1, finish_reason="length", logprob=-4.0)
     assert answer_nll([draft, Stage("continue", 60, 0, 0.01)], dynamic=False) == 0.2
+
+
+def test_each_stop_check_is_set_beside_the_question_classifier() -> None:
+    """The checks' table: per route but the last, the NLL's AUROC for a wrong answer (with a paired difference from
+    a classifier of the question alone), and from the second route on, disagreement's; a record set without
+    log-probabilities says so rather than scoring nothing."""
+    from ragate.report.routes import checks_markdown
+
+    rng = random.Random(7)
+    records = []
+    for i in range(120):
+        for j, method in enumerate(ROUTES):
+            nll = rng.uniform(0.0, 2.0)
+            right = nll < 1.0 if j < 2 else True  # the NLL ranks the first two routes' wrong answers perfectly
+            t = _trace(method, rng.choice(["Paris", "Lyon"]), nll, j)
+            records.append(_record(f"q{i}", t, right, j) | {"question": f"Which city is number {i}?"})
+    lines = checks_markdown(route_table(records, ROUTES), "em").splitlines()
+    nll = [line for line in lines if "| NLL |" in line]
+    assert len(nll) == 2 and all(line.split(" | ")[2].startswith("1.000") for line in nll)
+    assert all("(higher)" in line for line in nll)  # above the question classifier, which reads no answer
+    assert any("disagrees with no-retrieval" in line for line in lines)
+    bare = [r | {"trace": {**r["trace"], "stages": [{**r["trace"]["stages"][0], "logprob": None}]}} for r in records]
+    assert "no log-probabilities in the records" in checks_markdown(route_table(bare, ROUTES), "em")

@@ -227,6 +227,45 @@ def auroc(scores: Sequence[float], labels: Sequence[bool | int]) -> float | None
     return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
 
 
+def auroc_interval(
+    p: np.ndarray, y: np.ndarray, *, seed: int = 0, resamples: int = 2000
+) -> tuple[float, float, float]:
+    """AUROC with a percentile bootstrap 95% interval (resamples holding one class only are skipped)."""
+    point = auroc(list(map(float, p)), list(map(bool, y)))
+    if point is None:
+        raise RagateError("an AUROC needs questions of both labels")
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(resamples):
+        i = rng.integers(0, len(y), len(y))
+        v = auroc(list(map(float, p[i])), list(map(bool, y[i])))
+        if v is not None:
+            values.append(v)
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(point), float(lo), float(hi)
+
+
+def paired_auroc_gap(
+    pa: np.ndarray, pb: np.ndarray, y: np.ndarray, *, seed: int = 0, resamples: int = 2000
+) -> tuple[float, float, float]:
+    """AUROC(pa) - AUROC(pb) over the same questions, with a paired bootstrap 95% interval."""
+    a, b = auroc(list(map(float, pa)), list(map(bool, y))), auroc(list(map(float, pb)), list(map(bool, y)))
+    if a is None or b is None:
+        raise RagateError("an AUROC needs questions of both labels")
+    rng = np.random.default_rng(seed)
+    gaps = []
+    for _ in range(resamples):
+        i = rng.integers(0, len(y), len(y))
+        va, vb = (
+            auroc(list(map(float, pa[i])), list(map(bool, y[i]))),
+            auroc(list(map(float, pb[i])), list(map(bool, y[i]))),
+        )
+        if va is not None and vb is not None:
+            gaps.append(va - vb)
+    lo, hi = np.percentile(gaps, [2.5, 97.5])
+    return float(a - b), float(lo), float(hi)
+
+
 def gate_auroc(
     sweep_records: Sequence[dict[str, Any]], metric: BinaryMetric = "em"
 ) -> dict[str, float | None]:

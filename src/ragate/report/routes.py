@@ -403,6 +403,64 @@ def frontier_markdown(
     return "\n".join(lines)
 
 
+def question_wrong(table: RouteTable, route: int, metric: str, *, seed: int = 0) -> np.ndarray:
+    """A classifier of the question alone: P(route ``route``'s answer wrong) for each question, cross-fitted on the
+    halves (a logistic regression on :func:`question_features`)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    x, wrong = question_features(table.questions), table.scores[metric][:, route] <= 0
+    p = np.zeros(len(table))
+    for scored, trained in halves(len(table), seed):
+        if not len(scored):
+            continue
+        if len(np.unique(wrong[trained])) < 2:
+            p[scored] = float(wrong[trained].mean()) if len(trained) else 0.5
+            continue
+        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x[trained], wrong[trained])
+        p[scored] = model.predict_proba(x[scored])[:, 1]
+    return p
+
+
+def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0) -> str:
+    """Each stop check's AUROC for "this route's answer is wrong" beside a classifier of the question alone's (the
+    paired difference, bootstrap 95%): the answer's NLL (higher: more likely wrong) and, from the second route on,
+    disagreement with the route before."""
+    from ragate.report.analysis import auroc_interval, paired_auroc_gap
+
+    lines = [
+        (
+            f"| route | check | AUROC for its answer wrong ({metric.upper()}) [95%] | minus the question "
+            "classifier's (paired 95%) | wrong / n |"
+        ),
+        "|---|---|---|---|---|",
+    ]
+    for j, route in enumerate(table.routes[:-1]):
+        wrong = table.scores[metric][:, j] <= 0
+        n = f"{int(wrong.sum())} / {len(table)}"
+        if wrong.all() or not wrong.any():
+            lines.append(f"| {_cell(route)} | – | one class only | | {n} |")
+            continue
+        asked = question_wrong(table, j, metric, seed=seed)
+        checks = [("question classifier (cross-fitted)", asked)]
+        if np.isfinite(table.nll[:, j]).all():
+            checks.append(("NLL", table.nll[:, j]))
+        else:
+            lines.append(f"| {_cell(route)} | NLL | no log-probabilities in the records | | {n} |")
+        if j > 0:
+            agree = np.array([answers_agree(a[j], a[j - 1]) for a in table.answers])
+            checks.append((f"disagrees with {table.routes[j - 1]}", (~agree).astype(float)))
+        for name, score in checks:
+            point, lo, hi = auroc_interval(score, wrong, seed=seed)
+            gap = "–"
+            if score is not asked:
+                d, dlo, dhi = paired_auroc_gap(score, asked, wrong, seed=seed)
+                gap = f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}] ({verdict(dlo, dhi)})"
+            lines.append(f"| {_cell(route)} | {_cell(name)} | {point:.3f} [{lo:.3f}, {hi:.3f}] | {gap} | {n} |")
+    return "\n".join(lines)
+
+
 def routes_report(
     run_dirs: Sequence[str | Any],
     routes: Sequence[str],
@@ -432,5 +490,7 @@ def routes_report(
     where = " + ".join(str(d) for d in run_dirs)
     return (
         f"{len(table)} questions answered by every route ({', '.join(routes)}) in {where}{said}; {metric.upper()} "
-        f"x 100, costs per question; seed {seed}.\n\n" + frontier_markdown(table, rows, metric, seed=seed) + "\n"
+        f"x 100, costs per question; seed {seed}.\n\n" + frontier_markdown(table, rows, metric, seed=seed) + "\n\n"
+        "Each stop check on its own, for the question it would stop on:\n\n" + checks_markdown(table, metric, seed=seed)
+        + "\n"
     )
