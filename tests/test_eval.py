@@ -383,3 +383,13 @@ def test_a_fold_refuses_a_shard_that_lost_a_record(
     assert main([*base, "--shard", "1/2", "--out", shards[1], "--resume"]) == 0  # answers the lost one again
     assert main(["eval", "--fold", *shards, "--out", str(tmp_path / "folded")]) == 0
     assert len(read_records(tmp_path / "folded" / "questions.jsonl")) == 6
+
+
+def test_a_dataset_that_cannot_be_found_writes_no_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `ragate eval --dataset MISSING --out DIR` made DIR, then refused the dataset."""
+    from ragate.cli.main import main
+
+    out = tmp_path / "run"
+    argv = ["eval", "--dataset", str(tmp_path / "nope.jsonl"), "--methods", "no-retrieval", "--out", str(out)]
+    assert main(argv) == 2
+    assert "unknown dataset" in capsys.readouterr().err and not out.exists()

@@ -297,6 +297,17 @@ def dataset_files(name_or_path: str | Path, *, data_dir: str | Path | None = Non
     """The file(s) a dataset is read from, each with its resolved path, size and sha256, so that a run records
     *which* file it read: two files of the same name (another copy of ../shared/data, an edited JSONL) differ
     here. Raises like :func:`load_dataset` when the dataset cannot be found."""
+    from ragate.fileio import sha256_file
+
+    return [
+        {"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in dataset_paths(name_or_path, data_dir=data_dir)
+        if p.is_file()
+    ]
+
+
+def dataset_paths(name_or_path: str | Path, *, data_dir: str | Path | None = None) -> list[Path]:
+    """The file(s) a dataset is read from (not read); raises like :func:`load_dataset` when it cannot be found."""
     if name_or_path == DEMO:
         from ragate.retrieval.corpus import demo_dir
 
@@ -310,13 +321,7 @@ def dataset_files(name_or_path: str | Path, *, data_dir: str | Path | None = Non
         paths = [Path(name_or_path)]
     else:
         raise _unknown(str(name_or_path))
-    from ragate.fileio import sha256_file
-
-    return [
-        {"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in paths
-        if p.is_file()
-    ]
+    return paths
 
 
 def _unknown(name: str) -> DataNotFoundError:

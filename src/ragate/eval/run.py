@@ -195,7 +195,12 @@ def run_eval(
         from ragate.eval.tunefile import apply_tuned
 
         config = apply_tuned(config)
-    # a cluster address where nothing answers: refused before the run directory is written
+    # a dataset that cannot be found, or a cluster address where nothing answers: refused before the run directory
+    # is written
+    if examples is None:
+        from ragate.eval.datasets import dataset_paths
+
+        dataset_paths(config.dataset)
     if engine == "ray":
         reach_cluster(ray_address, ray_start_timeout)
     out_dir.mkdir(parents=True, exist_ok=True)
