@@ -60,7 +60,11 @@ class Resampling:
 
 
 def _compare(
-    chosen: Sequence[float], always: Sequence[float], never: Sequence[float], rate: float, boot: Resampling
+    chosen: Sequence[float],
+    always: Sequence[float],
+    never: Sequence[float],
+    rate: float,
+    boot: Resampling = Resampling(),
 ) -> dict[str, Any]:
     """Paired differences from Always-RAG and from a random gate at the same rate with the same reader, whose
     expected score on question i is rate * always_i + (1 - rate) * never_i."""
