@@ -47,6 +47,11 @@ class Cost:
         stages = list(stages)
         return cls(sum(s.prompt_tokens + s.completion_tokens for s in stages), sum(s.seconds for s in stages))
 
+    @classmethod
+    def mean(cls, costs: list[Cost]) -> Cost:
+        """The mean of ``costs`` (at least one), tokens rounded."""
+        return cls(round(sum(c.tokens for c in costs) / len(costs)), sum(c.seconds for c in costs) / len(costs))
+
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.tokens + other.tokens, self.seconds + other.seconds)
 
@@ -129,7 +134,7 @@ class AlwaysRetrieveCost:
             seen = list(self._seen.get(trace.method, ()))
         if not seen:
             return Savings(spent, gate, None, "unknown", f"no answer of {trace.method} has retrieved yet")
-        mean = Cost(round(sum(c.tokens for c in seen) / len(seen)), sum(c.seconds for c in seen) / len(seen))
+        mean = Cost.mean(seen)
         estimator = f"mean of the last {len(seen)} answers of {trace.method} that retrieved"
         return Savings(spent, gate, mean, "estimated", estimator)
 
@@ -150,7 +155,7 @@ class AlwaysRetrieveCost:
             seen = list(self._seen.get(key, ()))
         if not seen:
             return Savings(spent, before, None, "unknown", f"no answer has gone on to {last} yet")
-        mean = Cost(round(sum(c.tokens for c in seen) / len(seen)), sum(c.seconds for c in seen) / len(seen))
+        mean = Cost.mean(seen)
         return Savings(spent, before, mean, "estimated", f"mean of the last {len(seen)} answers that took {last}")
 
 

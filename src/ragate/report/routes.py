@@ -23,6 +23,7 @@ fewer retrievals, then more tokens saved). A target is a share of the last route
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -72,6 +73,11 @@ class RouteTable:
             {k: v[rows] for k, v in self.costs.items()},
             self.nll[rows],
         )
+
+    @functools.cached_property
+    def question_x(self) -> np.ndarray:
+        """The questions' features (:func:`question_features`), computed once for every policy that reads them."""
+        return question_features(self.questions)
 
     @property
     def has_nll(self) -> bool:
@@ -184,14 +190,19 @@ def question_features(questions: Sequence[str]) -> np.ndarray:
     return np.array([signals(q, names, None, None).vector(names) for q in questions], dtype=float)
 
 
-def adaptive_rag(table: RouteTable, metric: str, *, seed: int = 0) -> np.ndarray:
-    """Each question's route as Adaptive-RAG's question classifier chooses it, trained on the other half of the
-    questions (:func:`route_labels`; the halves of :func:`cross_fitted`)."""
+def _classifier() -> Any:
+    """The logistic regression every policy here fits: standardised features, L2 at scikit-learn's default."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    x, y = question_features(table.questions), route_labels(table, metric)
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+
+
+def adaptive_rag(table: RouteTable, metric: str, *, seed: int = 0) -> np.ndarray:
+    """Each question's route as Adaptive-RAG's question classifier chooses it, trained on the other half of the
+    questions (:func:`route_labels`; the halves of :func:`cross_fitted`)."""
+    x, y = table.question_x, route_labels(table, metric)
     taken = np.zeros(len(table), dtype=int)
     for scored, trained in halves(len(table), seed):
         if not len(scored):
@@ -200,7 +211,7 @@ def adaptive_rag(table: RouteTable, metric: str, *, seed: int = 0) -> np.ndarray
         if len(classes) == 1:  # one label in training (or none): the classifier can only say it
             taken[scored] = classes[0]
             continue
-        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+        model = _classifier()
         taken[scored] = model.fit(x[trained], y[trained]).predict(x[scored])
     return taken
 
@@ -219,10 +230,6 @@ def first_answer_features(table: RouteTable) -> np.ndarray:
 def _right_probabilities(x: np.ndarray, right: np.ndarray, trained: np.ndarray) -> list[Any]:
     """Per route, a function of features giving P(right), fitted on the ``trained`` rows (a constant where they
     hold one outcome only)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     fits: list[Any] = []
     for r in range(right.shape[1]):
         y = right[trained, r]
@@ -230,7 +237,7 @@ def _right_probabilities(x: np.ndarray, right: np.ndarray, trained: np.ndarray) 
             value = float(y[0]) if len(y) else 0.0
             fits.append(lambda rows, value=value: np.full(len(rows), value))
             continue
-        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x[trained], y)
+        model = _classifier().fit(x[trained], y)
         fits.append(lambda rows, model=model: model.predict_proba(rows)[:, 1])
     return fits
 
@@ -243,7 +250,7 @@ def learned(table: RouteTable, metric: str, target: float, *, seed: int = 0) -> 
     the question's and the first route's answer's (:func:`first_answer_features`; the first route always runs), a
     logistic fit per route, and lambda the one whose choices are the most accurate with mean retrievals (the first
     route's plus the chosen one's) at most ``target``; both fitted on the other half of the questions."""
-    x = np.hstack([question_features(table.questions), first_answer_features(table)])
+    x = np.hstack([table.question_x, first_answer_features(table)])
     right = table.scores[metric] > 0
     taken = np.zeros(len(table), dtype=int)
     for scored, trained in halves(len(table), seed):
@@ -406,11 +413,7 @@ def frontier_markdown(
 def question_wrong(table: RouteTable, route: int, metric: str, *, seed: int = 0) -> np.ndarray:
     """A classifier of the question alone: P(route ``route``'s answer wrong) for each question, cross-fitted on the
     halves (a logistic regression on :func:`question_features`)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    x, wrong = question_features(table.questions), table.scores[metric][:, route] <= 0
+    x, wrong = table.question_x, table.scores[metric][:, route] <= 0
     p = np.zeros(len(table))
     for scored, trained in halves(len(table), seed):
         if not len(scored):
@@ -418,7 +421,7 @@ def question_wrong(table: RouteTable, route: int, metric: str, *, seed: int = 0)
         if len(np.unique(wrong[trained])) < 2:
             p[scored] = float(wrong[trained].mean()) if len(trained) else 0.5
             continue
-        model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x[trained], wrong[trained])
+        model = _classifier().fit(x[trained], wrong[trained])
         p[scored] = model.predict_proba(x[scored])[:, 1]
     return p
 
