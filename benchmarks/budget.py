@@ -353,6 +353,9 @@ def drift(args: argparse.Namespace) -> int:
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}", file=sys.stderr)
+        from ragate.report.plots import figure_data
+
+        print("\n" + figure_data({f"{how} rates": got[f"{how}_rates"] for how in HOWS} | {"phase": phase}))
     return 0
 
 

@@ -102,7 +102,10 @@ def split(args: argparse.Namespace) -> int:
     """Where a trigger method gains or loses: the questions where it retrieved and those where it did not, each
     method's EM on both halves, paired intervals of the trigger method against the others (question order, as
     ``ragate report``), recall@3 on each half, and every method's mean query length in words."""
+    from ragate.eval.metrics import Resampling
     from ragate.eval.summary import differences_table, paired_differences
+
+    boot = Resampling(args.resamples, args.seed)
 
     records = _records([Path(o) for o in args.out])
     if records is None:
@@ -128,7 +131,7 @@ def split(args: argparse.Namespace) -> int:
                 line += f", recall@3 {100 * statistics.fmean(recall):.1f} (on {len(recall)})"
             print(line)
         compare = [(args.method, m) for m in by if m != args.method]
-        print(differences_table(paired_differences(rows, "em", against=(), compare=compare), "em"))
+        print(differences_table(paired_differences(rows, "em", against=(), compare=compare, boot=boot), "em"))
     print()
     for m, answers in by.items():
         queries = [q for i in ids for q in answers[i].get("trace", {}).get("queries", [])]
@@ -281,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     sp.add_argument("out", nargs="+", help="the run's folder(s); several are joined")
     sp.add_argument("--method", default="etc", help="the trigger method whose retrievals split the questions")
+    sp.add_argument("--seed", type=int, default=0, help="the paired intervals' numpy seed")
+    sp.add_argument("--resamples", type=int, default=1000, help="the paired intervals' resamples")
     args = parser.parse_args(argv)
     return {"quality": quality, "speed": speed, "table": table, "split": split}[args.mode](args)
 

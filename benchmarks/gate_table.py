@@ -12,7 +12,7 @@ config so (``targ_mean``). ``derived_from`` in config.json names the older sweep
 
 ``table`` prints, per gate and per sweep (dataset): the AUROC of its score for "the closed-book answer is wrong"
 and for "retrieval fixes the answer" (the retrieval answer scores higher), with 95% bootstrap intervals over
-questions (2000 resamples, seeded); the first AUROC minus ``--versus``'s (default TARG's margin, k = 20) over the
+questions (``--resamples``, default 1000; ``--seed``, default 0); the first AUROC minus ``--versus``'s (default TARG's margin, k = 20) over the
 questions both scored in one family, with a paired interval (the same resamples for both); the seconds per
 question its decision took in the sweep (its own LM calls, search or nothing), and its LM calls, generated tokens and searches per question (recorded by sweeps since
 2026-11-28: averaged over the questions that have them, their number in brackets); and its accuracy at budgets 0.1 / 0.2 / 0.3 / 0.5 (tau = F^-1(1 - rho) on these questions'
@@ -34,15 +34,17 @@ from typing import Any
 
 import numpy as np
 
+from ragate.eval.metrics import Resampling
 from ragate.eval.sweep import compact, finite_scores
 from ragate.eval.thresholds import threshold_for_budget
 from ragate.fileio import atomic_writer
 from ragate.learning.scores import MIN_CLASS
-from ragate.report.analysis import auroc
+from ragate.uncertainty import auroc
 
 STALE = ("targ-entropy", "targ-margin")  # scored before issue 51 as a mean over the tokens present
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
-RESAMPLES = 2000
+RESAMPLES = 1000  # the results spec's (docs/results/spec.toml `samples`)
+BOOT = Resampling(RESAMPLES, 0)
 
 
 def derive(old: Path, new: Path) -> None:
@@ -75,8 +77,8 @@ def derive(old: Path, new: Path) -> None:
     print(f"derived {new} from {old}: {len(records)} records, {dropped} stale TARG scores dropped")
 
 
-def _boot(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.integers(0, n, size=(RESAMPLES, n))
+def _boot(rng: np.random.Generator, n: int, resamples: int = RESAMPLES) -> np.ndarray:
+    return rng.integers(0, n, size=(resamples, n))
 
 
 def _resampled_auroc(scores: np.ndarray, labels: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -98,6 +100,7 @@ def _auroc_gap(
     versus: str,
     metric: str,
     cache: dict[tuple[int, ...], np.ndarray] | None = None,
+    boot: Resampling = BOOT,
 ) -> tuple[float | None, float, float]:
     """AUROC("closed-book wrong") of ``gate`` minus that of ``versus`` over the questions that scored both in one
     family (the same answers, so the same labels), with a paired 95% bootstrap interval (the same resamples).
@@ -112,7 +115,7 @@ def _auroc_gap(
     point_a, point_b = auroc(a.tolist(), wrong.tolist()), auroc(b.tolist(), wrong.tolist())
     if point_a is None or point_b is None:
         return None, np.nan, np.nan
-    idx = _boot(np.random.default_rng(1), len(rs))
+    idx = _boot(np.random.default_rng(boot.seed + 1), len(rs), boot.samples)
     cache = {} if cache is None else cache
     if keep not in cache:
         cache[keep] = _resampled_auroc(b, wrong, idx)
@@ -122,7 +125,9 @@ def _auroc_gap(
     return point_a - point_b, float(low), float(high)
 
 
-def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[dict[str, Any]]:
+def gate_rows(
+    run_dir: Path, metric: str, versus: str = "targ-margin", boot: Resampling = BOOT
+) -> list[dict[str, Any]]:
     records = compact(run_dir / "sweep.jsonl")
     gates = sorted({m for r in records for m in r["gates"]})
     rows = []
@@ -133,8 +138,7 @@ def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[d
         scores = np.array(finite_scores([r["gates"][gate]["score"] for r in rs]))
         closed = np.array([float(r["closed"]["scores"][metric]) for r in rs])
         opened = np.array([float(r["open"]["scores"][metric]) for r in rs])
-        rng = np.random.default_rng(0)
-        idx = _boot(rng, n)
+        idx = _boot(np.random.default_rng(boot.seed), n, boot.samples)
         wrong = _too_few(closed == 0, "wrong closed-book", "right closed-book") or _auroc_ci(scores, closed == 0, idx)
         fixes = _too_few(opened > closed, "fixed by retrieval", "not fixed") or _auroc_ci(scores, opened > closed, idx)
         seconds = float(np.mean([r["gates"][gate].get("seconds", np.nan) for r in rs]))
@@ -156,7 +160,7 @@ def gate_rows(run_dir: Path, metric: str, versus: str = "targ-margin") -> list[d
             boots = diff[idx].mean(axis=1)
             low, high = np.percentile(boots, [2.5, 97.5])
             at[rho] = (float(got.mean()), rate, float(diff.mean()), float(low), float(high))
-        gap = wrong if isinstance(wrong, str) else _auroc_gap(records, gate, versus, metric, versus_aurocs)
+        gap = wrong if isinstance(wrong, str) else _auroc_gap(records, gate, versus, metric, versus_aurocs, boot)
         row = {"gate": gate, "n": n, "wrong": wrong, "gap": gap, "fixes": fixes, "seconds": seconds, "cost": cost}
         rows.append(row | {"at": at})
     return rows
@@ -178,7 +182,7 @@ def _ci(v: tuple[float | None, float, float] | str, sign: str = "") -> str:
     return "n/a" if v[0] is None else f"{v[0]:{sign}.3f} [{v[1]:{sign}.3f}, {v[2]:{sign}.3f}]"
 
 
-def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin") -> str:
+def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin", boot: Resampling = BOOT) -> str:
     lines = []
     for run_dir in run_dirs:
         config = json.loads((run_dir / "config.json").read_text())
@@ -189,7 +193,7 @@ def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin") -> str
             f"decide | LM calls / decoded tokens / searches per q (over n) | {head} |"
         )
         lines.append("|---|---|---|---|---|---|---|" + "---|" * len(BUDGETS))
-        for row in gate_rows(run_dir, metric, versus):
+        for row in gate_rows(run_dir, metric, versus, boot):
             cells = [
                 f"{100 * g:.1f}: {100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
                 for g, _rate, d, lo, hi in (row["at"][rho] for rho in BUDGETS)
@@ -203,9 +207,10 @@ def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin") -> str
     return "\n".join(lines) + "\n"
 
 
-def plot(run_dirs: list[Path], metric: str, out: Path) -> None:
+def plot(run_dirs: list[Path], metric: str, out: Path, boot: Resampling = BOOT) -> dict[str, list[float]]:
     """AUROC ("closed-book answer wrong") against what deciding took (seconds per question in the sweep), one
-    point per gate and dataset, with the AUROC's interval."""
+    point per gate and dataset, with the AUROC's interval; returns what it plotted (seconds, AUROC, low, high)."""
+    plotted: dict[str, list[float]] = {}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,7 +220,7 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> None:
     for ax, run_dir in zip(axes[0], run_dirs, strict=True):
         config = json.loads((run_dir / "config.json").read_text())
         drawn = 0
-        for row in gate_rows(run_dir, metric):
+        for row in gate_rows(run_dir, metric, boot=boot):
             if isinstance(row["wrong"], str):  # too few of one class
                 continue
             point, low, high = row["wrong"]
@@ -224,6 +229,7 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> None:
             drawn += 1
             x = max(row["seconds"], 1e-4)
             ax.errorbar(x, point, yerr=[[point - low], [high - point]], fmt="o", ms=4, capsize=2)
+            plotted[f"{run_dir.name}|{row['gate']}"] = [x, point, low, high]
             ax.annotate(row["gate"], (x, point), fontsize=7, xytext=(3, 3), textcoords="offset points")
         if not drawn:  # the table's rule: no AUROC where a class has too few questions
             ax.text(0.5, 0.6, "no AUROC: too few questions of one class\n(the table says how many)",
@@ -237,6 +243,7 @@ def plot(run_dirs: list[Path], metric: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return plotted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,17 +260,22 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument(
         "--versus", default="targ-margin", help="the gate each AUROC is compared with, paired (default targ-margin)"
     )
+    t.add_argument("--seed", type=int, default=0, help="the bootstrap's numpy seed (the paired gaps' is seed + 1)")
+    t.add_argument("--resamples", type=int, default=RESAMPLES, help="the bootstrap's resamples")
     args = parser.parse_args(argv)
     if args.command == "derive":
         derive(args.old, args.new)
         return 0
-    text = table(args.run_dirs, args.metric, args.versus)
+    boot = Resampling(args.resamples, args.seed)
+    text = table(args.run_dirs, args.metric, args.versus, boot)
     print(text)
     if args.out is not None:
         with atomic_writer(args.out) as f:
             f.write(text.encode())
     if args.plot is not None:
-        plot(args.run_dirs, args.metric, args.plot)
+        from ragate.report.plots import figure_data
+
+        print(figure_data(plot(args.run_dirs, args.metric, args.plot, boot)))
     return 0
 
 

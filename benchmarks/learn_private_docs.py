@@ -47,6 +47,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from ragate.eval.metrics import Resampling
+
 ROOT = Path(__file__).resolve().parent / "private_docs"
 QUESTIONS = ROOT / "questions.jsonl"
 SWEEP = Path(__file__).resolve().parents[1] / "docs" / "results" / "runs" / "sweep-private-docs-qwen2.5-coder-1.5b-43"
@@ -188,10 +190,12 @@ def judge(out: Path, seed: int) -> None:
             fh.write(json.dumps(line) + "\n")
 
 
-def report(out: Path, seed: int = 0) -> str:
-    """The tables, from ``DIR/judged.jsonl`` alone (the docs' generated block)."""
+def report(out: Path, seed: int = 0, boot: Resampling | None = None) -> str:
+    """The tables, from ``DIR/judged.jsonl`` alone (the docs' generated block): ``seed`` the run's (its fits),
+    ``boot`` the intervals' (default: 1000 resamples with ``seed``)."""
+    boot = Resampling(1000, seed) if boot is None else boot
     from ragate.learning.scores import Labelled, _raw_probe
-    from ragate.report.analysis import auroc, auroc_interval, paired_auroc_gap
+    from ragate.uncertainty import auroc, auroc_interval, paired_auroc_gap
 
     judged = [json.loads(x) for x in (out / "judged.jsonl").read_text().splitlines()]
     y = np.array([j["closed_wrong"] for j in judged])
@@ -217,7 +221,7 @@ def report(out: Path, seed: int = 0) -> str:
     ]
 
     def cell(p: np.ndarray, mask: np.ndarray) -> str:
-        point, lo, hi = auroc_interval(p[mask], y[mask], seed=seed)
+        point, lo, hi = auroc_interval(p[mask], y[mask], seed=boot.seed, resamples=boot.samples)
         return f"{point:.3f} [{lo:.3f}, {hi:.3f}]"
 
     everyone = np.ones(len(y), dtype=bool)
@@ -225,8 +229,8 @@ def report(out: Path, seed: int = 0) -> str:
         mark = " (best fixed)" if g == best else ""
         lines.append(f"| {g}{mark} | {on_train[g]:.3f} | {cell(scores(g), test)} | {cell(scores(g), everyone)} |")
     lines.append(f"| learned (ragate gate learn on the 30) | - | {cell(learned, test)} | {cell(oof, everyone)} |")
-    gap13 = paired_auroc_gap(learned[test], scores(best)[test], y[test], seed=seed)
-    gap43 = paired_auroc_gap(oof, scores(best), y, seed=seed)
+    gap13 = paired_auroc_gap(learned[test], scores(best)[test], y[test], seed=boot.seed, resamples=boot.samples)
+    gap43 = paired_auroc_gap(oof, scores(best), y, seed=boot.seed, resamples=boot.samples)
 
     def verdict(g: tuple[float, float, float]) -> str:
         word = "higher" if g[1] > 0 else ("lower" if g[2] < 0 else "not established")
@@ -269,14 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, help="only print the tables of this run directory's records")
     ap.add_argument("--judge", type=Path, help="only judge a finished run directory again (its store and gate), then report")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the run's seed: the order questions are fed in, the fits")
+    ap.add_argument("--interval-seed", type=int, default=None, help="the bootstrap intervals' seed (default: --seed)")
+    ap.add_argument("--resamples", type=int, default=1000, help="the bootstrap intervals' resamples")
     args = ap.parse_args(argv)
+    boot = Resampling(args.resamples, args.seed if args.interval_seed is None else args.interval_seed)
     if args.report is not None:
-        print(report(args.report, args.seed), end="")
+        print(report(args.report, args.seed, boot), end="")
         return 0
     if args.judge is not None:
         judge(args.judge, args.seed)
-        print(report(args.judge, args.seed), end="")
+        print(report(args.judge, args.seed, boot), end="")
         return 0
     if args.out is None:
         ap.error("give --out DIR (or --report DIR)")
@@ -285,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_and_feed(args.out, args.model, args.seed)
     learn(args.out)
     judge(args.out, args.seed)
-    print(report(args.out, args.seed), end="")
+    print(report(args.out, args.seed, boot), end="")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The learned gate against TARG's entropy gate and DTR's UGT on the same held-out questions.
 
-    .venv/bin/python benchmarks/learned_gate.py [--out FILE.md] [--blocks] [--write-gates DIR]
+    .venv/bin/python benchmarks/learned_gate.py [--out FILE.md] [--blocks] [--write-gates DIR] [--seed N] [--resamples N]
 
 For each dataset it fits :mod:`ragate.learning.scores`'s probe on the training sweep's questions only (labels from
 their records; hidden states from ``benchmarks/hidden_states.py``) and scores the test sweep's 300 questions,
@@ -9,7 +9,7 @@ table's AUROC) and **silver** (retrieval changed the answer: the closed-book and
 below 0.5, what a shadow answer gives without a reference). Every AUROC on the test questions is against the gold
 label. Features: the question-side signals (length, question word, digit, date) and the hidden state (PCA
 components); "question only" drops the hidden state, "hidden only" the signals. Paired bootstrap 95% intervals over
-the same test questions (seed 0, 2000 resamples); "not established" where an interval reaches 0, else "higher" or
+the same test questions (``--seed``, default 0; ``--resamples``, default 1000); "not established" where an interval reaches 0, else "higher" or
 "lower". Accuracy at a budget: retrieve for the top share of scores, against a random choice at the same rate (its
 expectation). The cascade's band is set on the training questions' cross-fitted probabilities.
 """
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hidden_states import read_hidden
 
 from ragate.errors import RagateError
-from ragate.eval.metrics import f1, paired_bootstrap_diff
+from ragate.eval.metrics import Resampling, paired_bootstrap_diff
 from ragate.gates.learned import DRAFT_FEATURES, LearnedGateFile, save_learned
 from ragate.gates.signals import QUESTION_FEATURES
 from ragate.learning.fit import question_digests
@@ -46,7 +46,8 @@ from ragate.learning.scores import (
 )
 from ragate.learning.scores import tune as _tune
 from ragate.learning.sweeps import sweep_questions
-from ragate.report.analysis import auroc_interval, paired_auroc_gap
+from ragate.text import f1
+from ragate.uncertainty import auroc_interval, paired_auroc_gap
 
 RUNS = Path("docs/results/runs")
 MODEL = "qwen2.5-coder-1.5b"
@@ -152,6 +153,14 @@ def gate_scores(sweep: str, gate: str) -> dict[str, float]:
     return out
 
 
+def _iv(boot: Resampling, p: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    return auroc_interval(p, y, seed=boot.seed, resamples=boot.samples)
+
+
+def _gap(boot: Resampling, a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    return paired_auroc_gap(a, b, y, seed=boot.seed, resamples=boot.samples)
+
+
 def _ci(v: tuple[float, float, float], digits: int = 3) -> str:
     word = " (higher)" if v[1] > 0 else (" (lower)" if v[2] < 0 else " (not established)")
     return f"{v[0]:+.{digits}f} [{v[1]:+.{digits}f}, {v[2]:+.{digits}f}]{word}"
@@ -169,24 +178,24 @@ def accuracy_at(scores: np.ndarray, closed: np.ndarray, opened: np.ndarray, rho:
 SUMMARY: list[str] = []
 
 
-def run(out: Path | None) -> str:
+def run(out: Path | None, boot: Resampling) -> str:
     """Each dataset's tables (the two computed side by side, one process each: every fit is single-threaded, so
     the digits do not depend on the machine), then the private documents'."""
     SUMMARY.clear()
     lines: list[str] = []
     with ProcessPoolExecutor(max_workers=max(1, min(len(DATASETS), os.cpu_count() or 1))) as pool:
-        for part, summary_rows, gates in pool.map(dataset_tables, DATASETS):
+        for part, summary_rows, gates in pool.map(functools.partial(dataset_tables, boot=boot), DATASETS):
             lines += part
             SUMMARY.extend(summary_rows)
             GATES.update(gates)
-    lines += private_docs_rows()
+    lines += private_docs_rows(boot)
     text = "\n".join(lines) + "\n"
     if out is not None:
         out.write_text(text)
     return text
 
 
-def dataset_tables(dataset: str) -> tuple[list[str], list[str], dict[str, LearnedGateFile]]:
+def dataset_tables(dataset: str, boot: Resampling) -> tuple[list[str], list[str], dict[str, LearnedGateFile]]:
     """One dataset's lines, its rows of the summary and its cascade gate file (see :func:`cascade_rows`)."""
     SUMMARY.clear()
     GATES.clear()
@@ -203,8 +212,8 @@ def dataset_tables(dataset: str) -> tuple[list[str], list[str], dict[str, Learne
     lines += [f"### {dataset}: trained on {train_name}, scored on {test_sweep} (n = {len(test)})", ""]
     lines += [
         (
-            f"targ-entropy AUROC {_plain(auroc_interval(p_targ, test.y))}; dtr AUROC "
-            f"{_plain(auroc_interval(p_dtr, test.y))}; closed-book wrong on {int(test.y.sum())} of {len(test)}."
+            f"targ-entropy AUROC {_plain(_iv(boot, p_targ, test.y))}; dtr AUROC "
+            f"{_plain(_iv(boot, p_dtr, test.y))}; closed-book wrong on {int(test.y.sum())} of {len(test)}."
         ),
         "",
         "| labels | features | n train (retrieve) | PCA, C (tuned on train) | AUROC (gold, test) | minus targ-entropy's | minus dtr's | "
@@ -236,30 +245,28 @@ def dataset_tables(dataset: str) -> tuple[list[str], list[str], dict[str, Learne
             p = probe.probabilities(te.scalars, te.hidden)
             probs[(label, name)] = p
             if name == "hidden + question":
-                gap = paired_auroc_gap(p, p_targ, te.y)
+                gap = _gap(boot, p, p_targ, te.y)
                 SUMMARY.append(
-                    f"| {dataset} | {label} ({len(tr)} training questions) | {_plain(auroc_interval(p_targ, te.y))} | "
-                    f"{_plain(auroc_interval(p, te.y))} | {_ci(gap)} |"
+                    f"| {dataset} | {label} ({len(tr)} training questions) | {_plain(_iv(boot, p_targ, te.y))} | "
+                    f"{_plain(_iv(boot, p, te.y))} | {_ci(gap)} |"
                 )
             cells = []
             for b in BUDGETS:
                 acc = accuracy_at(p, closed, opened, b)
                 rand = b * opened + (1 - b) * closed
-                lo, hi = paired_bootstrap_diff(acc, rand, samples=2000, seed=0)
+                lo, hi = paired_bootstrap_diff(acc, rand, samples=boot.samples, seed=boot.seed)
                 d = float(np.mean(acc - rand))
                 cells.append(f"{100 * acc.mean():.1f}: {_ci((100 * d, 100 * lo, 100 * hi), 1)}")
             lines.append(
-                f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | {k or '–'}, {c:g} | {_plain(auroc_interval(p, te.y))} | "
-                f"{_ci(paired_auroc_gap(p, p_targ, te.y))} | {_ci(paired_auroc_gap(p, p_dtr, te.y))} | "
+                f"| {label} | {name} | {len(tr)} ({int(tr.y.sum())}) | {k or '–'}, {c:g} | {_plain(_iv(boot, p, te.y))} | "
+                f"{_ci(_gap(boot, p, p_targ, te.y))} | {_ci(_gap(boot, p, p_dtr, te.y))} | "
                 + " | ".join(cells)
                 + " |"
             )
     if ("gold", "hidden + question") in probs and ("gold", "question only") in probs:
-        gap = paired_auroc_gap(
-            probs[("gold", "hidden + question")], probs[("gold", "question only")], test.y
-        )
+        gap = _gap(boot, probs[("gold", "hidden + question")], probs[("gold", "question only")], test.y)
         lines += ["", f"Hidden state's worth (gold labels; with minus without, paired): {_ci(gap)}."]
-    lines += cascade_rows(train, test_sweep, test)
+    lines += cascade_rows(train, test_sweep, test, boot)
     curves = {}
     for label in ("gold", "silver"):
         rows = labelled_train(train, label)
@@ -285,7 +292,7 @@ def dataset_tables(dataset: str) -> tuple[list[str], list[str], dict[str, Learne
 PRIVATE = "sweep-private-docs-qwen2.5-coder-1.5b-43"
 
 
-def private_docs_rows() -> list[str]:
+def private_docs_rows(boot: Resampling) -> list[str]:
     """The private-documents benchmark (libffi's manual, the AWS CLI's guides): too few questions to hold a test
     split apart, so every learned score is cross-fitted (5 stratified folds, seed 0; default PCA size and C)."""
     data, _ = labelled(PRIVATE, None, "gold")
@@ -306,8 +313,8 @@ def private_docs_rows() -> list[str]:
         scores = gate_scores(PRIVATE, gate)
         others[gate] = np.array([scores[i] for i in data.ids])
     for name, p in others.items():
-        gap = "–" if name.startswith("learned (hidden") else _ci(paired_auroc_gap(learned, p, data.y))
-        out.append(f"| {name} | {_plain(auroc_interval(p, data.y))} | {gap} |")
+        gap = "–" if name.startswith("learned (hidden") else _ci(_gap(boot, learned, p, data.y))
+        out.append(f"| {name} | {_plain(_iv(boot, p, data.y))} | {gap} |")
     return [*out, ""]
 
 
@@ -325,7 +332,9 @@ GATES: dict[str, LearnedGateFile] = {}  # the cascade of each dataset at WRITE_S
 WRITE_SHARE = 0.3
 
 
-def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, test: Labelled) -> list[str]:
+def cascade_rows(
+    sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, test: Labelled, boot: Resampling
+) -> list[str]:
     """The cascade on the test questions: the cheap probe (hidden state and question) decides where it is sure;
     inside the band, chosen on the training questions' cross-fitted probabilities to draft a share of them, the
     full probe (and TARG's draft scores) decides. The cascade drafting ``WRITE_SHARE`` is kept in ``GATES`` (the
@@ -347,7 +356,7 @@ def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, te
         (
             f"Cascade (gold labels; cheap: hidden + question, PCA {k}, C {c:g}; full: + TARG's draft scores, PCA "
             f"{kf}, C {cf:g}; the band set on the training questions' cross-fitted probabilities). Full gate AUROC "
-            f"{_plain(auroc_interval(p_full, test.y))}; cheap alone {_plain(auroc_interval(p_cheap, test.y))}."
+            f"{_plain(_iv(boot, p_full, test.y))}; cheap alone {_plain(_iv(boot, p_cheap, test.y))}."
         ),
         "",
         "| share drafted (train) | band | share drafted (test) | cascade AUROC | minus the full gate's | minus targ-entropy's |",
@@ -364,14 +373,14 @@ def cascade_rows(sweeps: tuple[tuple[str, str | None], ...], test_sweep: str, te
                     "label": "closed-wrong", "model": {"model": MODEL, "engine": "llama.cpp"},
                     "source": "benchmarks/learned_gate.py: " + " + ".join(s for s, _ in sweeps if (RUNS / s).is_dir()),
                     "questions": question_digests(training_questions(train.ids, sweeps)),
-                    "report": {"cascade_auroc_test": round(auroc_interval(p_cas, test.y)[0], 4),
-                               "full_auroc_test": round(auroc_interval(p_full, test.y)[0], 4),
+                    "report": {"cascade_auroc_test": round(_iv(boot, p_cas, test.y)[0], 4),
+                               "full_auroc_test": round(_iv(boot, p_full, test.y)[0], 4),
                                "drafted_share_test": round(float(drafted.mean()), 4)},
                 },
             )  # fmt: skip
         out.append(
-            f"| {share:g} | {band[0]:.3f}–{band[1]:.3f} | {drafted.mean():.2f} | {_plain(auroc_interval(p_cas, test.y))} | "
-            f"{_ci(paired_auroc_gap(p_cas, p_full, test.y))} | {_ci(paired_auroc_gap(p_cas, p_targ, test.y))} |"
+            f"| {share:g} | {band[0]:.3f}–{band[1]:.3f} | {drafted.mean():.2f} | {_plain(_iv(boot, p_cas, test.y))} | "
+            f"{_ci(_gap(boot, p_cas, p_full, test.y))} | {_ci(_gap(boot, p_cas, p_targ, test.y))} |"
         )
     return out
 
@@ -419,8 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         help=f"write each dataset's cascade (drafting {WRITE_SHARE:g} of the training questions) as a gate file "
         "DIR/learned-DATASET.json, for benchmarks/gate_overhead.py --gate-weights",
     )
+    ap.add_argument("--seed", type=int, default=0, help="the bootstrap intervals' numpy seed (not the fits')")
+    ap.add_argument("--resamples", type=int, default=1000, help="the bootstrap intervals' resamples")
     args = ap.parse_args(argv)
-    text = run(args.out)
+    text = run(args.out, Resampling(args.resamples, args.seed))
     if args.blocks:
         print(f"<!-- block: learned-gate -->\n{text.rstrip()}\n<!-- block: learned-gate-summary -->\n{summary()}")
     else:

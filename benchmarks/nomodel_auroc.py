@@ -29,9 +29,9 @@ import numpy as np
 from ragate.gates import nomodel as nm
 from ragate.learning.gatefit import _cross_validated, record_label
 from ragate.learning.sweeps import sweep_questions
-from ragate.report.analysis import auroc
 from ragate.retrieval.demo import demo_index
 from ragate.retrieval.index import open_index
+from ragate.uncertainty import auroc
 
 DEMO_SWEEP = Path(__file__).parents[1] / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
 DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"  # the demo sweep's TARG family

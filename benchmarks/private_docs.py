@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
+from ragate.eval.metrics import Resampling, bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.sweep import compact
 from ragate.tuning.calibrate import cross_fitted_taus, halves
 
@@ -118,9 +118,11 @@ def top_share(rows: Sequence[dict[str, Any]], gate: str, rate: float) -> list[bo
     return [i in picked for i in range(len(rows))]
 
 
-def _line(name: str, how: str, chosen: Sequence[dict[str, Any]], category: dict[str, str]) -> str:
+def _line(
+    name: str, how: str, chosen: Sequence[dict[str, Any]], category: dict[str, str], boot: Resampling
+) -> str:
     acc = [c["scores"]["acc"] for c in chosen]
-    lo, hi = bootstrap_ci(acc)
+    lo, hi = bootstrap_ci(acc, samples=boot.samples, seed=boot.seed)
 
     def part(kind: str, key: str) -> str:
         values = [
@@ -148,7 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", default=None, help="passed to ragate sweep (e.g. 1 on a shared machine)")
     parser.add_argument("--no-run", action="store_true", help="only read the sweep directory as it is")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap intervals' numpy seed")
+    parser.add_argument("--resamples", type=int, default=1000, help="the bootstrap intervals' resamples")
     args = parser.parse_args(argv)
+    boot = Resampling(args.resamples, args.seed)
+
+    def line(name: str, how: str, chosen: Sequence[dict[str, Any]], category: dict[str, str]) -> str:
+        return _line(name, how, chosen, category, boot)
+
 
     examples = [
         json.loads(line) for line in QUESTIONS.read_text(encoding="utf-8").splitlines() if line.strip()
@@ -166,20 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     print("| gate | tau | retrieval rate (docs / general) | accuracy [95% CI] | docs | general | s/q |")
     print("|---|---|---|---|---|---|---|")
     base = _rows(records, TARG_FAMILY_GATE)
-    print(_line("never (TARG's prompt)", "-", _choose(base, [False] * len(base), None), category))
-    print(_line("always (TARG's reader, top 5)", "-", _choose(base, [True] * len(base), None), category))
+    print(line("never (TARG's prompt)", "-", _choose(base, [False] * len(base), None), category))
+    print(line("always (TARG's reader, top 5)", "-", _choose(base, [True] * len(base), None), category))
     docs_recall = [r["open"]["recall@3"] for r in base if category[str(r["id"])] == "docs"]
     dtr_rows = _rows(records, "dtr")
-    print(_line("never (DTR's prompt)", "-", _choose(dtr_rows, [False] * len(dtr_rows), None), category))
+    print(line("never (DTR's prompt)", "-", _choose(dtr_rows, [False] * len(dtr_rows), None), category))
     print(
-        _line("always (DTR's DPR-AIS reader)", "-", _choose(dtr_rows, [True] * len(dtr_rows), None), category)
+        line("always (DTR's DPR-AIS reader)", "-", _choose(dtr_rows, [True] * len(dtr_rows), None), category)
     )
     chosen: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for gate in GATES:
         rows = _rows(records, gate)
         default = [bool(r["gates"][gate]["retrieve"]) for r in rows]
         print(
-            _line(
+            line(
                 gate,
                 f"default {rows[0]['gates'][gate]['threshold']:.3g}",
                 _choose(rows, default, gate),
@@ -191,14 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         for gate in GATES:
             rows = _rows(records, gate)
             chosen[(gate, rate)] = _choose(rows, top_share(rows, gate, rate), gate)
-            print(_line(gate, f"top {rate:.2f} by score (matched)", chosen[(gate, rate)], category))
+            print(line(gate, f"top {rate:.2f} by score (matched)", chosen[(gate, rate)], category))
     for rate in rates:
         for gate in GATES:
             rows = _rows(records, gate)
             scores = [float(r["gates"][gate]["score"]) for r in rows]
             taus = cross_fitted_taus(scores, rate, halves([str(r["id"]) for r in rows]))
             picked = _choose(rows, [s > t for s, t in zip(scores, taus, strict=True)], gate)
-            print(_line(gate, f"budget {rate:.2f}, tau cross-fitted", picked, category))
+            print(line(gate, f"budget {rate:.2f}, tau cross-fitted", picked, category))
     print(
         f"\nrecall@3 of the gold file by the question's top-5 search, document questions: "
         f"{100 * statistics.fmean(docs_recall):.1f}% ({len(docs_recall)} questions)\n"
@@ -212,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             mine = {c["id"]: c["scores"]["acc"] for c in chosen[(gate, rate)]}
             ids = sorted(set(mine) & set(base_acc))
             a, b = [mine[i] for i in ids], [base_acc[i] for i in ids]
-            lo, hi = paired_bootstrap_diff(a, b)
+            lo, hi = paired_bootstrap_diff(a, b, samples=boot.samples, seed=boot.seed)
             diff = statistics.fmean(a) - statistics.fmean(b)
             verdict = "not established" if lo <= 0 <= hi else ("higher" if lo > 0 else "lower")
             print(

@@ -84,8 +84,9 @@ def _steps(g: Generation) -> dict[str, Any]:
 
 
 def answer_one(example: Any, lm: Recorder, retriever: Any) -> dict[str, Any]:
-    from ragate.eval.metrics import extract_answer, score
+    from ragate.eval.metrics import score
     from ragate.methods import decide, get_method, run_method
+    from ragate.text import extract_answer
 
     row: dict[str, Any] = {"id": example.id, "dataset": example.dataset, "question": example.question}
     for method in STAGES:
@@ -212,9 +213,9 @@ def auroc(scores: np.ndarray, wrong: np.ndarray) -> float:
 
 
 def paired_auroc_ci(
-    a: np.ndarray, b: np.ndarray, wrong: np.ndarray, samples: int = 1000
+    a: np.ndarray, b: np.ndarray, wrong: np.ndarray, samples: int = 1000, seed: int = 0
 ) -> tuple[float, float]:
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     n, diffs = len(wrong), []
     for _ in range(samples):
         i = rng.integers(0, n, n)
@@ -270,7 +271,7 @@ def table(args: argparse.Namespace) -> int:
             if exact_key != key and np.allclose(s, e, rtol=0, atol=1e-9):
                 delta, rho = "0 (the same scores)", "1"
             elif exact_key != key:
-                lo, hi = paired_auroc_ci(s, e, wrong)
+                lo, hi = paired_auroc_ci(s, e, wrong, args.resamples, args.seed)
                 verdict = "" if lo > 0 or hi < 0 else " (not established)"
                 delta = f"{a - auroc(e, wrong):+.3f} [{lo:+.3f}, {hi:+.3f}]{verdict}"
                 rho = f"{spearmanr(s, e).statistic:.3f}"
@@ -285,8 +286,11 @@ def table(args: argparse.Namespace) -> int:
             if form in ("exact", "top-20", "top-20/capped", "none"):
                 plots.setdefault(dataset, {})[key] = frontier(s, closed, rag)
     if args.plot:
+        from ragate.report.plots import figure_data
+
         draw(plots, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+        print("\n" + figure_data({f"{d}|{k}": np.concatenate(c) for d, curves in plots.items() for k, c in curves.items()}))
     return 0
 
 
@@ -345,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("dirs", type=Path, nargs="+")
     t.add_argument("--budget", type=float, default=0.3)
     t.add_argument("--plot", type=Path, default=None)
+    t.add_argument("--seed", type=int, default=0, help="the paired AUROC intervals' numpy seed")
+    t.add_argument("--resamples", type=int, default=1000, help="the paired AUROC intervals' resamples")
     t.set_defaults(func=table)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -5,7 +5,7 @@ lives in a new run; this prints ``new - old`` for each ``NEW_RUN:METHOD=OLD_RUN:
 question ids the two have in common (a side may be a sweep directory: its method at the default threshold, or
 ``never@PROMPTS`` / ``always@PROMPTS``, the closed-book or retrieval answers of the family with those prompts,
 e.g. ``never@targ``, or the whole family key where two families share prompts), in EM, F1 and contains-accuracy (points), with the paired bootstrap 95%
-interval (``ragate.eval.metrics.paired_bootstrap_diff``, 1000 resamples, seed 0) and the page's verdict
+interval (``ragate.eval.metrics.paired_bootstrap_diff``; ``--resamples``, default 1000, ``--seed``, default 0) and the page's verdict
 ("not established" where the interval reaches 0). It also prints the smallest difference the run could
 establish: 1.96 times the standard error of the paired differences, the half-width an effect must exceed.
 
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ragate.eval.metrics import paired_bootstrap_diff
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling, paired_bootstrap_diff
 from ragate.eval.records import by_method, latest, read_records
 from ragate.eval.sweep import compact, default_records
 
@@ -69,8 +69,9 @@ def _scores(run: Path, method: str) -> dict[str, dict[str, float]]:
     raise SystemExit(f"error: {run} has no answers of method {method!r}")
 
 
-def compare(new: str, old: str, only: set[str] | None = None) -> dict[str, Any]:
-    """One row: ``new - old`` per metric over the shared question ids (within ``only`` when given)."""
+def compare(new: str, old: str, only: set[str] | None = None, boot: Resampling = DEFAULT_BOOT) -> dict[str, Any]:
+    """One row: ``new - old`` per metric over the shared question ids (within ``only`` when given), its intervals
+    drawn as ``boot`` says."""
     a, b = _scores(*_side(new)), _scores(*_side(old))
     ids = [i for i in a if i in b and (only is None or i in only)]
     if not ids:
@@ -82,7 +83,7 @@ def compare(new: str, old: str, only: set[str] | None = None) -> dict[str, Any]:
         d = [p - q for p, q in zip(x, y, strict=True)]
         mean = sum(d) / len(d)
         sd = math.sqrt(sum((v - mean) ** 2 for v in d) / max(1, len(d) - 1))
-        lo, hi = paired_bootstrap_diff(x, y)
+        lo, hi = paired_bootstrap_diff(x, y, samples=boot.samples, seed=boot.seed)
         row[metric] = (mean, lo, hi, 1.96 * sd / math.sqrt(len(d)))
     return row
 
@@ -113,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ALIAS=RUN_DIR",
         help="write RUN_DIR as ALIAS in the new/old cells (default: the directory's name)",
     )
+    ap.add_argument("--seed", type=int, default=0, help="the paired intervals' numpy seed")
+    ap.add_argument("--resamples", type=int, default=1000, help="the paired intervals' resamples")
     args = ap.parse_args(argv)
+    boot = Resampling(args.resamples, args.seed)
     only = _answered_by_all(args.only) if args.only else None
     aliases = {}
     for item in args.name:
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         new, sep, old = pair.partition("=")
         if not sep:
             raise SystemExit(f"error: {pair!r} is not NEW_RUN:METHOD=OLD_RUN:METHOD")
-        r = compare(new, old, only)
+        r = compare(new, old, only, boot)
         cells = {m: f"{r[m][0]:+.1f} [{r[m][1]:+.1f}, {r[m][2]:+.1f}]" for m in METRICS}
         name = lambda s: f"{aliases.get(Path(s.rpartition(':')[0]), Path(s.rpartition(':')[0]).name)}:{s.rpartition(':')[2]}"
         print(

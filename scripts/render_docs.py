@@ -19,6 +19,11 @@ A figure is drawn by the command of the block that prints the data behind it: an
 PNG's path under the root when rendering, and a scratch file when checking, so ``--check`` compares the figure by
 its data (the block's text) and a render redraws it; a command prints nothing about where it drew.
 
+One seed and resample count reach every block whose command draws bootstrap intervals: the results spec's
+(docs/results/spec.toml, ``seed`` and ``samples``). An argument ``{spec}`` is the spec's path and ``{spec:KEY}`` its
+value of KEY, so a command says ``--seed {spec:seed} --resamples {spec:samples}`` and an edited spec changes every
+such block (``--spec FILE`` renders or checks against another spec; tests/test_generated_docs.py holds it).
+
 A table typed by hand outside the blocks is either a reference table, marked by a line ``<!-- reference table:
 WHY -->`` just before it (the papers' own numbers, defaults, options, file lists), or a measured table typed by
 hand: ``--list`` names each, with its rows that hold a number, and tests/test_generated_docs.py counts those rows
@@ -44,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN = re.compile(r"^<!-- begin generated: (?P<name>[\w.-]+) \((?P<command>[^\n]*)\) -->$", re.MULTILINE)
 FRAME = re.compile(r"^<!-- block: (?P<name>[\w.-]+) -->$", re.MULTILINE)
 FIGURE = re.compile(r"\{figure:(?P<path>[\w./-]+\.png)\}")
+SPEC_ARG = re.compile(r"\{spec(?::(?P<key>\w+))?\}")
+SPEC = Path("docs/results/spec.toml")
 
 
 @dataclass(frozen=True)
@@ -128,22 +135,36 @@ def blocks(path: Path) -> Iterator[Block]:
         yield Block(path, name, m["command"], start, end, doc[start:end])
 
 
-def figure_args(argv: list[str], root: Path, figures: Path | None) -> list[str]:
+def figure_args(argv: list[str], root: Path, figures: Path | None, spec: Path | None = None) -> list[str]:
     """``{figure:PATH}`` arguments made paths: ``root / PATH`` when rendering, a file under ``figures`` when checking
-    (so that a check writes nothing into the tree)."""
+    (so that a check writes nothing into the tree); ``{spec}`` the results spec's path (``spec``, default the
+    repository's) and ``{spec:KEY}`` its value of KEY."""
+    spec = root / SPEC if spec is None else spec.resolve()
     out = []
     for arg in argv:
         if m := FIGURE.fullmatch(arg):
             out.append(str(root / m["path"] if figures is None else figures / Path(m["path"]).name))
+        elif m := SPEC_ARG.fullmatch(arg):
+            out.append(str(spec) if m["key"] is None else _spec_value(spec, m["key"]))
         else:
             out.append(arg)
     return out
 
 
-def run(command: str, root: Path = ROOT, figures: Path | None = None) -> dict[str, str] | str:
-    """The command's output: one text, or the named blocks it frames (its figures drawn, see
-    :func:`figure_args`)."""
-    argv = figure_args(shlex.split(command), root, figures)
+def _spec_value(spec: Path, key: str) -> str:
+    import tomllib
+
+    with spec.open("rb") as f:
+        values = tomllib.load(f)
+    if key not in values or isinstance(values[key], dict | list):
+        raise SystemExit(f"{spec} has no value {key!r} for a block's command")
+    return str(values[key])
+
+
+def run(command: str, root: Path = ROOT, figures: Path | None = None, spec: Path | None = None) -> dict[str, str] | str:
+    """The command's output: one text, or the named blocks it frames (its figures drawn and the spec's values put
+    in, see :func:`figure_args`)."""
+    argv = figure_args(shlex.split(command), root, figures, spec)
     if argv and argv[0] in (".venv/bin/python", "python", "python3"):
         argv[0] = sys.executable
     # one thread of numeric libraries each: two commands at a time, each with a BLAS thread per core, oversubscribe
@@ -167,12 +188,12 @@ def _normal(text: str) -> str:
 
 
 def expected(
-    found: list[Block], root: Path = ROOT, workers: int = 2, figures: Path | None = None
+    found: list[Block], root: Path = ROOT, workers: int = 2, figures: Path | None = None, spec: Path | None = None
 ) -> dict[tuple[Path, str], str]:
     """Each block's text as its command prints it (each distinct command run once, ``workers`` at a time)."""
     commands = sorted({b.command for b in found})
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        outputs = dict(zip(commands, pool.map(lambda c: run(c, root, figures), commands), strict=True))
+        outputs = dict(zip(commands, pool.map(lambda c: run(c, root, figures, spec), commands), strict=True))
     want = {}
     for b in found:
         out = outputs[b.command]
@@ -190,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the blocks and their commands")
     ap.add_argument("--only", action="append", default=[], help="only the block NAME (repeatable)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    ap.add_argument("--spec", type=Path, default=None, help="another results spec for {spec} arguments (with --check)")
     args = ap.parse_args(argv)
     found = [b for p in doc_files(args.root) for b in blocks(p) if not args.only or b.name in args.only]
     if args.list:
@@ -203,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(found)} generated blocks; {len(by_hand)} measured tables typed by hand ({rows} rows)")
         return 0
     with tempfile.TemporaryDirectory(prefix="render-docs-figures-") as scratch:
-        want = expected(found, args.root, figures=Path(scratch) if args.check else None)
+        if args.spec is not None and not args.check:
+            raise SystemExit("--spec renders against another spec: give --check too (the pages keep the repository's)")
+        want = expected(found, args.root, figures=Path(scratch) if args.check else None, spec=args.spec)
     stale = [b for b in found if b.text != want[b.path, b.name]]
     if args.check:
         for b in stale:

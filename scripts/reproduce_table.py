@@ -1,11 +1,13 @@
 """Print a ``ragate reproduce`` run's table from its committed ``reproduce.json``: ragate's side, or the paper's.
 
-    .venv/bin/python scripts/reproduce_table.py docs/results/runs/reproduce-NAME [--paper] [--ran-only]
+    .venv/bin/python scripts/reproduce_table.py docs/results/runs/reproduce-NAME [--paper] [--ran-only] [--seed N]
 
 Default: ragate's measured side (n, EM with its bootstrap 95% interval, where the paper's number lies against
 that interval, F1, accuracy (gold answer contained), retrieval rate, the row's note). ``--paper``: the numbers the
 pack transcribes from the paper (EM, F1, retrieval rate; not measured here). ``--ran-only`` leaves out the rows
-this run did not answer (n = 0).
+this run did not answer (n = 0). ``--seed N`` (and ``--resamples``) computes each row again from the run's
+records with today's ragate, its interval drawn with that seed (:func:`ragate.report.reproduce.rescored`),
+rather than printing what ``ragate reproduce`` wrote.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from ragate.eval.metrics import Resampling
+from ragate.report.reproduce import rescored
 
 
 def _num(value: Any, rate: bool = False) -> str:
@@ -27,8 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path)
     parser.add_argument("--paper", action="store_true", help="the paper's numbers, not ragate's")
     parser.add_argument("--ran-only", action="store_true", help="leave out rows with n = 0")
+    parser.add_argument("--seed", type=int, default=None, help="draw the intervals again from the run's records")
+    parser.add_argument("--resamples", type=int, default=None, help="with --seed: the bootstrap's resamples (1000)")
     args = parser.parse_args(argv)
-    table = json.loads((args.run / "reproduce.json").read_text(encoding="utf-8"))
+    if args.resamples is not None and args.seed is None:
+        parser.error("--resamples redraws the intervals with --seed: give --seed too")
+    if args.seed is None:  # as `ragate reproduce` wrote them
+        table = json.loads((args.run / "reproduce.json").read_text(encoding="utf-8"))
+    else:
+        table = rescored(args.run, Resampling(1000 if args.resamples is None else args.resamples, args.seed))
     rows = [r for r in table["rows"] if not (args.ran_only and not r["n"])]
     if args.paper:
         print(f"| dataset | paper row | {table['paper_model']} EM | F1 | retrieval rate |")

@@ -46,12 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
+from ragate.eval.metrics import Resampling, bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.records import by_method, latest, read_records
 from ragate.eval.sweep import compact, default_records, method_records
 from ragate.eval.thresholds import threshold_for_budget
 from ragate.report.matched import (
-    Resampling,
     matched_markdown,
     point_label,
     references,

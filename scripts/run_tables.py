@@ -50,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from dynamic import speed_cells  # benchmarks/dynamic.py: the speed table's own row
 
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling
 from ragate.eval.records import by_method, latest, read_records
 from ragate.eval.summary import BASELINE, dynamic_table, summarize
 
@@ -123,8 +124,11 @@ def _pairs(items: Sequence[str], option: str) -> dict[str, str]:
     return out
 
 
-def method_rows(items: Sequence[str], methods: Sequence[str] | None, tuned: bool) -> list[dict[str, Any]]:
-    """One summary row per (run, method) named, each over its own run's records (CPU seconds added)."""
+def method_rows(
+    items: Sequence[str], methods: Sequence[str] | None, tuned: bool, boot: Resampling = DEFAULT_BOOT
+) -> list[dict[str, Any]]:
+    """One summary row per (run, method) named, each over its own run's records (CPU seconds added), its intervals
+    drawn as ``boot`` says."""
     rows: list[dict[str, Any]] = []
     cache: dict[Path, list[dict[str, Any]]] = {}
     for item in items:
@@ -144,7 +148,7 @@ def method_rows(items: Sequence[str], methods: Sequence[str] | None, tuned: bool
             )
         labels = _tuned(run) if tuned else {}
         groups = dict(by_method(records))
-        for row in summarize(records, wanted or present):
+        for row in summarize(records, wanted or present, boot):
             ok = [r for r in groups[row["method"]] if "error" not in r]
             cpu = [r["cpu_seconds"] for r in ok if r.get("cpu_seconds") is not None]
             row["cpu_per_q"] = statistics.fmean(cpu) if cpu and len(cpu) == len(ok) else None
@@ -231,7 +235,7 @@ def speed_table(files: Sequence[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def split_text(method: str, runs: Sequence[str]) -> str:
+def split_text(method: str, runs: Sequence[str], boot: Resampling = DEFAULT_BOOT) -> str:
     """``benchmarks/dynamic.py split``'s output over the runs' records, fenced as text."""
     import contextlib
     import importlib.util
@@ -244,7 +248,7 @@ def split_text(method: str, runs: Sequence[str]) -> str:
     spec.loader.exec_module(module)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = module.split(argparse.Namespace(out=list(runs), method=method))
+        code = module.split(argparse.Namespace(out=list(runs), method=method, seed=boot.seed, resamples=boot.samples))
     if code:
         raise SystemExit(f"error: benchmarks/dynamic.py split --method {method} failed ({code})")
     return "```text\n" + out.getvalue().strip("\n") + "\n```\n"
@@ -263,9 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", action="append", default=[], metavar="VALUE=TEXT", help="--tune: a note")
     ap.add_argument("--speed", action="store_true", help="the items are `benchmarks/dynamic.py speed` files")
     ap.add_argument("--split", default=None, metavar="METHOD", help="benchmarks/dynamic.py split, fenced")
+    ap.add_argument("--seed", type=int, default=0, help="the bootstrap intervals' numpy seed")
+    ap.add_argument("--resamples", type=int, default=1000, help="the bootstrap intervals' resamples")
     args = ap.parse_args(argv)
+    boot = Resampling(args.resamples, args.seed)
     if args.split:
-        print(split_text(args.split, args.items), end="")
+        print(split_text(args.split, args.items, boot), end="")
         return 0
     if args.speed:
         print(speed_table([Path(p) for p in args.items]), end="")
@@ -284,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = args.columns.split(",") if args.columns else list(DEFAULT_COLUMNS)
     if bad := [c for c in columns if c not in COLUMNS]:
         raise SystemExit(f"error: unknown column(s) {', '.join(bad)}; known: {', '.join(COLUMNS)}")
-    rows = method_rows(args.items, args.methods.split(",") if args.methods else None, args.tuned_labels)
+    rows = method_rows(args.items, args.methods.split(",") if args.methods else None, args.tuned_labels, boot)
     labels = _pairs(args.label, "--label")
     for r in rows:
         r["label"] = labels.get(r["method"], r["label"])

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from script_loader import load_script
 
-from ragate.report.analysis import auroc
+from ragate.uncertainty import auroc
 
 BENCH = Path(__file__).parent.parent / "benchmarks" / "gate_table.py"
 FAMILY = "targ-question-first|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,93 @@ def test_a_figure_is_drawn_into_the_tree_when_rendering_and_elsewhere_when_check
     argv = ["--plot", "{figure:docs/img/x.png}", "--metric", "acc"]
     assert render.figure_args(argv, tmp_path, None) == ["--plot", str(tmp_path / "docs/img/x.png"), "--metric", "acc"]
     assert render.figure_args(argv, tmp_path, tmp_path / "scratch")[1] == str(tmp_path / "scratch" / "x.png")
+
+
+# Blocks that show a benchmark's committed output as it printed it: their intervals were drawn when the benchmark ran
+# (from timings or answers kept only as that output), so no seed given now can redraw them.
+AS_PRINTED = ("scripts/show_result.py", "scripts/show_table.py", "scripts/topk_summary.py")
+INTERVAL = r"\[\s*[-+−]?\d+(?:\.\d+)?\s*,\s*[-+−]?\d+(?:\.\d+)?\s*\]"
+
+
+def _interval_blocks(render):  # type: ignore[no-untyped-def]
+    import re
+
+    return [b for p in render.doc_files() for b in render.blocks(p) if re.search(INTERVAL, b.text)]
+
+
+def test_every_block_that_draws_intervals_takes_the_specs_seed_and_resamples() -> None:
+    """A block with a bootstrap interval names the results spec in its command ({spec}, or {spec:seed} and
+    {spec:samples}), unless it shows a benchmark's output as that run printed it."""
+    render = _render_docs()
+    found = _interval_blocks(render)
+    assert len(found) > 30
+    for b in found:
+        if any(tool in b.command for tool in AS_PRINTED):
+            continue
+        takes = "{spec}" in b.command.split() or {"{spec:seed}", "{spec:samples}"} <= set(b.command.split())
+        assert takes, f"{b.path.name}: {b.name} draws intervals with a seed of its own: `{b.command}`"
+
+
+def test_editing_the_seed_in_the_spec_changes_every_block_that_draws_intervals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked against a spec with another seed (and fewer resamples, for time), every block that takes the spec's
+    seed prints other intervals (the intervals compared, not the captions that print the seed), but for a block whose intervals are all of zero width (every answer scored alike:
+    no seed can move them). The learned gate's blocks (45 s of fits on one core for the same digits but the
+    intervals') are held by the next test."""
+    import re
+    import tomllib
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("RAGATE_DATA_DIR", str(tmp_path / "absent"))
+    render = _render_docs()
+    spec = ROOT / "docs" / "results" / "spec.toml"
+    values = tomllib.loads(spec.read_text())
+    other = tmp_path / "spec.toml"
+    text = spec.read_text()
+    for key, value in (("seed", values["seed"] + 1), ("samples", 300), ("stability_seeds", 3)):
+        text, n = re.subn(rf"(?m)^{key} = \S+", f"{key} = {value}", text)
+        assert n == 1, key
+    other.write_text(text)
+    taking = [b for b in _interval_blocks(render) if "{spec" in b.command and b.name not in LEARNED]
+    assert len(taking) > 30
+    with tempfile.TemporaryDirectory() as scratch:
+        redrawn = render.expected(taking, ROOT, figures=Path(scratch), spec=other)
+    for b in taking:  # the intervals themselves, not a caption that prints the seed
+        before, after = re.findall(INTERVAL, b.text), re.findall(INTERVAL, redrawn[b.path, b.name])
+        degenerate = all(lo == hi for lo, hi in re.findall(r"\[\s*([-+−]?[\d.]+)\s*,\s*([-+−]?[\d.]+)\s*\]", b.text))
+        assert before != after or degenerate, f"{b.path.name}: {b.name} kept its intervals under another seed"
+
+
+def test_the_learned_gate_draws_every_interval_with_the_seed_it_is_given() -> None:
+    """benchmarks/learned_gate.py's intervals all go through one Resampling (its --seed and --resamples): its
+    cross-fitted private-documents rows, whose fits take a second, print other intervals under another seed and
+    the same numbers under the same one."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import learned_gate
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from ragate.eval.metrics import Resampling
+
+    first = learned_gate.private_docs_rows(Resampling(300, 1))
+    assert first == learned_gate.private_docs_rows(Resampling(300, 1))
+    assert first != learned_gate.private_docs_rows(Resampling(300, 2))
+
+
+def test_every_figure_is_checked_by_the_data_it_plots() -> None:
+    """A block whose command draws a figure prints the line that stands for the figure's data, and that line moves
+    with any plotted value (so a check fails where a figure would be redrawn from other data)."""
+    from ragate.report.plots import figure_data
+
+    render = _render_docs()
+    drawing = [b for p in render.doc_files() for b in render.blocks(p) if "{figure:" in b.command]
+    assert len(drawing) >= 4
+    for b in drawing:
+        assert "The figure's data: " in b.text, f"{b.path.name}: {b.name} draws a figure but prints none of its data"
+    series = {"a": [0.25, 0.5, 0.75], "b": [1.0, 2.0]}
+    line = figure_data(series)
+    assert line.startswith("The figure's data: 2 series, 5 values; sha256 ")
+    assert figure_data({"a": [0.25, 0.5, 0.75], "b": [1.0, 2.0000001]}) == line  # below the 6 decimals kept
+    assert figure_data({"a": [0.25, 0.5, 0.751], "b": [1.0, 2.0]}) != line
+    assert figure_data({"b": [1.0, 2.0], "a": [0.25, 0.5, 0.75]}) == line

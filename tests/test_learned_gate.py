@@ -27,7 +27,7 @@ from ragate.learning.scores import (
     learn_gate,
 )
 from ragate.learning.store import FeedbackStore, UnknownAnswer, answer_correct, answers_agree, pending_labels
-from ragate.report.analysis import paired_auroc_gap
+from ragate.uncertainty import paired_auroc_gap
 
 DEMO_SWEEP = Path(__file__).parent.parent / "docs" / "results" / "runs" / "sweep-demo-smollm2-135m-80"
 DEMO_FAMILY = "targ|question|k=5|n=5|cos|hyde=1|rep=5|ce=None|max=64"

@@ -15,10 +15,6 @@ from hypothesis import strategies as st
 from ragate.eval.metrics import (
     SCORE_KEYS,
     bootstrap_ci,
-    contains,
-    exact_match,
-    extract_answer,
-    f1,
     has_nested_repeat,
     hit_at_k,
     label_accuracy,
@@ -29,7 +25,7 @@ from ragate.eval.metrics import (
     score,
     squad_v2_empty,
 )
-from ragate.text import normalize_answer
+from ragate.text import contains, exact_match, extract_answer, f1, normalize_answer
 
 CURATEDTREC = Path("/work/shared/data/curatedtrec/topics.dpr.curated.test.txt")
 

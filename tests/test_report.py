@@ -21,7 +21,6 @@ from ragate.eval.summary import summarize
 from ragate.eval.sweep import frontier, sweep_markdown
 from ragate.report.analysis import (
     accuracy_by_decile,
-    auroc,
     decile_bins,
     frontier_points,
     gate_auroc,
@@ -31,6 +30,7 @@ from ragate.report.analysis import (
     threshold_transfer,
 )
 from ragate.report.tables import operating_points, write_report
+from ragate.uncertainty import auroc
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 GATES = ("targ-margin", "targ-entropy")

@@ -1,15 +1,20 @@
-"""Answer text: SQuAD normalisation and answer extraction, shared by gates, the dynamic loop and evaluation."""
+"""Answer text: SQuAD normalisation, answer extraction and matching an answer against references (SQuAD v1.1's
+``exact_match`` and ``f1``, the official ``evaluate-v1.1.py`` rules; FlashRAG's ``contains``), shared by gates, the
+dynamic loop, evaluation and the feedback store's labels."""
 
 from __future__ import annotations
 
 import re
 import string
+from collections import Counter
+from collections.abc import Sequence
 from typing import Literal
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _OPEN_TAG = re.compile(r"<answer>(.*)", re.DOTALL | re.IGNORECASE)
 _PUNCTUATION = frozenset(string.punctuation)
+ContainsMode = Literal["substring", "tokens"]
 
 ExtractStyle = Literal["auto", "tagged", "answer-is", "first-line", "none"]
 
@@ -78,3 +83,62 @@ def extract_answer(text: str, style: ExtractStyle = "auto") -> str:
     if style != "auto":
         raise ValueError(f"unknown extraction style {style!r}")
     return _first_line(text) if found is None else found
+
+
+# --- matching an answer against references (SQuAD v1.1 EM and F1, FlashRAG's acc) ---------------------------
+
+
+def _exact_match_one(prediction: str, answer: str) -> float:
+    """SQuAD v1.1 ``exact_match_score``: the two normalised strings are equal."""
+    return float(normalize_answer(prediction) == normalize_answer(answer))
+
+
+def _f1_one(prediction: str, answer: str) -> float:
+    """SQuAD v1.1 ``f1_score``: token F1 over the bag (``Counter``) overlap of the normalised tokens.
+
+    As in v1.1, no common token gives 0, and that includes both sides normalising to empty (v2.0 would give 1
+    there; see :func:`ragate.eval.metrics.squad_v2_empty`)."""
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(answer).split()
+    num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(pred_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> float:
+    """SQuAD v1.1 EM: 1.0 if the normalised prediction equals any normalised alias (the max over aliases).
+
+    An empty ``answers`` gives 0.0 (the official script would fail on ``max([])``). Note v1.1's quirk, kept: a
+    prediction and an alias that both normalise to empty (``""`` and ``"The"``) match."""
+    return max((_exact_match_one(prediction, a) for a in answers), default=0.0)
+
+
+def f1(prediction: str, answers: Sequence[str]) -> float:
+    """SQuAD v1.1 token F1, the max over aliases; 0.0 for an empty ``answers``."""
+    return max((_f1_one(prediction, a) for a in answers), default=0.0)
+
+
+def _contains_tokens(haystack: list[str], needle: list[str]) -> bool:
+    n = len(needle)
+    return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def contains(prediction: str, answers: Sequence[str], mode: ContainsMode = "substring") -> float:
+    """1.0 if some normalised alias occurs in the normalised prediction (FlashRAG's ``acc``).
+
+    ``mode="substring"`` (default) is FlashRAG's form: a raw substring test on the normalised strings, so the alias
+    ``"cat"`` is found in ``"concatenate"``. ``mode="tokens"`` asks for a whole-token subsequence instead. Unlike
+    FlashRAG, an alias that normalises to empty never counts (``"" in s`` is always true)."""
+    pred = normalize_answer(prediction)
+    pred_tokens = pred.split()
+    for answer in answers:
+        gold = normalize_answer(answer)
+        if not gold:
+            continue
+        found = gold in pred if mode == "substring" else _contains_tokens(pred_tokens, gold.split())
+        if found:
+            return 1.0
+    return 0.0

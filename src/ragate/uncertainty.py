@@ -1,14 +1,17 @@
-"""Uncertainty math: pure functions over log-probabilities.
+"""Uncertainty math: pure functions over log-probabilities, and how well a score ranks labels.
 
 Every gate and trigger in ragate scores a draft with one of these. They take plain sequences of floats (natural
-log-probabilities) so that they can be checked by hand and used on any backend's output.
+log-probabilities) so that they can be checked by hand and used on any backend's output. The AUROC functions take
+scores and labels (arrays or sequences) and judge such a score against what happened.
 
 References (equation numbers as in ``../shared/papers``):
 - token entropy: TARG Eq. 1 (mean over a k-token prefix), ETC Eq. 3 (per step);
 - top-1/top-2 margin and the link exp(-g/beta): TARG Eq. 2 (beta = 3 by default);
 - the lower bound on Eqs. 1-2 from a draft's first tokens (their exact early exit): :func:`prefix_bound`;
 - normalised answer NLL: DTR Eqs. 2-3;
-- empirical disagreement across N samples: TARG Eq. 3 (N = 5, T = 0.7 by default).
+- empirical disagreement across N samples: TARG Eq. 3 (N = 5, T = 0.7 by default);
+- how well a score ranks labels: AUROC (Mann-Whitney form), its bootstrap interval and the paired gap of two
+  scores over the same questions (the learned gate's fit and the reports judge scores by these).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import numpy as np
+
+from ragate.errors import RagateError
 
 DEFAULT_MARGIN_BETA = 3.0
 DivideBy = Literal["k", "present"]  # what TARG's mean divides a draft shorter than k by (Eqs. 1-2: k)
@@ -193,3 +198,61 @@ def _mean_prefix(values: Sequence[float], k: int | None, name: str, divide_by: D
         raise ValueError(f"divide_by must be 'k' (TARG Eqs. 1-2) or 'present', got {divide_by!r}")
     n = k if k is not None and divide_by == "k" else len(head)
     return float(math.fsum(head) / n)
+
+
+def auroc(scores: Sequence[float], labels: Sequence[bool | int]) -> float | None:
+    """Area under the ROC curve of ``scores`` for ``labels`` (1 = positive), in the Mann-Whitney rank form
+    AUC = (R+ - n+(n+ + 1)/2) / (n+ n-) with mid-ranks for ties, i.e. P(s+ > s-) + P(s+ = s-)/2. None when
+    one class is empty."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    if s.shape != y.shape or s.ndim != 1:
+        raise ValueError(f"auroc needs one label per score, got {s.shape} scores and {y.shape} labels")
+    pos = int(y.sum())
+    neg = y.size - pos
+    if pos == 0 or neg == 0:
+        return None
+    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    midranks = ends - (counts - 1) / 2.0  # 1-based ranks, ties sharing their mean rank
+    rank_sum = float(midranks[inverse][y].sum())
+    return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
+
+
+def auroc_interval(
+    p: np.ndarray, y: np.ndarray, *, seed: int = 0, resamples: int = 2000
+) -> tuple[float, float, float]:
+    """AUROC with a percentile bootstrap 95% interval (resamples holding one class only are skipped)."""
+    point = auroc(list(map(float, p)), list(map(bool, y)))
+    if point is None:
+        raise RagateError("an AUROC needs questions of both labels")
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(resamples):
+        i = rng.integers(0, len(y), len(y))
+        v = auroc(list(map(float, p[i])), list(map(bool, y[i])))
+        if v is not None:
+            values.append(v)
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(point), float(lo), float(hi)
+
+
+def paired_auroc_gap(
+    pa: np.ndarray, pb: np.ndarray, y: np.ndarray, *, seed: int = 0, resamples: int = 2000
+) -> tuple[float, float, float]:
+    """AUROC(pa) - AUROC(pb) over the same questions, with a paired bootstrap 95% interval."""
+    a, b = auroc(list(map(float, pa)), list(map(bool, y))), auroc(list(map(float, pb)), list(map(bool, y)))
+    if a is None or b is None:
+        raise RagateError("an AUROC needs questions of both labels")
+    rng = np.random.default_rng(seed)
+    gaps = []
+    for _ in range(resamples):
+        i = rng.integers(0, len(y), len(y))
+        va, vb = (
+            auroc(list(map(float, pa[i])), list(map(bool, y[i]))),
+            auroc(list(map(float, pb[i])), list(map(bool, y[i]))),
+        )
+        if va is not None and vb is not None:
+            gaps.append(va - vb)
+    lo, hi = np.percentile(gaps, [2.5, 97.5])
+    return float(a - b), float(lo), float(hi)

@@ -116,6 +116,10 @@ def register(subparsers: Any) -> None:
         "replayed from an eval run (and the --with runs) that answered every question with each of these methods, "
         "cheapest first",
     )
+    rep.add_argument(
+        "--seed", type=int, default=None, help="--routes: the cross-fitting halves' and the bootstrap's seed (default 0)"
+    )
+    rep.add_argument("--resamples", type=int, default=None, help="--routes: the bootstrap's resamples (default 1000)")
     rep.set_defaults(run=_run_report)
 
 
@@ -345,6 +349,10 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    if args.routes is None and (args.seed is not None or args.resamples is not None):
+        from ragate.errors import RagateError
+
+        raise RagateError("--seed and --resamples set the routes' frontier: give --routes A,B,C too")
     if Path(args.run_dir).is_file():  # a service's answer log (ragate serve --answer-log)
         from ragate.answers.savings import read_log, savings_report
         from ragate.fileio import atomic_writer
@@ -360,7 +368,13 @@ def _run_report(args: argparse.Namespace) -> int:
         from ragate.report.routes import routes_report
 
         routes = [r.strip() for r in args.routes.split(",") if r.strip()]
-        print(routes_report([args.run_dir, *args.with_runs], routes, args.metric or "em"), end="")
+        print(
+            routes_report(
+                [args.run_dir, *args.with_runs], routes, args.metric or "em", seed=0 if args.seed is None else args.seed,
+                samples=1000 if args.resamples is None else args.resamples,
+            ),
+            end="",
+        )
         return 0
     from ragate.errors import RagateError
     from ragate.eval.summary import parse_pair

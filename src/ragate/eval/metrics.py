@@ -1,4 +1,5 @@
-"""Answer metrics, retrieval recall and bootstrap intervals: pure functions (answer extraction: :mod:`ragate.text`).
+"""Answer metrics, retrieval recall and bootstrap intervals: pure functions (answer extraction and matching an
+answer against references, ``exact_match``, ``f1`` and ``contains``: :mod:`ragate.text`).
 
 Where each rule comes from:
 
@@ -14,18 +15,20 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from ragate.text import (
+    contains,
+    exact_match,
     extract_answer,  # noqa: F401 (re-exported: answer extraction lives in ragate.text)
+    f1,
     normalize_answer,
 )
 
-ContainsMode = Literal["substring", "tokens"]
 AnswerKind = Literal["span", "yesno", "regex"]
 SCORE_KEYS = ("em", "f1", "acc")
 YES_NO_MAYBE = ("yes", "no", "maybe")
@@ -36,40 +39,19 @@ MAX_REGEX_TEXT = 4096
 _BOOTSTRAP_BLOCK = 1 << 22
 
 
+@dataclass(frozen=True)
+class Resampling:
+    """A bootstrap's resamples and numpy seed: one for a whole report (a results spec's ``samples`` and ``seed``,
+    docs/results/spec.toml, reach every generated table through it)."""
+
+    samples: int = 1000
+    seed: int = 0
+
+
+DEFAULT_BOOT = Resampling()
+
+
 # --- SQuAD ----------------------------------------------------------------------------------------------------
-
-
-def _exact_match_one(prediction: str, answer: str) -> float:
-    """SQuAD v1.1 ``exact_match_score``: the two normalised strings are equal."""
-    return float(normalize_answer(prediction) == normalize_answer(answer))
-
-
-def _f1_one(prediction: str, answer: str) -> float:
-    """SQuAD v1.1 ``f1_score``: token F1 over the bag (``Counter``) overlap of the normalised tokens.
-
-    As in v1.1, no common token gives 0, and that includes both sides normalising to empty (v2.0 would give 1
-    there; see :func:`squad_v2_empty`)."""
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(answer).split()
-    num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
-    if num_same == 0:
-        return 0.0
-    precision = num_same / len(pred_tokens)
-    recall = num_same / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
-
-
-def exact_match(prediction: str, answers: Sequence[str]) -> float:
-    """SQuAD v1.1 EM: 1.0 if the normalised prediction equals any normalised alias (the max over aliases).
-
-    An empty ``answers`` gives 0.0 (the official script would fail on ``max([])``). Note v1.1's quirk, kept: a
-    prediction and an alias that both normalise to empty (``""`` and ``"The"``) match."""
-    return max((_exact_match_one(prediction, a) for a in answers), default=0.0)
-
-
-def f1(prediction: str, answers: Sequence[str]) -> float:
-    """SQuAD v1.1 token F1, the max over aliases; 0.0 for an empty ``answers``."""
-    return max((_f1_one(prediction, a) for a in answers), default=0.0)
 
 
 def squad_v2_empty(prediction: str, answers: Sequence[str]) -> float:
@@ -85,29 +67,6 @@ def squad_v2_empty(prediction: str, answers: Sequence[str]) -> float:
 
 
 # --- containment, labels, regexes -----------------------------------------------------------------------------
-
-
-def _contains_tokens(haystack: list[str], needle: list[str]) -> bool:
-    n = len(needle)
-    return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
-
-
-def contains(prediction: str, answers: Sequence[str], mode: ContainsMode = "substring") -> float:
-    """1.0 if some normalised alias occurs in the normalised prediction (FlashRAG's ``acc``).
-
-    ``mode="substring"`` (default) is FlashRAG's form: a raw substring test on the normalised strings, so the alias
-    ``"cat"`` is found in ``"concatenate"``. ``mode="tokens"`` asks for a whole-token subsequence instead. Unlike
-    FlashRAG, an alias that normalises to empty never counts (``"" in s`` is always true)."""
-    pred = normalize_answer(prediction)
-    pred_tokens = pred.split()
-    for answer in answers:
-        gold = normalize_answer(answer)
-        if not gold:
-            continue
-        found = gold in pred if mode == "substring" else _contains_tokens(pred_tokens, gold.split())
-        if found:
-            return 1.0
-    return 0.0
 
 
 def read_label(prediction: str, labels: Sequence[str] = YES_NO_MAYBE) -> str | None:

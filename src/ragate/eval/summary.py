@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ragate.errors import RagateError
-from ragate.eval.metrics import bootstrap_ci, paired_bootstrap_diff
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling, bootstrap_ci, paired_bootstrap_diff
 from ragate.eval.records import by_method
 
 BASELINE = "no-retrieval"
@@ -21,17 +21,20 @@ BASELINES = (BASELINE, "wo-rag")  # the first one present in a run is what Δlat
 
 
 def summarize(
-    records: Sequence[dict[str, Any]], methods: Sequence[str] | None = None
+    records: Sequence[dict[str, Any]], methods: Sequence[str] | None = None, boot: Resampling = DEFAULT_BOOT
 ) -> list[dict[str, Any]]:
-    """Rows in ``methods`` order (default: first-seen order). Error records are counted, not scored."""
+    """Rows in ``methods`` order (default: first-seen order), intervals drawn as ``boot`` says. Error records are
+    counted, not scored."""
     groups = dict(by_method(records))
     order = list(methods) if methods else list(groups)
     baseline = next((b for b in BASELINES if b in groups), BASELINE)
     base = {r["id"]: r["seconds"] for r in groups.get(baseline, []) if "error" not in r}
-    return [_row(m, groups.get(m, []), base, baseline) for m in order]
+    return [_row(m, groups.get(m, []), base, baseline, boot) for m in order]
 
 
-def _row(method: str, records: list[dict[str, Any]], base: dict[str, float], baseline: str) -> dict[str, Any]:
+def _row(
+    method: str, records: list[dict[str, Any]], base: dict[str, float], baseline: str, boot: Resampling
+) -> dict[str, Any]:
     ok = [r for r in records if "error" not in r]
     row: dict[str, Any] = {
         "method": method,
@@ -44,7 +47,7 @@ def _row(method: str, records: list[dict[str, Any]], base: dict[str, float], bas
     for key in ("em", "f1", "acc"):
         values = [r["scores"][key] for r in ok]
         row[key] = statistics.fmean(values)
-        row[f"{key}_ci"] = bootstrap_ci(values)
+        row[f"{key}_ci"] = bootstrap_ci(values, samples=boot.samples, seed=boot.seed)
     row["retrieval_rate"] = statistics.fmean(float(r["retrieved"]) for r in ok)
     row["retrievals_per_q"] = statistics.fmean(r["retrievals"] for r in ok)
     for key in ("prompt_tokens", "completion_tokens", "overhead_tokens", "seconds"):
@@ -66,7 +69,7 @@ def _row(method: str, records: list[dict[str, Any]], base: dict[str, float], bas
     if paired and method != baseline:
         a, b = [p[0] for p in paired], [p[1] for p in paired]
         row["delta_latency"] = statistics.fmean(a) - statistics.fmean(b)
-        row["delta_latency_ci"] = paired_bootstrap_diff(a, b)
+        row["delta_latency_ci"] = paired_bootstrap_diff(a, b, samples=boot.samples, seed=boot.seed)
     return row
 
 
@@ -131,7 +134,7 @@ def dynamic_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def derived_table(records: Sequence[dict[str, Any]]) -> str:
+def derived_table(records: Sequence[dict[str, Any]], boot: Resampling = DEFAULT_BOOT) -> str:
     """The table of records a sweep already answered (:func:`ragate.eval.sweep.default_records`): accuracy with
     95% intervals, retrieval rate, tokens and seconds per question (the sweep keeps no prompt/completion split)."""
     lines = [
@@ -142,7 +145,7 @@ def derived_table(records: Sequence[dict[str, Any]]) -> str:
         row: dict[str, Any] = {}
         for key in ("em", "f1", "acc"):
             values = [r["scores"][key] for r in rows]
-            row[key], row[f"{key}_ci"] = statistics.fmean(values), bootstrap_ci(values)
+            row[key], row[f"{key}_ci"] = statistics.fmean(values), bootstrap_ci(values, samples=boot.samples, seed=boot.seed)
         rate = statistics.fmean(float(r["retrieved"]) for r in rows)
         tokens = statistics.fmean(r["tokens"] for r in rows)
         seconds = statistics.fmean(r["seconds"] for r in rows)
@@ -225,14 +228,14 @@ def verdict(lo: float, hi: float) -> str:
 
 
 def _paired_row(
-    groups: Mapping[str, Mapping[str, dict[str, Any]]], method: str, base: str, metric: str
+    groups: Mapping[str, Mapping[str, dict[str, Any]]], method: str, base: str, metric: str, boot: Resampling
 ) -> dict[str, Any] | None:
     ids = [i for i in groups[method] if i in groups[base]]
     if not ids:
         return None
     a = [groups[method][i]["scores"][metric] for i in ids]
     b = [groups[base][i]["scores"][metric] for i in ids]
-    lo, hi = paired_bootstrap_diff(a, b)
+    lo, hi = paired_bootstrap_diff(a, b, samples=boot.samples, seed=boot.seed)
     return {
         "method": method,
         "against": base,
@@ -249,6 +252,7 @@ def paired_differences(
     against: Sequence[str] = COMPARE_AGAINST,
     methods: Sequence[str] | None = None,
     compare: Sequence[tuple[str, str]] = (),
+    boot: Resampling = DEFAULT_BOOT,
 ) -> list[dict[str, Any]]:
     """Each method's ``metric`` minus each baseline's on the questions both answered, with the paired bootstrap
     95% interval (:func:`~ragate.eval.metrics.paired_bootstrap_diff`) and a verdict: "higher" or "lower" when the
@@ -266,7 +270,7 @@ def paired_differences(
             )
         if (m, base) not in pairs:
             pairs.append((m, base))
-    return [row for m, base in pairs if (row := _paired_row(groups, m, base, metric)) is not None]
+    return [row for m, base in pairs if (row := _paired_row(groups, m, base, metric, boot)) is not None]
 
 
 def points(value: float) -> str:

@@ -6,5 +6,5 @@ and the fit that writes the learned gate (``fit.py``; the rows of a sweep, ``swe
 the comparison with the gate in force, ``scores.py``), the no-model gate's fit (``gatefit.py``) and what a
 :class:`ragate.Pipeline` holds to learn (``learner.py``: :class:`~ragate.learning.learner.Learner`).
 
-May import: core, models, backends, retrieval, gates, methods, eval, report, answers, state (docs/architecture.md).
+May import: core, models, backends, retrieval, gates, methods, eval, answers, state (docs/architecture.md).
 """

@@ -122,7 +122,7 @@ def compare_with_gate(
     """The new gate's cross-fitted probabilities (``learned``, by answer id) against the scores the gate ``gate``
     gave the same labelled answers when it answered them (their ``gate:KIND`` feature); None where it scored fewer
     than :data:`MIN_COMPARED` of a class."""
-    from ragate.report.analysis import auroc, paired_auroc_gap
+    from ragate.uncertainty import auroc, paired_auroc_gap
 
     key = GATE_SCORE + gate
     keep = [i for i, (a, f) in enumerate(zip(ids, features, strict=True)) if key in f and a in learned]

@@ -83,7 +83,7 @@ def _cross_validated(x: np.ndarray, y: np.ndarray, c: float) -> tuple[float | No
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from ragate.report.analysis import auroc
+    from ragate.uncertainty import auroc
 
     folds = min(5, int(y.sum()), int((~y).sum()))
     if folds < 2:
@@ -111,9 +111,9 @@ def fit_gate(
     from sklearn.preprocessing import StandardScaler
 
     from ragate.methods.question import encoder_identity
-    from ragate.report.analysis import auroc
     from ragate.retrieval.demo import demo_index
     from ragate.retrieval.index import open_index
+    from ragate.uncertainty import auroc
 
     if not get_gate(gate).reads_weights:
         raise RagateError(f"the gate {gate!r} reads no fitted weights: `ragate gate fit` fits no-model-lr")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.gates.learned import DRAFT_FEATURES, LearnedGateFile, Probe, sigmoid
-from ragate.report.analysis import auroc, auroc_interval
+from ragate.uncertainty import auroc, auroc_interval
 
 MIN_CLASS = 10
 DEFAULT_COMPONENTS = 16

@@ -95,7 +95,7 @@ class StoreWriteError(StoreUnavailable):
 def answers_agree(a: str, b: str) -> bool:
     """Two answers agree when their SQuAD token F1 (lower case, no punctuation or articles) is at least
     :data:`AGREE_F1` (exact agreement is too strict for answers written as sentences)."""
-    from ragate.eval.metrics import f1
+    from ragate.text import f1
 
     return f1(a, [b]) >= AGREE_F1
 
@@ -103,7 +103,7 @@ def answers_agree(a: str, b: str) -> bool:
 def answer_correct(prediction: str, reference: str) -> bool:
     """Whether ``prediction`` holds the reference answer as whole words (both normalised SQuAD-style, the reference's
     words a run of the prediction's): "1" is not found in "10", nor "cat" in "concatenate"."""
-    from ragate.eval.metrics import contains
+    from ragate.text import contains
 
     return contains(prediction, [reference], mode="tokens") > 0
 

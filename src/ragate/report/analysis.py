@@ -25,6 +25,7 @@ from ragate.errors import RagateError
 from ragate.eval.metrics import bootstrap_ci
 from ragate.eval.sweep import decisions, frontier, method_records, point, swept_methods
 from ragate.eval.thresholds import threshold_for_budget
+from ragate.uncertainty import auroc
 
 Metric = Literal["em", "f1", "acc"]
 BinaryMetric = Literal["em", "acc"]
@@ -206,64 +207,6 @@ def quadrant_table(
         "high_neutral": cells["high_neutral"],
         "high_hurts": cells["high_hurts"],
     }
-
-
-def auroc(scores: Sequence[float], labels: Sequence[bool | int]) -> float | None:
-    """Area under the ROC curve of ``scores`` for ``labels`` (1 = positive), in the Mann-Whitney rank form
-    AUC = (R+ - n+(n+ + 1)/2) / (n+ n-) with mid-ranks for ties, i.e. P(s+ > s-) + P(s+ = s-)/2. None when
-    one class is empty."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels, dtype=bool)
-    if s.shape != y.shape or s.ndim != 1:
-        raise ValueError(f"auroc needs one label per score, got {s.shape} scores and {y.shape} labels")
-    pos = int(y.sum())
-    neg = y.size - pos
-    if pos == 0 or neg == 0:
-        return None
-    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    midranks = ends - (counts - 1) / 2.0  # 1-based ranks, ties sharing their mean rank
-    rank_sum = float(midranks[inverse][y].sum())
-    return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
-
-
-def auroc_interval(
-    p: np.ndarray, y: np.ndarray, *, seed: int = 0, resamples: int = 2000
-) -> tuple[float, float, float]:
-    """AUROC with a percentile bootstrap 95% interval (resamples holding one class only are skipped)."""
-    point = auroc(list(map(float, p)), list(map(bool, y)))
-    if point is None:
-        raise RagateError("an AUROC needs questions of both labels")
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(resamples):
-        i = rng.integers(0, len(y), len(y))
-        v = auroc(list(map(float, p[i])), list(map(bool, y[i])))
-        if v is not None:
-            values.append(v)
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return float(point), float(lo), float(hi)
-
-
-def paired_auroc_gap(
-    pa: np.ndarray, pb: np.ndarray, y: np.ndarray, *, seed: int = 0, resamples: int = 2000
-) -> tuple[float, float, float]:
-    """AUROC(pa) - AUROC(pb) over the same questions, with a paired bootstrap 95% interval."""
-    a, b = auroc(list(map(float, pa)), list(map(bool, y))), auroc(list(map(float, pb)), list(map(bool, y)))
-    if a is None or b is None:
-        raise RagateError("an AUROC needs questions of both labels")
-    rng = np.random.default_rng(seed)
-    gaps = []
-    for _ in range(resamples):
-        i = rng.integers(0, len(y), len(y))
-        va, vb = (
-            auroc(list(map(float, pa[i])), list(map(bool, y[i]))),
-            auroc(list(map(float, pb[i])), list(map(bool, y[i]))),
-        )
-        if va is not None and vb is not None:
-            gaps.append(va - vb)
-    lo, hi = np.percentile(gaps, [2.5, 97.5])
-    return float(a - b), float(lo), float(hi)
 
 
 def gate_auroc(

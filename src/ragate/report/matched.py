@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from ragate.errors import RagateError
-from ragate.eval.metrics import paired_bootstrap_diff
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling, paired_bootstrap_diff
 from ragate.eval.summary import interval_points, points, verdict
 from ragate.eval.sweep import method_records, swept_methods
 from ragate.eval.thresholds import threshold_for_budget
@@ -51,20 +50,12 @@ def parse_budgets(text: str) -> tuple[float, ...]:
     return tuple(sorted(set(budgets)))
 
 
-@dataclass(frozen=True)
-class Resampling:
-    """The paired bootstrap's resamples and numpy seed (a results spec's ``samples`` and ``seed``)."""
-
-    samples: int = 1000
-    seed: int = 0
-
-
 def _compare(
     chosen: Sequence[float],
     always: Sequence[float],
     never: Sequence[float],
     rate: float,
-    boot: Resampling = Resampling(),
+    boot: Resampling = DEFAULT_BOOT,
 ) -> dict[str, Any]:
     """Paired differences from Always-RAG and from a random gate at the same rate with the same reader, whose
     expected score on question i is rate * always_i + (1 - rate) * never_i."""
@@ -87,7 +78,7 @@ def swept_point(
     budget: float,
     metric: str = "em",
     select: Select = "best",
-    boot: Resampling = Resampling(),
+    boot: Resampling = DEFAULT_BOOT,
 ) -> dict[str, Any]:
     """``method``'s operating point within ``budget`` on the sweep ``rows``: its best exact point with rate <=
     ``budget`` (``select="best"``, TARG's tables), or tau = F^-1(1 - budget) of its scores (``"quantile"``, chosen
@@ -140,7 +131,7 @@ def single_point(
     budget: float,
     reference: Mapping[str, Mapping[str, Any]],
     metric: str = "em",
-    boot: Resampling = Resampling(),
+    boot: Resampling = DEFAULT_BOOT,
 ) -> dict[str, Any]:
     """An eval method's one operating point at ``budget``: in budget or not; compared, on the questions it shares
     with ``reference`` (sweep rows of its family by question id), with that family's Always-RAG and Never."""

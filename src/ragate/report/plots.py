@@ -17,6 +17,22 @@ from ragate.report.analysis import (
 METRIC_LABEL = {"em": "EM", "f1": "F1", "acc": "acc (contains)"}
 
 
+def figure_data(series: dict[str, Sequence[Any]]) -> str:
+    """A line that stands for the data a figure plots, ``series`` (a name for each curve and its values: arrays or
+    sequences of numbers, rounded to 6 decimals): how many curves and points, and the sha256 of the values. A docs
+    block prints it under its table, so ``scripts/render_docs.py --check`` compares a figure by the data behind it,
+    not its pixels."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    rows = {name: np.round(np.asarray(values, dtype=np.float64), 6).ravel().tolist() for name, values in series.items()}
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+    points = sum(len(v) for v in rows.values())
+    return f"The figure's data: {len(rows)} series, {points} values; sha256 {digest}."
+
+
 def canvas() -> Callable[[Any], bytes]:
     """A function from a matplotlib Figure to PNG bytes; the error names the extra when matplotlib is missing."""
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ragate.errors import RagateError
-from ragate.eval.metrics import bootstrap_ci
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling, bootstrap_ci
 from ragate.fileio import atomic_writer, parse_json
 
 METRICS = ("em", "f1", "acc")
@@ -262,6 +262,7 @@ def _ours(
     sweep: Sequence[dict[str, Any]],
     evals: Sequence[dict[str, Any]],
     pack: dict[str, Any],
+    boot: Resampling = DEFAULT_BOOT,
 ) -> Row:
     """ragate's numbers for one paper row: its method's answers (eval), the swept family's never/always answers,
     or the swept gate at the paper's retrieval rate (tau = F^-1(1 - rate), cross-fitted: each half of the questions
@@ -317,11 +318,57 @@ def _ours(
     ours = {k: 100 * statistics.fmean(v) for k, v in values.items()}
     ours["retrieval_rate"] = statistics.fmean(float(x) for x in retrieved)
     first = next(m for m in pack.get("metrics", ["em"]) if m in METRICS)
-    low, high = bootstrap_ci(values[first])
+    low, high = bootstrap_ci(values[first], samples=boot.samples, seed=boot.seed)
     return Row(
         paper_ds, row["label"], method, row["paper"], ours, (100 * low, 100 * high), len(retrieved), note,
         tau_of, decided,
     )  # fmt: skip
+
+
+def rescored(out: Path, boot: Resampling) -> dict[str, Any]:
+    """``out/reproduce.json`` with each measured row computed again from the records the run keeps under ``out``
+    (its sweeps' and evals' answers: nothing is run or asked of a model), its interval drawn as ``boot`` says: the
+    row as ``ragate reproduce`` would write it today from the same answers (a row written by an older ragate, e.g.
+    before its threshold was cross-fitted, is brought up to date whole, never given an interval of other answers).
+    A tuned row keeps its note (the tune file it names is not in the run)."""
+    from ragate.eval.records import latest, read_records
+    from ragate.eval.sweep import compact
+
+    table = json.loads((out / "reproduce.json").read_text(encoding="utf-8"))
+    pack = load_pack(table["pack"])
+    rows = {(r["dataset"], r["label"]): r for r in _rows(pack, table["paper_model"])}
+    if len(rows) < len(_rows(pack, table["paper_model"])):
+        raise RagateError(f"pack {table['pack']} names a (dataset, row label) twice: its rows cannot be matched")
+    ragate_name = {d["paper"]: d.get("ragate") for d in pack["datasets"]}
+    for row in table["rows"]:
+        if row["interval"] is None:
+            continue
+        if (row["dataset"], row["label"]) not in rows:
+            raise RagateError(
+                f"{out}: pack {table['pack']} has no row {row['label']!r} of {row['dataset']} any more: run "
+                f"`ragate reproduce {table['pack']}` again with --out {out}"
+            )
+        dataset = ragate_name[row["dataset"]]
+        sweep = out / f"{dataset}-sweep" / "sweep.jsonl"
+        evals = [
+            r for d in (out / f"{dataset}-eval", *sorted(out.glob(f"{dataset}-tuned-*")))
+            if (d / "questions.jsonl").is_file() for r in latest(read_records(d / "questions.jsonl"))
+        ]  # fmt: skip
+        again = _ours(
+            rows[row["dataset"], row["label"]], row["dataset"], compact(sweep) if sweep.is_file() else [], evals,
+            pack, boot,
+        )  # fmt: skip
+        if again.interval is None:
+            raise RagateError(
+                f"{out}: its records give no answers for the row {row['label']!r} of {row['dataset']} "
+                f"({again.note or 'none found'}): run `ragate reproduce {table['pack']}` again with --out {out}"
+            )
+        note = row["note"] if "tuned on" in row["note"] else again.note
+        row |= {
+            "method": again.method, "ours": again.ours, "interval": list(again.interval), "n": again.n, "note": note,
+            "taus": list(again.taus) if again.taus else None,
+        }  # fmt: skip
+    return table
 
 
 def _family(sweep: Sequence[dict[str, Any]], method: str) -> list[dict[str, Any]]:

@@ -379,7 +379,7 @@ def _cell(text: str) -> str:
 
 
 def frontier_markdown(
-    table: RouteTable, rows: Sequence[Row], metric: str = "em", *, samples: int = 2000, seed: int = 0
+    table: RouteTable, rows: Sequence[Row], metric: str = "em", *, samples: int = 1000, seed: int = 0
 ) -> str:
     """The frontier as a Markdown table: per row the metric (x 100), its paired difference with always taking the
     last route, the share of questions each route answered, and mean retrievals, LM calls, tokens and seconds per
@@ -426,11 +426,11 @@ def question_wrong(table: RouteTable, route: int, metric: str, *, seed: int = 0)
     return p
 
 
-def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0) -> str:
+def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0, samples: int = 1000) -> str:
     """Each stop check's AUROC for "this route's answer is wrong" beside a classifier of the question alone's (the
     paired difference, bootstrap 95%): the answer's NLL (higher: more likely wrong) and, from the second route on,
     disagreement with the route before."""
-    from ragate.report.analysis import auroc_interval, paired_auroc_gap
+    from ragate.uncertainty import auroc_interval, paired_auroc_gap
 
     lines = [
         (
@@ -455,10 +455,10 @@ def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0) -> 
             agree = np.array([answers_agree(a[j], a[j - 1]) for a in table.answers])
             checks.append((f"disagrees with {table.routes[j - 1]}", (~agree).astype(float)))
         for name, score in checks:
-            point, lo, hi = auroc_interval(score, wrong, seed=seed)
+            point, lo, hi = auroc_interval(score, wrong, seed=seed, resamples=samples)
             gap = "–"
             if score is not asked:
-                d, dlo, dhi = paired_auroc_gap(score, asked, wrong, seed=seed)
+                d, dlo, dhi = paired_auroc_gap(score, asked, wrong, seed=seed, resamples=samples)
                 gap = f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}] ({verdict(dlo, dhi)})"
             lines.append(f"| {_cell(route)} | {_cell(name)} | {point:.3f} [{lo:.3f}, {hi:.3f}] | {gap} | {n} |")
     return "\n".join(lines)
@@ -471,9 +471,11 @@ def routes_report(
     *,
     targets: Sequence[float] = DEFAULT_TARGETS,
     seed: int = 0,
+    samples: int = 1000,
 ) -> str:
     """The frontier of ``routes`` over the eval runs ``run_dirs`` (their records only, a route's answer from the
-    first run that holds it; nothing is written), with a line that says what it was computed from."""
+    first run that holds it; nothing is written), with a line that says what it was computed from. ``seed`` sets
+    the cross-fitting halves and the bootstrap, ``samples`` the bootstrap's resamples."""
     from pathlib import Path
 
     from ragate.eval.records import read_records
@@ -493,7 +495,8 @@ def routes_report(
     where = " + ".join(str(d) for d in run_dirs)
     return (
         f"{len(table)} questions answered by every route ({', '.join(routes)}) in {where}{said}; {metric.upper()} "
-        f"x 100, costs per question; seed {seed}.\n\n" + frontier_markdown(table, rows, metric, seed=seed) + "\n\n"
-        "Each stop check on its own, for the question it would stop on:\n\n" + checks_markdown(table, metric, seed=seed)
+        f"x 100, costs per question; seed {seed}, {samples} resamples.\n\n"
+        + frontier_markdown(table, rows, metric, samples=samples, seed=seed) + "\n\n"
+        "Each stop check on its own, for the question it would stop on:\n\n" + checks_markdown(table, metric, seed=seed, samples=samples)
         + "\n"
     )

@@ -12,21 +12,28 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ragate.errors import RagateError
+
+if TYPE_CHECKING:
+    from ragate.pipeline import Pipeline
 
 
 class Refit:
     def __init__(
-        self, pipeline: Any, every: int, out: str | Path | None, *, cascade: float | None = None
+        self, pipeline: Pipeline, every: int, out: str | Path | None, *, cascade: float | None = None
     ) -> None:
-        self.pipeline, self.every, self.cascade = pipeline, every, cascade
+        if pipeline.learner.store is None:
+            raise RagateError("a refit learns from a feedback store: give the pipeline feedback_store= (serve --feedback-store)")
+        self.pipeline, self.store, self.every, self.cascade = pipeline, pipeline.learner.store, every, cascade
         self.out = Path(out) if out is not None else None
         self._lock = threading.Lock()
         self._running: threading.Thread | None = None  # the look (and fit) in progress
         self._again = False  # a look was asked for while one ran
         self._fitting = False
         self._looking_since: float | None = None
-        self.last_fit_labels = pipeline.learner.store.label_rows() if every else 0
+        self.last_fit_labels = self.store.label_rows() if every else 0
         self.fits = 0
         self.last_error: str | None = None
         self.last_summary: str | None = None
@@ -64,7 +71,7 @@ class Refit:
     def _look(self) -> None:
         self._looking_since = time.time()  # /healthz shows a look that hangs on the store
         try:  # a store that fails (a shared one that is down) costs this look, never an answer
-            rows = self.pipeline.learner.store.label_rows()
+            rows = self.store.label_rows()
             if rows - self.last_fit_labels < self.every:
                 return
         except Exception as err:  # noqa: BLE001  # reported in /healthz

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -28,6 +28,9 @@ from ragate.methods import MethodSpec, get_method
 from ragate.methods.needs import capability_summary, method_support
 from ragate.methods.trace import Trace
 from ragate.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from ragate.service.refit import Refit
 from ragate.retrieval.function import SearchError
 from ragate.retrieval.types import Hit, Retriever
 from ragate.service.admission import Slots, Ticket
@@ -88,7 +91,7 @@ class Runtime:
     closers: tuple[Callable[[], None], ...] = ()  # what else the app opened and closes (a Milvus connection)
     savings: AlwaysRetrieveCost = field(default_factory=AlwaysRetrieveCost)
     answer_log: AnswerLog | None = None
-    refit: Any = None  # ragate.service.refit.Refit, where the server learns its gate as labels come
+    refit: Refit | None = None  # where the server learns its gate as labels come
 
     def labelled(self, n: int = 0) -> None:
         """New labels came (feedback, or shadow work after an answer): refit where it is due."""
