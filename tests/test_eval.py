@@ -234,6 +234,7 @@ def test_a_dynamic_method_that_retrieves_gets_the_configured_index(tmp_path: Pat
     records = read_records(tmp_path / "run" / "questions.jsonl")
     assert [r.get("error") for r in records] == [None, None]
     assert [r["retrievals"] for r in records] == [1, 1] and all(len(r["doc_ids"]) == 3 for r in records)
+    assert all(isinstance(r["supported"], bool) for r in records)  # the answer found in what it read, or not
     assert results["summary"][0]["retrieval_rate"] == 1.0
 
 

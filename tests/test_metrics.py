@@ -25,7 +25,7 @@ from ragate.eval.metrics import (
     score,
     squad_v2_empty,
 )
-from ragate.text import contains, exact_match, extract_answer, f1, normalize_answer
+from ragate.text import contains, exact_match, extract_answer, f1, normalize_answer, supported
 
 CURATEDTREC = Path("/work/shared/data/curatedtrec/topics.dpr.curated.test.txt")
 
@@ -103,6 +103,16 @@ def test_contains_is_flashrags_substring_of_normalised_strings() -> None:
     assert contains("U.S. Army", ["us army"]) == 1.0
     assert contains("anything", ["", "The", "!"]) == 0.0  # an alias normalising to empty never counts
     assert contains("Paris", []) == 0.0
+
+
+def test_an_answer_is_supported_when_its_words_appear_whole_in_a_passage_it_read() -> None:
+    passages = ["Brewing green tea: let the water cool to 80 °C.", "The Beatles formed in Liverpool in 1960."]
+    assert supported("the Beatles", passages)  # normalised: articles, case
+    assert supported("Liverpool.", passages)
+    assert not supported("Beat", passages)  # whole words, not a substring
+    assert not supported("Liverpool 1960", passages)  # in order, contiguous
+    assert not supported("", passages) and not supported("The", passages)  # empty once normalised
+    assert not supported("Liverpool", [])
 
 
 # --- labels ---------------------------------------------------------------------------------------------------

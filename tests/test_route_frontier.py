@@ -234,3 +234,24 @@ def test_each_stop_check_is_set_beside_the_question_classifier() -> None:
     assert any("disagrees with no-retrieval" in line for line in lines)
     bare = [r | {"trace": {**r["trace"], "stages": [{**r["trace"]["stages"][0], "logprob": None}]}} for r in records]
     assert "no log-probabilities in the records" in checks_markdown(route_table(bare, ROUTES), "em")
+
+
+def test_the_evidence_check_is_scored_where_the_records_say_whether_the_answer_is_in_its_passages() -> None:
+    """A route whose records hold ``supported`` (eval runs since 2026-12-05) gets the "answer not in its passages"
+    check: here a retrieval route whose unsupported answers are exactly its wrong ones ranks them perfectly; records
+    without the field (older runs) leave the check out rather than scoring nothing."""
+    from ragate.report.routes import checks_markdown
+
+    rng = random.Random(3)
+    records = []
+    for i in range(120):
+        for j, method in enumerate(ROUTES):
+            right = rng.random() < 0.5
+            record = _record(f"q{i}", _trace(method, "Paris", rng.uniform(0.0, 2.0), j), right, j)
+            if j > 0:
+                record["supported"] = right
+            records.append(record | {"question": f"Which city is number {i}?"})
+    lines = [line for line in checks_markdown(route_table(records, ROUTES), "em").splitlines() if "passages" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"| {ROUTES[1]} | answer not in its passages | 1.000 ")
+    older = [{k: v for k, v in r.items() if k != "supported"} for r in records]
+    assert "passages" not in checks_markdown(route_table(older, ROUTES), "em")

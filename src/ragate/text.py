@@ -142,3 +142,10 @@ def contains(prediction: str, answers: Sequence[str], mode: ContainsMode = "subs
         if found:
             return 1.0
     return 0.0
+
+
+def supported(answer: str, passages: Sequence[str]) -> bool:
+    """Whether the answer's normalised words appear, whole and in order, in one of the (normalised) passages it was
+    written from: the evidence check of a route cascade (no model call). An answer that normalises to empty is
+    supported by nothing."""
+    return any(contains(passage, [answer], mode="tokens") for passage in passages)

@@ -58,6 +58,7 @@ class RouteTable:
     scores: Mapping[str, np.ndarray]  # metric -> (n, routes)
     costs: Mapping[str, np.ndarray]  # "retrievals", "lm_calls", "tokens", "seconds" -> (n, routes)
     nll: np.ndarray  # (n, routes)
+    supported: np.ndarray  # (n, routes): 1 where the answer is found in the passages it read, nan where not recorded
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -72,6 +73,7 @@ class RouteTable:
             {k: v[rows] for k, v in self.scores.items()},
             {k: v[rows] for k, v in self.costs.items()},
             self.nll[rows],
+            self.supported[rows],
         )
 
     @functools.cached_property
@@ -126,6 +128,9 @@ def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> 
     scores = {m: np.array([[float(x["scores"][m]) for x in row] for row in rows]) for m in METRICS}
     cost = np.array([[_cost(x) for x in row] for row in rows])  # (n, routes, 4)
     nll = np.array([[math.nan if (v := record_nll(x)) is None else v for x in row] for row in rows])
+    supported = np.array(
+        [[math.nan if x.get("supported") is None else float(x["supported"]) for x in row] for row in rows]
+    )
     return RouteTable(
         tuple(routes),
         ids,
@@ -135,6 +140,7 @@ def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> 
         scores,
         {name: cost[:, :, j] for j, name in enumerate(COSTS)},
         nll,
+        supported,
     )
 
 
@@ -428,8 +434,9 @@ def question_wrong(table: RouteTable, route: int, metric: str, *, seed: int = 0)
 
 def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0, samples: int = 1000) -> str:
     """Each stop check's AUROC for "this route's answer is wrong" beside a classifier of the question alone's (the
-    paired difference, bootstrap 95%): the answer's NLL (higher: more likely wrong) and, from the second route on,
-    disagreement with the route before."""
+    paired difference, bootstrap 95%): the answer's NLL (higher: more likely wrong), from the second route on,
+    disagreement with the route before, and, where the records hold it (``supported``, runs since 2026-12-05), the
+    answer not found in the passages it read."""
     from ragate.uncertainty import auroc_interval, paired_auroc_gap
 
     lines = [
@@ -454,6 +461,8 @@ def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0, sam
         if j > 0:
             agree = np.array([answers_agree(a[j], a[j - 1]) for a in table.answers])
             checks.append((f"disagrees with {table.routes[j - 1]}", (~agree).astype(float)))
+        if np.isfinite(table.supported[:, j]).all():
+            checks.append(("answer not in its passages", 1.0 - table.supported[:, j]))
         for name, score in checks:
             point, lo, hi = auroc_interval(score, wrong, seed=seed, resamples=samples)
             gap = "–"
