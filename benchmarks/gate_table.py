@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ragate.eval.metrics import Resampling
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling
 from ragate.eval.sweep import compact, finite_scores
 from ragate.eval.thresholds import threshold_for_budget
 from ragate.fileio import atomic_writer
@@ -43,8 +43,7 @@ from ragate.uncertainty import auroc
 
 STALE = ("targ-entropy", "targ-margin")  # scored before issue 51 as a mean over the tokens present
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
-RESAMPLES = 1000  # the results spec's (docs/results/spec.toml `samples`)
-BOOT = Resampling(RESAMPLES, 0)
+BOOT = DEFAULT_BOOT  # the results spec's resamples and seed (docs/results/spec.toml)
 
 
 def derive(old: Path, new: Path) -> None:
@@ -77,7 +76,7 @@ def derive(old: Path, new: Path) -> None:
     print(f"derived {new} from {old}: {len(records)} records, {dropped} stale TARG scores dropped")
 
 
-def _boot(rng: np.random.Generator, n: int, resamples: int = RESAMPLES) -> np.ndarray:
+def _boot(rng: np.random.Generator, n: int, resamples: int = BOOT.samples) -> np.ndarray:
     return rng.integers(0, n, size=(resamples, n))
 
 
@@ -182,7 +181,15 @@ def _ci(v: tuple[float | None, float, float] | str, sign: str = "") -> str:
     return "n/a" if v[0] is None else f"{v[0]:{sign}.3f} [{v[1]:{sign}.3f}, {v[2]:{sign}.3f}]"
 
 
-def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin", boot: Resampling = BOOT) -> str:
+def table(
+    run_dirs: list[Path],
+    metric: str,
+    versus: str = "targ-margin",
+    boot: Resampling = BOOT,
+    rows: dict[Path, list[dict[str, Any]]] | None = None,
+) -> str:
+    """The table of ``run_dirs``; ``rows`` gives each one's :func:`gate_rows` where they are computed already."""
+    rows = {} if rows is None else rows
     lines = []
     for run_dir in run_dirs:
         config = json.loads((run_dir / "config.json").read_text())
@@ -193,7 +200,7 @@ def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin", boot: 
             f"decide | LM calls / decoded tokens / searches per q (over n) | {head} |"
         )
         lines.append("|---|---|---|---|---|---|---|" + "---|" * len(BUDGETS))
-        for row in gate_rows(run_dir, metric, versus, boot):
+        for row in rows.get(run_dir) or gate_rows(run_dir, metric, versus, boot):
             cells = [
                 f"{100 * g:.1f}: {100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
                 for g, _rate, d, lo, hi in (row["at"][rho] for rho in BUDGETS)
@@ -207,9 +214,17 @@ def table(run_dirs: list[Path], metric: str, versus: str = "targ-margin", boot: 
     return "\n".join(lines) + "\n"
 
 
-def plot(run_dirs: list[Path], metric: str, out: Path, boot: Resampling = BOOT) -> dict[str, list[float]]:
+def plot(
+    run_dirs: list[Path],
+    metric: str,
+    out: Path,
+    boot: Resampling = BOOT,
+    rows: dict[Path, list[dict[str, Any]]] | None = None,
+) -> dict[str, list[float]]:
     """AUROC ("closed-book answer wrong") against what deciding took (seconds per question in the sweep), one
-    point per gate and dataset, with the AUROC's interval; returns what it plotted (seconds, AUROC, low, high)."""
+    point per gate and dataset, with the AUROC's interval; returns what it plotted (seconds, AUROC, low, high).
+    ``rows``: each run's :func:`gate_rows` where they are computed already (the plot reads no gap)."""
+    rows = {} if rows is None else rows
     plotted: dict[str, list[float]] = {}
     import matplotlib
 
@@ -220,7 +235,7 @@ def plot(run_dirs: list[Path], metric: str, out: Path, boot: Resampling = BOOT) 
     for ax, run_dir in zip(axes[0], run_dirs, strict=True):
         config = json.loads((run_dir / "config.json").read_text())
         drawn = 0
-        for row in gate_rows(run_dir, metric, boot=boot):
+        for row in rows.get(run_dir) or gate_rows(run_dir, metric, boot=boot):
             if isinstance(row["wrong"], str):  # too few of one class
                 continue
             point, low, high = row["wrong"]
@@ -261,13 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         "--versus", default="targ-margin", help="the gate each AUROC is compared with, paired (default targ-margin)"
     )
     t.add_argument("--seed", type=int, default=0, help="the bootstrap's numpy seed (the paired gaps' is seed + 1)")
-    t.add_argument("--resamples", type=int, default=RESAMPLES, help="the bootstrap's resamples")
+    t.add_argument("--resamples", type=int, default=BOOT.samples, help="the bootstrap's resamples")
     args = parser.parse_args(argv)
     if args.command == "derive":
         derive(args.old, args.new)
         return 0
     boot = Resampling(args.resamples, args.seed)
-    text = table(args.run_dirs, args.metric, args.versus, boot)
+    rows = {d: gate_rows(d, args.metric, args.versus, boot) for d in args.run_dirs}  # the table's and the plot's
+    text = table(args.run_dirs, args.metric, args.versus, boot, rows)
     print(text)
     if args.out is not None:
         with atomic_writer(args.out) as f:
@@ -275,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None:
         from ragate.report.plots import figure_data
 
-        print(figure_data(plot(args.run_dirs, args.metric, args.plot, boot)))
+        print(figure_data(plot(args.run_dirs, args.metric, args.plot, boot, rows)))
     return 0
 
 

@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ragate.eval.metrics import Resampling
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling
 
 ROOT = Path(__file__).resolve().parent / "private_docs"
 QUESTIONS = ROOT / "questions.jsonl"
@@ -192,10 +192,11 @@ def judge(out: Path, seed: int) -> None:
 
 def report(out: Path, seed: int = 0, boot: Resampling | None = None) -> str:
     """The tables, from ``DIR/judged.jsonl`` alone (the docs' generated block): ``seed`` the run's (its fits),
-    ``boot`` the intervals' (default: 1000 resamples with ``seed``)."""
-    boot = Resampling(1000, seed) if boot is None else boot
+    ``boot`` the intervals' (default: eval's resamples with ``seed``)."""
     from ragate.learning.scores import Labelled, _raw_probe
     from ragate.uncertainty import auroc, auroc_interval, paired_auroc_gap
+
+    boot = Resampling(DEFAULT_BOOT.samples, seed) if boot is None else boot
 
     judged = [json.loads(x) for x in (out / "judged.jsonl").read_text().splitlines()]
     y = np.array([j["closed_wrong"] for j in judged])
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--seed", type=int, default=0, help="the run's seed: the order questions are fed in, the fits")
     ap.add_argument("--interval-seed", type=int, default=None, help="the bootstrap intervals' seed (default: --seed)")
-    ap.add_argument("--resamples", type=int, default=1000, help="the bootstrap intervals' resamples")
+    ap.add_argument("--resamples", type=int, default=DEFAULT_BOOT.samples, help="the bootstrap intervals' resamples")
     args = ap.parse_args(argv)
     boot = Resampling(args.resamples, args.seed if args.interval_seed is None else args.interval_seed)
     if args.report is not None:

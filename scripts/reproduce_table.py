@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ragate.eval.metrics import Resampling
+from ragate.eval.metrics import DEFAULT_BOOT, Resampling
 from ragate.report.reproduce import rescored
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:  # as `ragate reproduce` wrote them
         table = json.loads((args.run / "reproduce.json").read_text(encoding="utf-8"))
     else:
-        table = rescored(args.run, Resampling(1000 if args.resamples is None else args.resamples, args.seed))
+        table = rescored(args.run, Resampling(DEFAULT_BOOT.samples if args.resamples is None else args.resamples, args.seed))
     rows = [r for r in table["rows"] if not (args.ran_only and not r["n"])]
     if args.paper:
         print(f"| dataset | paper row | {table['paper_model']} EM | F1 | retrieval rate |")

@@ -368,13 +368,8 @@ def _run_report(args: argparse.Namespace) -> int:
         from ragate.report.routes import routes_report
 
         routes = [r.strip() for r in args.routes.split(",") if r.strip()]
-        print(
-            routes_report(
-                [args.run_dir, *args.with_runs], routes, args.metric or "em", seed=0 if args.seed is None else args.seed,
-                samples=1000 if args.resamples is None else args.resamples,
-            ),
-            end="",
-        )
+        given = {k: v for k, v in (("seed", args.seed), ("samples", args.resamples)) if v is not None}
+        print(routes_report([args.run_dir, *args.with_runs], routes, args.metric or "em", **given), end="")
         return 0
     from ragate.errors import RagateError
     from ragate.eval.summary import parse_pair

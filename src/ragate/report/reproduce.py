@@ -11,6 +11,7 @@ under ``out``, so a killed reproduction goes on where it stopped.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections.abc import Sequence
@@ -336,10 +337,22 @@ def rescored(out: Path, boot: Resampling) -> dict[str, Any]:
 
     table = json.loads((out / "reproduce.json").read_text(encoding="utf-8"))
     pack = load_pack(table["pack"])
-    rows = {(r["dataset"], r["label"]): r for r in _rows(pack, table["paper_model"])}
-    if len(rows) < len(_rows(pack, table["paper_model"])):
+    pack_rows = _rows(pack, table["paper_model"])
+    rows = {(r["dataset"], r["label"]): r for r in pack_rows}
+    if len(rows) < len(pack_rows):
         raise RagateError(f"pack {table['pack']} names a (dataset, row label) twice: its rows cannot be matched")
     ragate_name = {d["paper"]: d.get("ragate") for d in pack["datasets"]}
+
+    @functools.cache
+    def answers(dataset: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """A dataset's sweep and eval records under ``out``, read once for all its rows."""
+        sweep = out / f"{dataset}-sweep" / "sweep.jsonl"
+        evals = [
+            r for d in (out / f"{dataset}-eval", *sorted(out.glob(f"{dataset}-tuned-*")))
+            if (d / "questions.jsonl").is_file() for r in latest(read_records(d / "questions.jsonl"))
+        ]  # fmt: skip
+        return (compact(sweep) if sweep.is_file() else []), evals
+
     for row in table["rows"]:
         if row["interval"] is None:
             continue
@@ -348,16 +361,8 @@ def rescored(out: Path, boot: Resampling) -> dict[str, Any]:
                 f"{out}: pack {table['pack']} has no row {row['label']!r} of {row['dataset']} any more: run "
                 f"`ragate reproduce {table['pack']}` again with --out {out}"
             )
-        dataset = ragate_name[row["dataset"]]
-        sweep = out / f"{dataset}-sweep" / "sweep.jsonl"
-        evals = [
-            r for d in (out / f"{dataset}-eval", *sorted(out.glob(f"{dataset}-tuned-*")))
-            if (d / "questions.jsonl").is_file() for r in latest(read_records(d / "questions.jsonl"))
-        ]  # fmt: skip
-        again = _ours(
-            rows[row["dataset"], row["label"]], row["dataset"], compact(sweep) if sweep.is_file() else [], evals,
-            pack, boot,
-        )  # fmt: skip
+        sweep, evals = answers(ragate_name[row["dataset"]])
+        again = _ours(rows[row["dataset"], row["label"]], row["dataset"], sweep, evals, pack, boot)
         if again.interval is None:
             raise RagateError(
                 f"{out}: its records give no answers for the row {row['label']!r} of {row['dataset']} "

@@ -28,9 +28,6 @@ from ragate.methods import MethodSpec, get_method
 from ragate.methods.needs import capability_summary, method_support
 from ragate.methods.trace import Trace
 from ragate.pipeline import Pipeline
-
-if TYPE_CHECKING:
-    from ragate.service.refit import Refit
 from ragate.retrieval.function import SearchError
 from ragate.retrieval.types import Hit, Retriever
 from ragate.service.admission import Slots, Ticket
@@ -39,6 +36,9 @@ from ragate.service.metrics import ServiceMetrics
 from ragate.service.settings import ServiceSettings
 from ragate.state.budget import BudgetController
 from ragate.version import __version__
+
+if TYPE_CHECKING:
+    from ragate.service.refit import Refit
 
 log = logging.getLogger("ragate.service")
 T = TypeVar("T")
