@@ -1,5 +1,6 @@
 """Routes as one method (ragate.methods.route): the cascade answers with the cheapest route and pays for the next
-only where the answer fails its checks (its normalised NLL, agreement with the route before); bad routes are
+only where the answer fails its checks (its normalised NLL, agreement with the route before, found in its
+passages); bad routes are
 refused before any model call. A scripted backend gives the exact log-probabilities the checks read; SmolLM2 and
 the demo index run the method as a user meets it (``ragate.Pipeline``, ``ragate ask``)."""
 
@@ -67,14 +68,35 @@ def test_an_unsure_answer_pays_for_the_next_route_and_its_answer_is_the_answer(d
 
 
 def test_an_answer_that_agrees_with_the_route_before_stops_short_of_the_last_route(demo: Any) -> None:
-    lm = ScriptedBackend([said("Paris", 2.0), said("Paris, France", 2.0)])
+    lm = ScriptedBackend([said("France", 2.0), said("southern France", 2.0)])  # the demo passages say "France"
     trace = run_method(route(SINGLE, stops=(0.5, 0.5)), "What is the capital of France?", lm, demo)
     assert trace.route is not None and trace.route.taken == "standard-rag" and len(lm.calls) == 2
-    assert [(c.kind, c.stop) for c in trace.route.checks] == [("nll", False), ("nll", False), ("agree", True)]
+    kinds = [(c.kind, c.stop) for c in trace.route.checks]
+    assert kinds == [("nll", False), ("nll", False), ("agree", True), ("supported", True)]
+    assert "agree and supported check met" in trace.gate.reason
     lm = ScriptedBackend([said("Paris", 2.0), said("Lyon", 2.0), said("Marseille", 2.0)])
     trace = run_method(route(SINGLE, stops=(0.5, 0.5)), "What is the capital of France?", lm, demo)
     assert trace.route is not None and trace.route.taken == SINGLE[2] and trace.answer == "Marseille"
     assert len(lm.calls) == 3 and not any(c.stop for c in trace.route.checks)
+
+
+def test_an_answer_not_found_in_its_passages_does_not_stop_the_cascade(demo: Any) -> None:
+    """The evidence check vetoes: "Paris" agrees with the closed-book answer and its NLL is under the threshold,
+    but none of the passages the demo index returns says it, so the cascade pays for the next route; with
+    ``evidence`` off the same answers stop there."""
+    question = "What is the capital of France?"
+    lm = ScriptedBackend([said("Paris", 2.0), said("Paris", 0.1), said("Lyon", 2.0)])
+    trace = run_method(route(SINGLE, stops=(0.5, 0.5)), question, lm, demo)
+    assert trace.route is not None and trace.route.taken == SINGLE[2] and len(lm.calls) == 3
+    checks = [(c.route, c.kind, c.score, c.stop) for c in trace.route.checks]
+    assert checks == [("no-retrieval", "nll", 2.0, False), ("standard-rag", "nll", pytest.approx(0.1), True),
+                      ("standard-rag", "supported", 0.0, False)]  # fmt: skip
+    spec = route(SINGLE, stops=(0.5, 0.5))
+    spec = spec.with_(route=spec.route.__class__(**{**vars(spec.route), "evidence": False}))
+    lm = ScriptedBackend([said("Paris", 2.0), said("Paris", 0.1), said("Lyon", 2.0)])
+    trace = run_method(spec, question, lm, demo)
+    assert trace.route is not None and trace.route.taken == "standard-rag" and len(lm.calls) == 2
+    assert [c.kind for c in trace.route.checks] == ["nll", "nll"]
 
 
 def test_answers_agree_as_normalised_words() -> None:

@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ragate.errors import RagateError
@@ -28,30 +29,38 @@ from ragate.report.routes import (
     routes_report,
     tune_stops,
 )
+from ragate.retrieval.types import Hit, Passage
+from ragate.text import extract_answer, supported
 
 ROUTES = ["no-retrieval", "standard-rag", "standard-rag-pairs-prompts"]
 RUN = Path(__file__).parent.parent / "docs" / "results" / "runs" / "dynamic-hotpotqa-qwen2.5-coder-1.5b-300"
 
 
-def _trace(method: str, answer: str, nll: float | None, retrievals: int, tokens: int = 10) -> Trace:
+def _trace(
+    method: str, answer: str, nll: float | None, retrievals: int, tokens: int = 10, passage: str = ""
+) -> Trace:
     logprob = None if nll is None else -nll * tokens
     stages = (Stage("answer", 100 * (retrievals + 1), tokens, 0.5 + retrievals, logprob=logprob),)
     decision = GateDecision(retrievals > 0, 0.0, 0.0, "")
-    return Trace(method, "q", answer, retrievals > 0, decision, (), (), stages)
+    documents = (Hit(Passage(f"p{retrievals}", "A title", passage), 1.0, 1),) if retrievals else ()
+    return Trace(method, "q", answer, retrievals > 0, decision, (), documents, stages)
 
 
 def _record(qid: str, trace: Trace, right: bool, retrievals: int) -> dict[str, Any]:
+    """An eval record of ``trace``, ``supported`` as eval writes it (the extracted answer in a passage read)."""
+    passages = [f"{h.passage.title} {h.passage.text}" for h in trace.documents]
     return {
         "id": qid, "method": trace.method, "prediction": trace.answer,
         "scores": {"em": float(right), "f1": float(right), "acc": float(right)},
         "retrievals": retrievals, "prompt_tokens": trace.stages[0].prompt_tokens,
         "completion_tokens": trace.stages[0].completion_tokens, "seconds": trace.seconds, "trace": trace.to_json(),
+        "supported": supported(extract_answer(trace.answer), passages) if passages else None,
     }  # fmt: skip
 
 
 def _scenario(n: int, seed: int) -> tuple[dict[str, list[Trace]], list[dict[str, Any]]]:
     """Every route's answer to ``n`` questions: answers from a few words (so that routes agree, and disagree),
-    NLLs in [0, 2] or none."""
+    NLLs in [0, 2] or none, and a retrieving route's passage that holds its answer, or not."""
     rng = random.Random(seed)
     traces: dict[str, list[Trace]] = {}
     records = []
@@ -60,7 +69,8 @@ def _scenario(n: int, seed: int) -> tuple[dict[str, list[Trace]], list[dict[str,
         traces[qid] = []
         for j, method in enumerate(ROUTES):
             nll = None if rng.random() < 0.1 else rng.uniform(0.0, 2.0)
-            t = _trace(method, rng.choice(["Paris", "Lyon", "the city of Paris", "Nice", ""]), nll, j)
+            passage = rng.choice(["Paris is on the Seine.", "Lyon and Nice are cities.", "Nothing here."])
+            t = _trace(method, rng.choice(["Paris", "Lyon", "the city of Paris", "Nice", ""]), nll, j, passage=passage)
             traces[qid].append(t)
             records.append(_record(qid, t, rng.random() < 0.2 + 0.2 * j, j))
     return traces, records
@@ -80,6 +90,9 @@ def test_the_replay_takes_the_route_the_live_cascade_takes_and_pays_what_it_pays
         assert live.route is not None and ROUTES.index(live.route.taken) == replayed[i], qid
         assert paid.costs["tokens"][i] == live.tokens and paid.costs["lm_calls"][i] == live.lm_calls
     assert set(replayed.tolist()) == {0, 1, 2}  # every stage stopped some question (the test compares something)
+    vetoed = [i for i, qid in enumerate(table.ids) if replayed[i] == 2 and table.supported[i, 1] == 0.0
+              and cascade(table.take(np.array([i])), stops, evidence=False)[0] == 1]  # fmt: skip
+    assert vetoed  # the evidence check changed the route of some question, and the replay agreed with the live one
 
 
 def test_the_oracle_takes_the_cheapest_right_route_and_the_first_where_none_is() -> None:
@@ -110,14 +123,14 @@ def test_stop_thresholds_are_tuned_on_the_other_half_within_the_target() -> None
 
 
 def test_a_record_without_log_probabilities_never_stops_on_nll() -> None:
-    records = [_record("a", _trace(m, "same", None, j), True, j) for j, m in enumerate(ROUTES)]
+    records = [_record("a", _trace(m, "same", None, j, passage="the same"), True, j) for j, m in enumerate(ROUTES)]
     table = route_table(records, ROUTES)
     assert math.isnan(table.nll[0, 0]) and not table.has_nll
     assert cascade(table, (math.inf, math.inf)).tolist() == [1]  # the second route agrees with the first
     assert cascade(table, (math.inf, math.inf), agree=False).tolist() == [2]
     rows = {r.name: r for r in frontier(table, "em", targets=(0.5,))}
     assert list(rows)[-1] == "oracle (cheapest right route)" and "adaptive-rag: question classifier" in rows
-    assert rows["cascade: NLL + agreement, ≤ 0.5 × standard-rag-pairs-prompts's retrievals"].note == (
+    assert rows["cascade: NLL + agreement + evidence, ≤ 0.5 × standard-rag-pairs-prompts's retrievals"].note == (
         "no log-probabilities in the records"
     )
 

@@ -184,7 +184,12 @@ class Pipeline:
 
             self.calibration = read_calibration(calibration)
             check_calibration(self.calibration, calibration, method, model, engine)
-            threshold = float(self.calibration["tau"])
+            if self.calibration["method"] == "route":  # a stop threshold per stage, and the routes they fit
+                from ragate.methods.route import with_calibration
+
+                spec = with_calibration(spec, self.calibration, calibration, routes_given=routes is not None)
+            else:
+                threshold = float(self.calibration["tau"])
         spec = spec.with_threshold(threshold)
         if gate_weights is not None and spec.gate.kind == "no-model-lr":
             from ragate.gates.weights import load_weights

@@ -30,10 +30,33 @@ def register(subparsers: Any) -> None:
         "the given questions (TARG 3.3): --questions FILE (one question a line, or JSONL; answers not needed), "
         "--dev DATASET, or --from-sweep RUN_DIR (scores a sweep already computed: no model call). --confidence "
         "bounds the rate on new questions like these. --objective em picks the tau of the best dev EM instead. "
-        "The file it saves goes to ragate ask/eval/serve --calibration and Pipeline(calibration=).",
+        "The file it saves goes to ragate ask/eval/serve --calibration and Pipeline(calibration=). With --gate "
+        "route, --from-sweep takes an eval run that answered every question with every route (--routes), --budget "
+        "is mean retrievals per question, and the file holds one NLL stop threshold per stage of the cascade "
+        "(for ragate ask/serve --method route).",
     )
     cal.add_argument("--gate", required=True, help="a gate method, e.g. targ-margin, dtr, targ-entropy")
-    cal.add_argument("--budget", type=float, help="target retrieval rate in [0, 1]")
+    cal.add_argument(
+        "--budget",
+        type=float,
+        help="target retrieval rate in [0, 1]; with --gate route, mean retrievals per question (e.g. 0.8)",
+    )
+    cal.add_argument(
+        "--routes",
+        default=None,
+        metavar="M1,M2,...",
+        help="with --gate route: the routes, cheapest first, as the run answered them (default "
+        "wo-rag,single-rag,ircot); the file sets one NLL stop threshold per route but the last",
+    )
+    cal.add_argument(
+        "--with",
+        dest="with_runs",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="RUN_DIR",
+        help="with --gate route: more eval runs of the same model whose records add routes or questions",
+    )
     cal.add_argument(
         "--confidence",
         type=float,
@@ -119,6 +142,10 @@ def register(subparsers: Any) -> None:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    if args.gate == "route":
+        return _calibrate_routes(args)
+    if args.routes is not None or args.with_runs:
+        raise RagateError("--routes and --with go with --gate route (a route method's stop thresholds)")
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
     if args.batch is not None and args.confidence is None:
@@ -201,6 +228,41 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     if args.check is not None:
         _check_rate(args, result)
     print(f"saved {out}; use it with: ragate ask|eval|serve ... --calibration {out}")
+    return 0
+
+
+def _calibrate_routes(args: argparse.Namespace) -> int:
+    """The route method's stop thresholds for a budget of mean retrievals per question, from an eval run that
+    answered every question with every route (``ragate.report.route_budget``; no model call)."""
+    from ragate.cli.ask import routes_argument
+    from ragate.fileio import atomic_writer
+    from ragate.methods import get_method
+    from ragate.report.route_budget import calibrate_routes
+
+    if args.from_sweep is None:
+        raise RagateError(
+            "--gate route sets its stop thresholds from every route's answers to the same questions: run "
+            "ragate eval --methods wo-rag,single-rag,ircot --out RUN and pass --from-sweep RUN"
+        )
+    if args.budget is None:
+        raise RagateError("--gate route needs --budget B: mean retrievals per question, e.g. 0.8")
+    if args.objective != "budget" or args.confidence is not None or args.prefixes is not None:
+        raise RagateError("--gate route takes --budget (and --metric) only: --objective, --confidence and "
+                          "--prefixes set a gate's threshold")  # fmt: skip
+    routes = routes_argument(args.routes) or get_method("route").route.routes  # type: ignore[union-attr]
+    result = calibrate_routes([args.from_sweep, *args.with_runs], routes, args.budget, args.metric)
+    out = args.out or Path("calibration") / f"route-{args.from_sweep.name}-{args.budget:g}.json"
+    with atomic_writer(out) as f:
+        f.write(json.dumps(result, indent=2).encode())
+    stops = ", ".join("never" if s is None else f"{s:.4g}" for s in result["stops"])
+    low, high = result["reach"]
+    print(
+        f"route ({', '.join(result['routes'])}): NLL stop thresholds {stops}; on {result['n']} questions "
+        f"{result['dev_retrievals']:.2f} retrievals per question (budget {args.budget:g}; the routes reach "
+        f"{low:.2f} to {high:.2f}), {args.metric.upper()} {100 * result['dev_score']:.1f} where they were chosen "
+        "(ragate report RUN --routes ... scores them cross-fitted)"
+    )
+    print(f"saved {out}: ragate ask/serve --method route --calibration {out}")
     return 0
 
 

@@ -150,6 +150,12 @@ def _config(args: argparse.Namespace, methods: str) -> Any:
     tuned: list[str] = []
     for path in args.calibration:
         cal = read_calibration(path)
+        if cal["method"] == "route":
+            raise RagateError(
+                f"{path} holds a route method's stop thresholds, which ragate eval does not take: serve or ask "
+                "with it (--method route --calibration FILE); ragate report RUN --routes ... scores thresholds "
+                "tuned on other questions (cross-fitted) without a model call"
+            )
         if cal["method"] not in names:
             raise RagateError(
                 f"{path} calibrates {cal['method']!r}, which this run does not evaluate ({', '.join(names)}): "

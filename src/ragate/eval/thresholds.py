@@ -308,6 +308,8 @@ def _calibration_fault(data: Any) -> str | None:
         return f"{fault}, which is not text"
     if not isinstance(data.get("method"), str) or not data["method"]:
         return f"'method' must be a method name, not {short(data.get('method'))}"
+    if data["method"] == "route":
+        return _route_fault(data)
     if not is_number(data.get("tau")):
         return f"'tau' must be a finite number, not {short(data.get('tau'))}"
     fields = {
@@ -318,6 +320,30 @@ def _calibration_fault(data: Any) -> str | None:
     }
     for key, ok in fields.items():
         if key in data and not ok(data[key]):
+            return f"{key!r} cannot be {short(data[key])}"
+    return None
+
+
+def _route_fault(data: dict[str, Any]) -> str | None:
+    """What is wrong with a route method's calibration (``ragate calibrate --gate route``): two routes or more by
+    name, one stop threshold (a finite number, or null: never stops on NLL) per route but the last, the checks as
+    booleans, a budget of mean retrievals per question."""
+    routes = data.get("routes")
+    if not isinstance(routes, list) or len(routes) < 2 or not all(isinstance(r, str) and r for r in routes):
+        return f"'routes' must name two routes or more, not {short(routes)}"
+    stops = data.get("stops")
+    if not isinstance(stops, list) or len(stops) != len(routes) - 1:
+        return f"'stops' must hold {len(routes) - 1} thresholds (one per route but the last), not {short(stops)}"
+    if not all(s is None or is_number(s) for s in stops):
+        return f"'stops' holds {short(stops)}: each a finite number, or null for a stage that never stops on NLL"
+    for key in ("agree", "evidence"):
+        if key in data and not isinstance(data[key], bool):
+            return f"{key!r} must be true or false, not {short(data[key])}"
+    for key in ("budget", "dev_retrievals"):
+        if key in data and not (is_number(data[key]) and data[key] >= 0):
+            return f"{key!r} must be mean retrievals per question (a number, 0 or more), not {short(data[key])}"
+    for key in ("model", "engine", "metric", "dev", "source", "objective"):
+        if key in data and not _text_or_none(data[key]):
             return f"{key!r} cannot be {short(data[key])}"
     return None
 
@@ -336,13 +362,29 @@ def check_calibration(
             f"(ragate calibrate --gate {method} ...)"
         )
     for key, now in (("model", model), ("engine", engine)):
-        if key in cal and cal[key] != now:
+        if key in cal and (_model_name(cal[key], cal.get("engine", engine)) if key == "model" else cal[key]) != (
+            _model_name(now, engine) if key == "model" else now
+        ):
             said = repr(now) if now else f"the default {key}"
             flag = "--model" if key == "model" else "--backend"
             raise RagateError(
                 f"{path} was calibrated with {key} {cal[key]!r}, this run uses {said}: a gate's scores, and "
                 f"so its threshold, belong to one model; rerun ragate calibrate with this run's {flag}"
             )
+
+
+def _model_name(model: Any, engine: Any) -> Any:
+    """A local model's registry name, whatever it was called (None: the default model; an alias: its name); a
+    server's model and a path as given."""
+    if engine == "openai" or not (model is None or isinstance(model, str)):
+        return model
+    from ragate.errors import ModelNotFoundError
+    from ragate.models import DEFAULT_MODEL, model_spec
+
+    try:
+        return model_spec(model or DEFAULT_MODEL).name
+    except ModelNotFoundError:
+        return model
 
 
 def retrieval_rate(scores: Sequence[float], tau: float) -> float:

@@ -121,12 +121,15 @@ class RouteSpec:
     single-shot) so that their answers and checks compare. ``policy`` "cascade": answer with the first route and
     stop when its answer checks out, else pay for the next. A route's answer checks out when its normalised NLL is
     at most that stage's ``stop_nll`` (one per route but the last; None: DTR's default tau for each), or, with
-    ``agree``, when it agrees with the answer of the route before it (PAIRS's idea, applied after the answer)."""
+    ``agree``, when it agrees with the answer of the route before it (PAIRS's idea, applied after the answer). With
+    ``evidence``, an answer written from documents stops only where it is found whole in them (the evidence check,
+    :func:`ragate.text.supported`). A stop threshold of -inf: that stage never stops on NLL."""
 
     routes: tuple[str, ...]
     policy: RoutePolicy = "cascade"
     stop_nll: tuple[float, ...] | None = None
     agree: bool = True
+    evidence: bool = True
     max_tokens: int | None = None  # every route's answer length (None: each route's own)
     k: int | None = None  # every route's documents per retrieval (None: each route's own)
 

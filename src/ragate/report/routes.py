@@ -86,6 +86,12 @@ class RouteTable:
         """Whether some route but the last has an NLL to stop on (a route without one never stops on NLL)."""
         return bool(np.isfinite(self.nll[:, :-1]).any())
 
+    @property
+    def has_evidence(self) -> bool:
+        """Whether the records say, for some route but the last, whether its answer is in the passages it read
+        (``supported``): the cascade's evidence check reads it."""
+        return bool(np.isfinite(self.supported[:, :-1]).any())
+
 
 def record_nll(record: Mapping[str, Any]) -> float | None:
     """The answer's normalised NLL from an eval record's trace (None: its stages hold no log-probabilities, as in
@@ -144,10 +150,11 @@ def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> 
     )
 
 
-def cascade(table: RouteTable, stops: Sequence[float], *, agree: bool = True) -> np.ndarray:
+def cascade(table: RouteTable, stops: Sequence[float], *, agree: bool = True, evidence: bool = True) -> np.ndarray:
     """The route the cascade answers each question with (its index): the first whose NLL is at most its stop
-    threshold or (from the second route on, with ``agree``) whose answer agrees with the route before's; the last
-    route otherwise. A missing NLL never stops (as in :func:`ragate.methods.route.run_route`)."""
+    threshold or (from the second route on, with ``agree``) whose answer agrees with the route before's and (with
+    ``evidence``) is found in the passages it read, where the record says so; the last route otherwise. A missing
+    NLL never stops (as in :func:`ragate.methods.route.run_route`)."""
     n, last = len(table), len(table.routes) - 1
     taken = np.full(n, last)
     for i in range(n):
@@ -156,6 +163,8 @@ def cascade(table: RouteTable, stops: Sequence[float], *, agree: bool = True) ->
             stop = bool(np.isfinite(nll) and nll <= stops[j])
             if agree and j > 0 and not stop:
                 stop = answers_agree(table.answers[i][j], table.answers[i][j - 1])
+            if evidence and table.supported[i, j] == 0.0:  # read passages, and the answer is not in them
+                stop = False
             if stop:
                 taken[i] = j
                 break
@@ -312,7 +321,9 @@ def _quantiles(values: np.ndarray) -> list[float]:
     return [-math.inf, *sorted({float(np.quantile(finite, q)) for q in GRID})]
 
 
-def tune_stops(table: RouteTable, target: float, metric: str, *, agree: bool = True) -> tuple[float, ...]:
+def tune_stops(
+    table: RouteTable, target: float, metric: str, *, agree: bool = True, evidence: bool = True
+) -> tuple[float, ...]:
     """The stop thresholds (one per route but the last) whose cascade on ``table`` is the most accurate with mean
     retrievals at most ``target``; ties: fewer retrievals, then fewer tokens. -inf: that stage never stops on
     NLL. Over a grid of each stage's NLL quantiles."""
@@ -320,7 +331,7 @@ def tune_stops(table: RouteTable, target: float, metric: str, *, agree: bool = T
     best: tuple[float, float, float, tuple[float, ...]] | None = None
     for combo in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T:
         stops = tuple(map(float, combo))
-        row = outcome(table, "", cascade(table, stops, agree=agree), metric, pays="every")
+        row = outcome(table, "", cascade(table, stops, agree=agree, evidence=evidence), metric, pays="every")
         retrievals = float(row.costs["retrievals"].mean())
         if retrievals > target + 1e-9:
             continue
@@ -360,10 +371,11 @@ def frontier(
         outcome(table, f"always {r}", np.full(n, j), metric, pays="taken") for j, r in enumerate(table.routes)
     ]
     never = [-math.inf] * (len(table.routes) - 1)
-    rows.append(outcome(table, "cascade: agreement", cascade(table, never), metric, pays="every"))
+    ev = " + evidence" if table.has_evidence else ""
+    rows.append(outcome(table, f"cascade: agreement{ev}", cascade(table, never), metric, pays="every"))
     last = float(table.costs["retrievals"][:, -1].mean())
     for share in targets:
-        name = f"cascade: NLL + agreement, ≤ {share:g} × {table.routes[-1]}'s retrievals"
+        name = f"cascade: NLL + agreement{ev}, ≤ {share:g} × {table.routes[-1]}'s retrievals"
         if not table.has_nll:
             rows.append(Row(name, np.full(n, -1), np.full(n, np.nan), {}, "no log-probabilities in the records"))
             continue
@@ -473,18 +485,9 @@ def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0, sam
     return "\n".join(lines)
 
 
-def routes_report(
-    run_dirs: Sequence[str | Any],
-    routes: Sequence[str],
-    metric: str = "em",
-    *,
-    targets: Sequence[float] = DEFAULT_TARGETS,
-    seed: int = 0,
-    samples: int = 1000,
-) -> str:
-    """The frontier of ``routes`` over the eval runs ``run_dirs`` (their records only, a route's answer from the
-    first run that holds it; nothing is written), with a line that says what it was computed from. ``seed`` sets
-    the cross-fitting halves and the bootstrap, ``samples`` the bootstrap's resamples."""
+def read_route_table(run_dirs: Sequence[str | Any], routes: Sequence[str]) -> RouteTable:
+    """The route table of ``routes`` over the eval runs ``run_dirs`` (a route's answer from the first run that
+    holds it)."""
     from pathlib import Path
 
     from ragate.eval.records import read_records
@@ -497,7 +500,22 @@ def routes_report(
         if not path.is_file():
             raise RagateError(f"{run_dir} holds no questions.jsonl: give an eval run directory (ragate eval --out DIR)")
         records += read_records(path, repair=False)
-    table = route_table(records, routes)
+    return route_table(records, routes)
+
+
+def routes_report(
+    run_dirs: Sequence[str | Any],
+    routes: Sequence[str],
+    metric: str = "em",
+    *,
+    targets: Sequence[float] = DEFAULT_TARGETS,
+    seed: int = 0,
+    samples: int = 1000,
+) -> str:
+    """The frontier of ``routes`` over the eval runs ``run_dirs`` (their records only, a route's answer from the
+    first run that holds it; nothing is written), with a line that says what it was computed from. ``seed`` sets
+    the cross-fitting halves and the bootstrap, ``samples`` the bootstrap's resamples."""
+    table = read_route_table(run_dirs, routes)
     rows = frontier(table, metric, targets=targets, seed=seed)
     nll = [r for r, ok in zip(routes, np.isfinite(table.nll).all(axis=0), strict=True) if not ok]
     said = f"; no log-probabilities in the records of {', '.join(nll)}, which never stop on NLL" if nll else ""

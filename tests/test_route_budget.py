@@ -1,0 +1,180 @@
+"""A route cascade's stop thresholds for a budget of mean retrievals per question (ragate.report.route_budget),
+from records of every route over the same questions, saved as a calibration file that ``Pipeline(method="route",
+calibration=FILE)`` and ``ragate ask --calibration`` serve with; a budget the routes cannot reach, a damaged file
+and a file for other routes are refused, naming the fix."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragate.backends.scripted import ScriptedBackend, make_generation
+from ragate.cli.main import main
+from ragate.errors import RagateError
+from ragate.eval.thresholds import read_calibration
+from ragate.gates.base import GateDecision
+from ragate.methods.trace import Stage, Trace
+from ragate.pipeline import Pipeline
+from ragate.report.route_budget import calibrate_routes, reach, route_calibration
+from ragate.report.routes import cascade, outcome, route_table
+from ragate.retrieval.demo import demo_index
+from ragate.retrieval.index import open_index
+from ragate.retrieval.types import Hit, Passage
+from ragate.text import extract_answer, supported
+
+ROUTES = ("no-retrieval", "standard-rag", "standard-rag-pairs-prompts")
+
+
+def _record(qid: str, j: int, answer: str, nll: float | None, right: bool, passage: str) -> dict[str, Any]:
+    """Route ``j``'s eval record of question ``qid``: ``j`` retrievals, its answer's NLL, one passage read."""
+    logprob = None if nll is None else -nll * 10
+    stages = (Stage("answer", 100 * (j + 1), 10, 0.5 + j, logprob=logprob),)
+    documents = (Hit(Passage(f"p{qid}{j}", "A title", passage), 1.0, 1),) if j else ()
+    trace = Trace(ROUTES[j], "q", answer, j > 0, GateDecision(j > 0, 0.0, 0.0, ""), (), documents, stages)
+    passages = [f"{h.passage.title} {h.passage.text}" for h in documents]
+    return {
+        "id": qid, "dataset": "demo", "method": ROUTES[j], "question": f"question {qid}?", "answers": ["x"],
+        "prediction": answer, "scores": {"em": float(right), "f1": float(right), "acc": float(right)},
+        "retrieved": j > 0, "retrievals": j, "prompt_tokens": 100 * (j + 1), "completion_tokens": 10,
+        "overhead_tokens": 0, "seconds": 0.5 + j,
+        "supported": supported(extract_answer(answer), passages) if passages else None, "trace": trace.to_json(),
+    }  # fmt: skip
+
+
+def _records(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        for j in range(3):
+            answer, passage = rng.choice(["Paris", "Lyon", "Nice"]), rng.choice(["Paris and Lyon", "Nice"])
+            records.append(_record(f"q{i}", j, answer, rng.uniform(0, 2), rng.random() < 0.2 + 0.25 * j, passage))
+    return records
+
+
+@pytest.fixture(scope="module")
+def table() -> Any:
+    return route_table(_records(90), ROUTES)
+
+
+def test_the_thresholds_keep_the_cascade_within_the_budget_and_the_reach_is_what_cascades_spend(table: Any) -> None:
+    low, high = reach(table)
+    every = outcome(table, "", cascade(table, (-math.inf, -math.inf)), "em", pays="every")
+    assert low == 0.0 and math.isclose(high, float(every.costs["retrievals"].mean())) and high > 1.0
+    for budget in (0.3, 0.8, high):
+        cal = route_calibration(table, budget)
+        stops = [-math.inf if s is None else s for s in cal["stops"]]
+        spent = outcome(table, "", cascade(table, stops), "em", pays="every").costs["retrievals"].mean()
+        assert math.isclose(cal["dev_retrievals"], float(spent)) and spent <= budget + 1e-9
+        assert cal["routes"] == list(ROUTES) and cal["reach"] == [low, high] and cal["n"] == 90
+    assert route_calibration(table, high)["dev_score"] >= route_calibration(table, 0.3)["dev_score"]
+
+
+@pytest.mark.parametrize("budget, words", [(9.0, "above what the routes can reach"), (-1.0, "not -1.0")])
+def test_a_budget_the_routes_cannot_reach_is_refused_naming_their_range(table: Any, budget: float, words: str) -> None:
+    with pytest.raises(RagateError, match=words) as err:
+        route_calibration(table, budget)
+    if budget > 0:
+        assert f"give --budget {reach(table)[1]:.2f} or less" in str(err.value)
+    first_retrieves = route_table([r for r in _records(30) if r["method"] != ROUTES[0]], ROUTES[1:])
+    low = reach(first_retrieves)[0]  # a cascade that starts by retrieving spends one at the least, and more
+    assert low >= 1.0  # where the evidence check sends an answer on
+    with pytest.raises(RagateError, match=rf"below what the routes can reach.*give --budget {low:.2f} or more"):
+        route_calibration(first_retrieves, 0.5)
+
+
+def test_the_file_serves_the_route_method_with_its_thresholds_and_checks(table: Any, tmp_path: Path) -> None:
+    cal = route_calibration(table, 0.8) | {"stops": [None, 0.5], "evidence": False}
+    path = tmp_path / "route.json"
+    path.write_text(json.dumps(cal))
+    assert read_calibration(path)["stops"] == [None, 0.5]
+    with open_index(demo_index()) as demo:
+        lm = ScriptedBackend([make_generation(["Paris"], [-0.01]), make_generation(["Lyon"], [-0.1]),
+                              make_generation(["Nice"], [-2.0])])  # fmt: skip
+        with Pipeline(method="route", calibration=path, lm=lm, retriever=demo) as rag:
+            route = rag.spec.route
+            assert route is not None and route.routes == ROUTES and route.stop_nll == (-math.inf, 0.5)
+            assert not route.evidence  # as tuned: the file's checks, not the defaults
+            ans = rag.answer("What is the capital of France?")
+        # the first stage never stops on NLL (null), however sure; the second stops at NLL 0.1 <= 0.5, and "Lyon",
+        # in none of the demo passages, stops there because the file turned the evidence check off
+        assert ans.trace.route is not None and ans.trace.route.taken == "standard-rag" and len(lm.calls) == 2
+        checks = [(c.kind, c.threshold, c.stop) for c in ans.trace.route.checks]
+        assert checks == [("nll", -math.inf, False), ("nll", 0.5, True)]
+        with pytest.raises(RagateError, match="calibrated on the routes no-retrieval,standard-rag,standard-rag-pairs"):
+            Pipeline(method="route", routes=["no-retrieval", "standard-rag"], calibration=path, lm=lm, retriever=demo)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"stops": [0.5]}, "'stops' must hold 2 thresholds"),
+        ({"stops": [0.5, "low"]}, "each a finite number, or null"),
+        ({"routes": "no-retrieval"}, "'routes' must name two routes or more"),
+        ({"evidence": "yes"}, "'evidence' must be true or false"),
+        ({"budget": -2}, "'budget' must be mean retrievals per question"),
+    ],
+)
+def test_a_damaged_route_calibration_is_refused_naming_the_field(
+    table: Any, tmp_path: Path, change: dict[str, Any], words: str
+) -> None:
+    path = tmp_path / "route.json"
+    path.write_text(json.dumps(route_calibration(table, 0.8) | change))
+    with pytest.raises(RagateError, match=words):
+        read_calibration(path)
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path) -> Iterator[Path]:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": "smollm2-135m", "engine": "llama.cpp"}))
+    (run / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(60, seed=1)))
+    yield run
+
+
+def test_ragate_calibrate_writes_the_route_file_from_a_run(run_dir: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    out = tmp_path / "cal.json"
+    argv = ["calibrate", "--gate", "route", "--from-sweep", str(run_dir), "--routes", ",".join(ROUTES)]
+    assert main([*argv, "--budget", "0.8", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    cal = read_calibration(out)
+    assert cal["model"] == "smollm2-135m" and cal["routes"] == list(ROUTES) and cal["dev_retrievals"] <= 0.8
+    assert f"saved {out}" in printed and "the routes reach 0.00 to" in printed
+    assert calibrate_routes([run_dir], ROUTES, 0.8) | {"dev": str(out)} == cal | {"dev": str(out)}
+    assert main([*argv, "--budget", "7", "--out", str(out)]) == 2
+    assert "above what the routes can reach" in capsys.readouterr().err
+    assert main([*argv[:-2], "--routes", "standard-rag,no-retrieval", "--budget", "0.8"]) == 2
+    assert "cheapest first" in capsys.readouterr().err
+    assert main(["calibrate", "--gate", "route", "--questions", str(run_dir / "config.json"), "--budget", "1"]) == 2
+    assert "pass --from-sweep RUN" in capsys.readouterr().err
+    assert main(["eval", "--dataset", "demo", "--methods", "route", "--calibration", str(out)]) == 2
+    assert "ragate eval does not take" in capsys.readouterr().err
+
+
+def test_ragate_ask_answers_with_the_route_file_on_smollm2(
+    smollm2_path: Path, run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's path: a file calibrated on runs of SmolLM2 (the default model), then ``ragate ask --calibration``;
+    a file of another model is refused before the model loads."""
+    out = tmp_path / "cal.json"
+    argv = ["calibrate", "--gate", "route", "--from-sweep", str(run_dir), "--routes", ",".join(ROUTES[:2])]
+    assert main([*argv, "--budget", "0.5", "--out", str(out)]) == 0
+    capsys.readouterr()
+    question = "What is the capital of France?"
+    assert main(["ask", question, "--method", "route", "--calibration", str(out), "--max-tokens", "8", "--json",
+                 "--quiet"]) == 0  # fmt: skip
+    record = json.loads(capsys.readouterr().out)
+    stop = read_calibration(out)["stops"][0]
+    assert record["route"]["routes"] == list(ROUTES[:2])
+    assert record["route"]["checks"][0]["threshold"] == (-math.inf if stop is None else stop)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(read_calibration(out) | {"model": "qwen2.5-coder-1.5b"}))
+    assert main(["ask", question, "--method", "route", "--calibration", str(other)]) == 2
+    assert "was calibrated with model 'qwen2.5-coder-1.5b'" in capsys.readouterr().err
