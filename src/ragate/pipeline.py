@@ -181,15 +181,11 @@ class Pipeline:
         self.calibration: dict[str, Any] | None = None
         if calibration is not None:
             from ragate.eval.thresholds import check_calibration, read_calibration
+            from ragate.methods.configure import calibrated
 
             self.calibration = read_calibration(calibration)
             check_calibration(self.calibration, calibration, method, model, engine)
-            if self.calibration["method"] == "route":  # a stop threshold per stage, and the routes they fit
-                from ragate.methods.route import with_calibration
-
-                spec = with_calibration(spec, self.calibration, calibration, routes_given=routes is not None)
-            else:
-                threshold = float(self.calibration["tau"])
+            spec, threshold = calibrated(spec, self.calibration, calibration, routes_given=routes is not None)
         spec = spec.with_threshold(threshold)
         if gate_weights is not None and spec.gate.kind == "no-model-lr":
             from ragate.gates.weights import load_weights

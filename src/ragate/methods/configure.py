@@ -4,9 +4,10 @@ prompt set, each checked before any cost."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ragate.errors import RagateError
 from ragate.methods.spec import MethodSpec
@@ -105,3 +106,16 @@ def _routed(spec: MethodSpec, routes: Sequence[str] | None, max_tokens: int | No
     route = replace(route, max_tokens=max_tokens or route.max_tokens, k=k or route.k)
     route_specs(route)
     return spec.with_(route=route)
+
+
+def calibrated(
+    spec: MethodSpec, cal: Mapping[str, Any], path: object, *, routes_given: bool
+) -> tuple[MethodSpec, float | None]:
+    """``spec`` and its threshold under a ``ragate calibrate`` file: a gate's tau, or a route method's stop
+    threshold per stage with the routes they were tuned on (:func:`ragate.methods.route.with_calibration`; no
+    single threshold then)."""
+    if cal["method"] == "route":
+        from ragate.methods.route import with_calibration
+
+        return with_calibration(spec, cal, path, routes_given=routes_given), None
+    return spec, float(cal["tau"])
