@@ -196,3 +196,27 @@ def test_pipeline_and_ask_answer_with_routes_on_smollm2(smollm2_path: Path, caps
     assert main(["ask", question, "--method", "route", "--routes", "standard-rag,no-retrieval"]) == 2
     err = capsys.readouterr().err
     assert "cheapest first" in err and "Traceback" not in err
+
+
+def test_the_page_says_in_words_why_a_route_answered() -> None:
+    from ragate.methods.trace import RouteCheck, RouteInfo
+    from ragate.service.plain import route_reason
+
+    routes = ("wo-rag", "single-rag", "ircot")
+
+    def said(taken: str, *checks: tuple[str, str, float, bool]) -> str:
+        return route_reason(RouteInfo(routes, taken, tuple(RouteCheck(r, k, s, 1.0, stop) for r, k, s, stop in checks)))
+
+    assert said("wo-rag", ("wo-rag", "nll", 0.1, True)) == (
+        "answered by wo-rag: its answer was confident enough, so no costlier route ran"
+    )
+    assert said("single-rag", ("wo-rag", "nll", 2.0, False), ("single-rag", "nll", 2.0, False),
+                ("single-rag", "agree", 1.0, True), ("single-rag", "supported", 1.0, True)) == (
+        "answered by single-rag: its answer agreed with the route before it and its passages hold it, so no "
+        "costlier route ran"
+    )  # fmt: skip
+    assert "an answer not found in its passages went on" in said(
+        "ircot", ("wo-rag", "nll", 2.0, False), ("single-rag", "agree", 1.0, True), ("single-rag", "supported", 0.0, False)
+    )
+    assert "question classifier (Adaptive-RAG) chose it" in said("ircot", ("ircot", "classifier", 0.7, True))
+    assert "learned policy" in said("single-rag", ("wo-rag", "learned", 0.1, False), ("single-rag", "learned", 0.4, True))

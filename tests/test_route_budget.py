@@ -174,7 +174,109 @@ def test_ragate_ask_answers_with_the_route_file_on_smollm2(
     stop = read_calibration(out)["stops"][0]
     assert record["route"]["routes"] == list(ROUTES[:2])
     assert record["route"]["checks"][0]["threshold"] == (-math.inf if stop is None else stop)
+    adaptive = tmp_path / "adaptive.json"
+    assert main([*argv, "--policy", "adaptive-rag", "--out", str(adaptive)]) == 0
+    assert "Adaptive-RAG's question classifier" in capsys.readouterr().out
+    assert main(["ask", question, "--method", "route", "--calibration", str(adaptive), "--max-tokens", "8",
+                 "--json", "--quiet"]) == 0  # fmt: skip
+    record = json.loads(capsys.readouterr().out)
+    assert {c["kind"] for c in record["route"]["checks"]} == {"classifier"} and record["route"]["taken"] in ROUTES
     other = tmp_path / "other.json"
     other.write_text(json.dumps(read_calibration(out) | {"model": "qwen2.5-coder-1.5b"}))
     assert main(["ask", question, "--method", "route", "--calibration", str(other)]) == 2
     assert "was calibrated with model 'qwen2.5-coder-1.5b'" in capsys.readouterr().err
+
+
+QUESTIONS = ("Who wrote Hamlet?", "When did the war end in 1945?", "Which city is the capital of France?",
+             "How many moons does Mars have?", "Where was the treaty signed?", "What year did 3 ships sink?")  # fmt: skip
+
+
+def _policy_scenario(n: int, seed: int) -> tuple[dict[str, dict[str, Trace]], list[dict[str, Any]]]:
+    """Every route's answer to ``n`` questions of several kinds (so that the question's features vary), with
+    outcomes that depend on the question word and the first answer's NLL, as scripted traces and their records."""
+    rng = random.Random(seed)
+    traces: dict[str, dict[str, Trace]] = {}
+    records = []
+    for i in range(n):
+        qid, question = f"q{i}", f"{rng.choice(QUESTIONS)} ({i})"
+        traces[qid] = {}
+        nll0 = rng.uniform(0, 2)
+        for j in range(3):
+            record = _record(qid, j, rng.choice(["Paris", "Lyon", "Nice", "x y"]), nll0 if j == 0 else rng.uniform(0, 2),
+                             rng.random() < (0.6 - 0.25 * nll0 if j == 0 else 0.3 + 0.1 * j + 0.2 * question.startswith("Who")),
+                             "Paris and Lyon")  # fmt: skip
+            record["question"] = question
+            trace = record["trace"]
+            traces[qid][ROUTES[j]] = Trace(
+                ROUTES[j], question, trace["answer"], j > 0, GateDecision(j > 0, 0.0, 0.0, ""), (),
+                (Hit(Passage(f"p{qid}{j}", "A title", "Paris and Lyon"), 1.0, 1),) if j else (),
+                (Stage("answer", 100 * (j + 1), 10, 0.5 + j, logprob=trace["stages"][0]["logprob"]),),
+            )  # fmt: skip
+            records.append(record)
+    return traces, records
+
+
+@pytest.mark.parametrize("policy, budget", [("adaptive-rag", None), ("learned", 0.8)])
+def test_a_fitted_policy_chooses_live_the_route_it_chose_in_the_replay(
+    policy: str, budget: float | None, tmp_path: Path
+) -> None:
+    """The calibration file's numbers are the fitted model's: served through Pipeline's path (the file read,
+    checked and put in the route spec), the live route method takes, on every question, the route the replay's
+    fit takes, and runs only what the policy pays for (adaptive-rag: the one route; learned: the first, then its
+    choice if another)."""
+    from ragate.methods import get_method
+    from ragate.methods.configure import calibrated
+    from ragate.methods.route import run_route
+    from ragate.methods.route_policy import adaptive_choice, learned_values
+    from ragate.report.routes import fit_adaptive, fit_learned, learned_x
+
+    traces, records = _policy_scenario(160, seed=7)
+    table = route_table(records, ROUTES)
+    path = tmp_path / f"{policy}.json"
+    path.write_text(json.dumps(route_calibration(table, budget, policy=policy)))
+    spec, tau = calibrated(get_method("route"), read_calibration(path), path, routes_given=False)
+    assert tau is None and spec.route is not None and spec.route.policy == policy
+    if policy == "adaptive-rag":
+        replayed = adaptive_choice(fit_adaptive(table, "em"), table.question_x)[0]
+    else:
+        model = fit_learned(table, "em", 0.8)
+        replayed = learned_values(model, learned_x(table)).argmax(axis=1)
+        assert spec.route.model is not None and spec.route.model.lam == model.lam
+    assert len(set(replayed.tolist())) >= 2  # the fit tells questions apart: the comparison compares something
+    for i, qid in enumerate(table.ids):
+        ran: list[str] = []
+
+        def run(s: Any, qid: str = qid, ran: list[str] = ran) -> Trace:
+            ran.append(s.name)
+            return traces[qid][s.name]
+
+        live = run_route(spec, table.questions[i], run)
+        assert live.route is not None and live.route.taken == ROUTES[replayed[i]], qid
+        want = [ROUTES[replayed[i]]] if policy == "adaptive-rag" else list(dict.fromkeys([ROUTES[0], ROUTES[replayed[i]]]))
+        assert ran == want and [c.stop for c in live.route.checks].count(True) == 1
+        assert live.answer == traces[qid][ROUTES[replayed[i]]].answer
+
+
+def test_a_fitted_policy_file_with_bad_numbers_is_refused(table: Any, tmp_path: Path) -> None:
+    learned = route_calibration(table, 0.8, policy="learned")
+    adaptive = route_calibration(table, None, policy="adaptive-rag")
+    cases = [
+        (learned | {"lambda": -1}, "'lambda' must be a number, 0 or more"),
+        (learned | {"costs": [0, 1]}, "'costs' must hold each route's mean retrievals"),
+        (learned | {"right": [0.5, 0.5]}, "'right' must hold one fit per route"),
+        (learned | {"policy": "bandit"}, "'policy' must be cascade, adaptive-rag or learned"),
+    ]
+    if isinstance(adaptive["classifier"], dict):
+        broken = adaptive["classifier"] | {"scale": [0.0] * len(adaptive["classifier"]["scale"])}
+        cases.append((adaptive | {"classifier": broken}, "one positive scale"))
+    cases.append((adaptive | {"classifier": 7}, "'classifier' names route 7 of 3"))
+    for data, words in cases:
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(RagateError, match=words):
+            read_calibration(path)
+    with pytest.raises(RagateError, match="adaptive-rag has no budget"):
+        route_calibration(table, 0.8, policy="adaptive-rag")
+    high = learned["reach"][1]
+    with pytest.raises(RagateError, match=rf"above what the routes can reach.*give --budget {high:.2f} or less"):
+        route_calibration(table, high + 1, policy="learned")

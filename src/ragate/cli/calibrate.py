@@ -49,6 +49,13 @@ def register(subparsers: Any) -> None:
         "wo-rag,single-rag,ircot); the file sets one NLL stop threshold per route but the last",
     )
     cal.add_argument(
+        "--policy",
+        choices=("cascade", "adaptive-rag", "learned"),
+        default=None,
+        help="with --gate route: the cascade's stop thresholds (default), Adaptive-RAG's question classifier (no "
+        "--budget), or the learned policy (P(right) per route - lambda * retrievals, lambda for --budget)",
+    )
+    cal.add_argument(
         "--with",
         dest="with_runs",
         action="append",
@@ -144,8 +151,8 @@ def register(subparsers: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     if args.gate == "route":
         return _calibrate_routes(args)
-    if args.routes is not None or args.with_runs:
-        raise RagateError("--routes and --with go with --gate route (a route method's stop thresholds)")
+    if args.routes is not None or args.with_runs or args.policy is not None:
+        raise RagateError("--routes, --policy and --with go with --gate route (a route method's policy)")
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
     if args.batch is not None and args.confidence is None:
@@ -244,23 +251,32 @@ def _calibrate_routes(args: argparse.Namespace) -> int:
             "--gate route sets its stop thresholds from every route's answers to the same questions: run "
             "ragate eval --methods wo-rag,single-rag,ircot --out RUN and pass --from-sweep RUN"
         )
-    if args.budget is None:
-        raise RagateError("--gate route needs --budget B: mean retrievals per question, e.g. 0.8")
+    policy = args.policy or "cascade"
+    if args.budget is None and policy != "adaptive-rag":
+        raise RagateError(f"--gate route --policy {policy} needs --budget B: mean retrievals per question, e.g. 0.8")
     if args.objective != "budget" or args.confidence is not None or args.prefixes is not None:
-        raise RagateError("--gate route takes --budget (and --metric) only: --objective, --confidence and "
+        raise RagateError("--gate route takes --budget, --policy and --metric: --objective, --confidence and "
                           "--prefixes set a gate's threshold")  # fmt: skip
     routes = routes_argument(args.routes) or get_method("route").route.routes  # type: ignore[union-attr]
-    result = calibrate_routes([args.from_sweep, *args.with_runs], routes, args.budget, args.metric)
-    out = args.out or Path("calibration") / f"route-{args.from_sweep.name}-{args.budget:g}.json"
+    result = calibrate_routes([args.from_sweep, *args.with_runs], routes, args.budget, args.metric, policy=policy)
+    budget = f"-{args.budget:g}" if args.budget is not None else ""
+    out = args.out or Path("calibration") / f"route-{policy}-{args.from_sweep.name}{budget}.json"
     with atomic_writer(out) as f:
         f.write(json.dumps(result, indent=2).encode())
-    stops = ", ".join("never" if s is None else f"{s:.4g}" for s in result["stops"])
-    low, high = result["reach"]
+    if policy == "cascade":
+        chosen = "NLL stop thresholds " + ", ".join("never" if s is None else f"{s:.4g}" for s in result["stops"])
+    elif policy == "learned":
+        chosen = f"the learned policy, lambda {result['lambda']:.4g}"
+    else:
+        chosen = "Adaptive-RAG's question classifier"
+    spent = f"{result['dev_retrievals']:.2f} retrievals per question"
+    if "reach" in result:
+        low, high = result["reach"]
+        spent += f" (budget {args.budget:g}; the routes reach {low:.2f} to {high:.2f})"
     print(
-        f"route ({', '.join(result['routes'])}): NLL stop thresholds {stops}; on {result['n']} questions "
-        f"{result['dev_retrievals']:.2f} retrievals per question (budget {args.budget:g}; the routes reach "
-        f"{low:.2f} to {high:.2f}), {args.metric.upper()} {100 * result['dev_score']:.1f} where they were chosen "
-        "(ragate report RUN --routes ... scores them cross-fitted)"
+        f"route ({', '.join(result['routes'])}): {chosen}; on {result['n']} questions {spent}, "
+        f"{args.metric.upper()} {100 * result['dev_score']:.1f} where it was fitted (ragate report RUN --routes ... "
+        "scores the policies cross-fitted)"
     )
     print(f"saved {out}: ragate ask/serve --method route --calibration {out}")
     return 0

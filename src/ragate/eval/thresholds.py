@@ -331,6 +331,17 @@ def _route_fault(data: dict[str, Any]) -> str | None:
     routes = data.get("routes")
     if not isinstance(routes, list) or len(routes) < 2 or not all(isinstance(r, str) and r for r in routes):
         return f"'routes' must name two routes or more, not {short(routes)}"
+    policy = data.get("policy", "cascade")
+    if policy not in ("cascade", "adaptive-rag", "learned"):
+        return f"'policy' must be cascade, adaptive-rag or learned, not {short(policy)}"
+    if policy != "cascade":  # the fitted model's numbers, checked as the live policy reads them
+        from ragate.methods.route_policy import RoutePolicyModel
+
+        try:
+            RoutePolicyModel.from_json(policy, data, len(routes), f"the {policy} policy")
+        except RagateError as err:
+            return str(err)
+        return None
     stops = data.get("stops")
     if not isinstance(stops, list) or len(stops) != len(routes) - 1:
         return f"'stops' must hold {len(routes) - 1} thresholds (one per route but the last), not {short(stops)}"

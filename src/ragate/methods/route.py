@@ -13,6 +13,9 @@ cascade only where it is found whole in them (:func:`ragate.text.supported`, the
 records). On HotpotQA with Qwen2.5-Coder-1.5B no right answer of one retrieval or of IRCoT failed it, while most
 answers that failed it were wrong (``ragate report RUN --routes ...`` scores it, "answer not in its passages").
 
+Two other policies choose from features instead, with a model fitted on records (``RouteSpec.policy``
+"adaptive-rag" and "learned", :mod:`ragate.methods.route_policy`; a route calibration file carries them).
+
 :func:`check_routes` refuses, before any model call, routes that are unknown, repeated, in mixed answer formats
 (chain-of-thought and single-shot) or not ordered by cost (closed-book, then one retrieval, then many).
 """
@@ -49,8 +52,13 @@ def route_specs(route: RouteSpec) -> list[MethodSpec]:
     route method sets (``RouteSpec.max_tokens``, ``RouteSpec.k``), where it sets them."""
     from ragate.methods.registry import get_method
 
-    if route.policy != "cascade":
-        raise RagateError(f"unknown route policy {route.policy!r}: the one built in is 'cascade'")
+    if route.policy not in ("cascade", "adaptive-rag", "learned"):
+        raise RagateError(f"unknown route policy {route.policy!r}: cascade, adaptive-rag or learned")
+    if route.policy != "cascade" and route.model is None:
+        raise RagateError(
+            f"route policy {route.policy!r} chooses with a fitted model: ragate calibrate --gate route --policy "
+            f"{route.policy} --from-sweep RUN, then --calibration FILE (Pipeline(calibration=FILE))"
+        )
     specs = [get_method(name) for name in route.routes]
     check_routes(specs, route)
     return [s.with_limits(route.max_tokens, route.k) for s in specs]
@@ -103,9 +111,17 @@ def with_calibration(spec: MethodSpec, cal: Mapping[str, Any], path: object, *, 
             f"{path} was calibrated on the routes {','.join(routes)}, not {','.join(route.routes)}: drop routes= "
             f"(--routes) to take the file's, or rerun ragate calibrate --gate route --routes {','.join(route.routes)}"
         )
-    stops = tuple(-math.inf if s is None else float(s) for s in cal["stops"])
-    route = replace(route, routes=routes, stop_nll=stops, agree=cal.get("agree", True),
-                    evidence=cal.get("evidence", True))  # fmt: skip
+    policy = cal.get("policy", "cascade")
+    if policy == "cascade":
+        stops = tuple(-math.inf if s is None else float(s) for s in cal["stops"])
+        route = replace(route, routes=routes, stop_nll=stops, agree=cal.get("agree", True),
+                        evidence=cal.get("evidence", True))  # fmt: skip
+    else:
+        from ragate.methods.route_policy import RoutePolicyModel, check_width
+
+        model = RoutePolicyModel.from_json(policy, cal, len(routes), str(path))
+        check_width(model, str(path))
+        route = replace(route, routes=routes, policy=policy, model=model, stop_nll=None)
     route_specs(route)  # routes this version knows, in order
     return spec.with_(route=route)
 
@@ -134,6 +150,75 @@ def answers_agree(a: str, b: str) -> bool:
     return contains_words(normalize_answer(a), normalize_answer(b))
 
 
+def check_answer(
+    route: RouteSpec, name: str, trace: Trace, before: Trace | None, threshold: float
+) -> tuple[bool, list[RouteCheck]]:
+    """The stop checks on the answer of route ``name`` (no model call): whether the cascade stops there, and each
+    check in the order read: its normalised NLL at most ``threshold``; else (with ``route.agree``, a route
+    ``before`` it) agreement with that route's answer; then (with ``route.evidence``, documents read) the answer
+    found in them, without which it does not stop."""
+    nll = trace.answer_nll
+    stop = nll is not None and nll <= threshold
+    checks = [RouteCheck(name, "nll", nll, threshold, stop)]
+    if route.agree and before is not None and not stop:
+        stop = answers_agree(trace.answer, before.answer)
+        checks.append(RouteCheck(name, "agree", float(stop), 1.0, stop))
+    if route.evidence and (found := answer_supported(trace)) is not None:
+        stop = stop and found
+        checks.append(RouteCheck(name, "supported", float(found), 1.0, stop))
+    return stop, checks
+
+
+def _cascade(
+    route: RouteSpec, specs: list[MethodSpec], run: Callable[[MethodSpec], Trace]
+) -> tuple[list[tuple[int, Trace]], list[RouteCheck]]:
+    """The cascade: each route in turn until one's answer checks out (:func:`check_answer`), the last otherwise."""
+    stops = stop_thresholds(route)
+    checks: list[RouteCheck] = []
+    ran: list[tuple[int, Trace]] = []
+    for i, route_spec in enumerate(specs):
+        trace = run(route_spec)
+        ran.append((i, trace))
+        if i == len(specs) - 1:
+            break
+        stop, met = check_answer(route, route_spec.name, trace, ran[i - 1][1] if i else None, stops[i])
+        checks += met
+        if stop:
+            break
+    return ran, checks
+
+
+def _chosen(
+    route: RouteSpec, specs: list[MethodSpec], question: str, run: Callable[[MethodSpec], Trace]
+) -> tuple[list[tuple[int, Trace]], list[RouteCheck]]:
+    """A policy that chooses from features (:mod:`ragate.methods.route_policy`): ``adaptive-rag`` runs the one route
+    its classifier gives the question (a "classifier" check per route: its probability, the chosen one's beside
+    it); ``learned`` runs the first route, then the route of the highest P(right) - lambda * cost, if another (a
+    "learned" check per route: its value, the best value beside it)."""
+    import numpy as np
+
+    from ragate.methods.route_policy import Linear, answer_vector, learned_values, question_vector
+
+    model = route.model
+    if model is None:  # route_specs refuses it; here for the type checker
+        raise ValueError(f"route policy {route.policy!r} has no fitted model")
+    x = question_vector([question])
+    if route.policy == "adaptive-rag":
+        if isinstance(model.choose, Linear):
+            probs, classes = model.choose.probabilities(x)[0].tolist(), model.choose.classes
+        else:
+            probs, classes = [1.0], (int(model.choose or 0),)
+        i = classes[int(np.argmax(probs))]
+        checks = [RouteCheck(specs[c].name, "classifier", p, max(probs), c == i) for c, p in zip(classes, probs, strict=True)]
+        return [(i, run(specs[i]))], checks
+    first = run(specs[0])
+    features = np.hstack([x, [answer_vector(first.answer_nll, first.answer, first.tokens)]])
+    values = learned_values(model, features)[0].tolist()
+    i = int(np.argmax(values))
+    checks = [RouteCheck(s.name, "learned", v, max(values), j == i) for j, (s, v) in enumerate(zip(specs, values, strict=True))]
+    return [(0, first), *([(i, run(specs[i]))] if i else [])], checks
+
+
 def run_route(
     spec: MethodSpec,
     question: str,
@@ -148,28 +233,13 @@ def run_route(
     if route is None:
         raise ValueError(f"method {spec.name!r} is not a route method")
     specs = route_specs(route)
-    stops = stop_thresholds(route)
-    checks: list[RouteCheck] = []
-    traces: list[Trace] = []
-    for i, route_spec in enumerate(specs):
-        trace = run(route_spec)
-        traces.append(trace)
-        if i == len(specs) - 1:
-            break
-        nll = trace.answer_nll
-        stop = nll is not None and nll <= stops[i]
-        checks.append(RouteCheck(route_spec.name, "nll", nll, stops[i], stop))
-        if route.agree and i > 0 and not stop:
-            agree = answers_agree(trace.answer, traces[i - 1].answer)
-            checks.append(RouteCheck(route_spec.name, "agree", float(agree), 1.0, agree))
-            stop = agree
-        if route.evidence and (found := answer_supported(trace)) is not None:
-            stop = stop and found
-            checks.append(RouteCheck(route_spec.name, "supported", float(found), 1.0, stop))
-        if stop:
-            break
+    if route.policy == "cascade":
+        ran, checks = _cascade(route, specs, run)
+    else:
+        ran, checks = _chosen(route, specs, question, run)
+    traces = [t for _, t in ran]
     final = traces[-1]
-    taken = specs[len(traces) - 1].name
+    taken = specs[ran[-1][0]].name
     info = RouteInfo(tuple(route.routes), taken, tuple(checks), tuple(len(t.stages) for t in traces))
     met = [c.kind for c in checks if c.route == taken and c.stop]
     reason = f"answered by {taken}" + (f" ({' and '.join(met)} check met)" if met else "")

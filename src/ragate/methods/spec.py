@@ -6,11 +6,14 @@ Any gate combines with any selector: a named method is just a default pairing wi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ragate.gates.spec import GateSpec
 from ragate.methods.prompts import DTR, PromptSet
 from ragate.selection.ais import AISScore
+
+if TYPE_CHECKING:
+    from ragate.methods.route_policy import RoutePolicyModel
 
 SelectorKind = Literal[
     "question", "hyde", "q2d", "cot", "dpr-ais", "dpr-ais-question", "dpr-ais-pseudo",
@@ -111,7 +114,7 @@ class CragSpec:
     incorrect: CragIncorrect = "closed-book"
 
 
-RoutePolicy = Literal["cascade"]
+RoutePolicy = Literal["cascade", "adaptive-rag", "learned"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,9 @@ class RouteSpec:
     at most that stage's ``stop_nll`` (one per route but the last; None: DTR's default tau for each), or, with
     ``agree``, when it agrees with the answer of the route before it (PAIRS's idea, applied after the answer). With
     ``evidence``, an answer written from documents stops only where it is found whole in them (the evidence check,
-    :func:`ragate.text.supported`). A stop threshold of -inf: that stage never stops on NLL."""
+    :func:`ragate.text.supported`). A stop threshold of -inf: that stage never stops on NLL. ``policy``
+    "adaptive-rag" or "learned" chooses from features instead, with the fitted ``model`` a route calibration file
+    holds (:mod:`ragate.methods.route_policy`)."""
 
     routes: tuple[str, ...]
     policy: RoutePolicy = "cascade"
@@ -132,6 +137,7 @@ class RouteSpec:
     evidence: bool = True
     max_tokens: int | None = None  # every route's answer length (None: each route's own)
     k: int | None = None  # every route's documents per retrieval (None: each route's own)
+    model: RoutePolicyModel | None = None  # the adaptive-rag or learned policy's fit
 
 
 @dataclass(frozen=True)

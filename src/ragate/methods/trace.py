@@ -93,8 +93,11 @@ class DynamicInfo:
 @dataclass(frozen=True)
 class RouteCheck:
     """One stop check of a route cascade on a route's answer: its ``kind`` ("nll": the answer's normalised NLL at
-    most ``threshold``; "agree": the answer agrees with the route before it, score 1 or 0, threshold 1), its score,
-    and whether it stopped the cascade there."""
+    most ``threshold``; "agree": the answer agrees with the route before it, score 1 or 0, threshold 1;
+    "supported": the answer is found in the passages it read, score 1 or 0, without which it does not stop), its
+    score, and whether it stopped the cascade there. A policy that chooses from features records one per route
+    instead: "classifier" (Adaptive-RAG: the route's probability, threshold the chosen route's) or "learned"
+    (P(right) - lambda * cost, threshold the best value); ``stop`` marks the route chosen."""
 
     route: str
     kind: str

@@ -11,7 +11,10 @@ chosen.
 
 A budget the routes cannot reach is refused, naming the range: below the cheapest cascade (every stage stopping
 wherever its answer's NLL is recorded and its evidence allows) or above the dearest (no stage stopping on NLL, so
-only agreement stops). ``ragate calibrate --gate route --from-sweep RUN --budget B`` writes the file;
+only agreement stops). The other two policies (:mod:`ragate.methods.route_policy`) are fitted on every question
+the same way: ``adaptive-rag``'s question classifier (no budget), the ``learned`` policy's per-route fits and the
+lambda whose choices stay within the budget (its reach: the first route alone, to the first and the dearest).
+``ragate calibrate --gate route [--policy P] --from-sweep RUN --budget B`` writes the file;
 ``ragate ask/serve --calibration FILE`` and ``Pipeline(method="route", calibration=FILE)`` serve with it
 (:func:`ragate.methods.route.with_calibration`).
 """
@@ -23,8 +26,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ragate.errors import RagateError
-from ragate.report.routes import RouteTable, cascade, outcome, read_route_table, tune_stops
+from ragate.methods.route_policy import adaptive_choice, learned_values
+from ragate.report.routes import (
+    RouteTable,
+    cascade,
+    fit_adaptive,
+    fit_learned,
+    learned_x,
+    outcome,
+    read_route_table,
+    tune_stops,
+)
 
 
 def reach(table: RouteTable, *, agree: bool = True, evidence: bool = True) -> tuple[float, float]:
@@ -38,15 +53,17 @@ def reach(table: RouteTable, *, agree: bool = True, evidence: bool = True) -> tu
     return spent[0], spent[1]
 
 
-def route_calibration(
-    table: RouteTable, budget: float, metric: str = "em", *, agree: bool = True, evidence: bool = True
-) -> dict[str, Any]:
-    """The calibration of the route method over ``table``'s routes for at most ``budget`` mean retrievals per
-    question: its stop thresholds (None: that stage never stops on NLL), the checks they were tuned with, and
-    what they did on these questions (accuracy, mean retrievals) beside the routes' reach."""
-    if not (isinstance(budget, int | float) and math.isfinite(budget) and budget >= 0):
-        raise RagateError(f"--budget is mean retrievals per question for a route method, not {budget!r}: e.g. 0.8")
-    low, high = reach(table, agree=agree, evidence=evidence)
+def policy_reach(table: RouteTable) -> tuple[float, float]:
+    """The least and the most mean retrievals per question the learned policy can spend: the first route always
+    runs, then one route (itself, or another)."""
+    spent = [
+        float(outcome(table, "", np.full(len(table), j), "em", pays="first").costs["retrievals"].mean())
+        for j in range(len(table.routes))
+    ]
+    return min(spent), max(spent)
+
+
+def _check_budget(table: RouteTable, budget: float, low: float, high: float, dearest: str) -> None:
     spend = f"over {len(table)} questions these routes ({', '.join(table.routes)}) spend {low:.2f} to {high:.2f} "
     if budget < low - 1e-9:
         raise RagateError(
@@ -56,13 +73,47 @@ def route_calibration(
     if budget > high + 1e-9:
         raise RagateError(
             f"a budget of {budget:g} retrievals per question is above what the routes can reach: {spend}"
-            f"retrievals per question (the dearest cascade stops on agreement alone); give --budget {high:.2f} or "
-            f"less, or answer every question with the last route (--method {table.routes[-1]})"
+            f"retrievals per question ({dearest}); give --budget {high:.2f} or less, or answer every question "
+            f"with the last route (--method {table.routes[-1]})"
         )
+
+
+def route_calibration(
+    table: RouteTable,
+    budget: float | None,
+    metric: str = "em",
+    *,
+    policy: str = "cascade",
+    agree: bool = True,
+    evidence: bool = True,
+) -> dict[str, Any]:
+    """The calibration of the route method over ``table``'s routes: for the cascade (at most ``budget`` mean
+    retrievals per question) its stop thresholds (None: that stage never stops on NLL) and the checks they were
+    tuned with; for ``adaptive-rag`` (no budget) its question classifier; for ``learned`` (a budget) its fits and
+    lambda; and what the policy did on these questions (accuracy, mean retrievals) beside the routes' reach."""
+    if policy == "adaptive-rag":
+        if budget is not None:
+            raise RagateError("adaptive-rag has no budget: its classifier chooses from the question alone; drop --budget")
+        model = fit_adaptive(table, metric)
+        taken = adaptive_choice(model, table.question_x)[0] if len(table) else np.zeros(0, dtype=int)
+        return _policy_file(table, model.to_json(), policy, metric, outcome(table, "", taken, metric, pays="taken"))
+    if not (isinstance(budget, int | float) and math.isfinite(budget) and budget >= 0):
+        raise RagateError(f"--budget is mean retrievals per question for a route method, not {budget!r}: e.g. 0.8")
+    if policy == "learned":
+        low, high = policy_reach(table)
+        _check_budget(table, budget, low, high, "the first route, then the dearest")
+        fitted = fit_learned(table, metric, budget)
+        taken = np.argmax(learned_values(fitted, learned_x(table)), axis=1)
+        row = outcome(table, "", taken, metric, pays="first")
+        return _policy_file(table, fitted.to_json(), policy, metric, row) | {"budget": float(budget), "reach": [low, high]}
+    if policy != "cascade":
+        raise RagateError(f"unknown route policy {policy!r}: cascade, adaptive-rag or learned")
+    low, high = reach(table, agree=agree, evidence=evidence)
+    _check_budget(table, budget, low, high, "the dearest cascade stops on agreement alone")
     stops = tune_stops(table, budget, metric, agree=agree, evidence=evidence)
     row = outcome(table, "", cascade(table, stops, agree=agree, evidence=evidence), metric, pays="every")
     return {
-        "method": "route", "objective": "budget", "routes": list(table.routes),
+        "method": "route", "policy": "cascade", "objective": "budget", "routes": list(table.routes),
         "stops": [s if math.isfinite(s) else None for s in stops], "agree": agree, "evidence": evidence,
         "budget": float(budget), "metric": metric, "n": len(table),
         "dev_score": float(row.score.mean()), "dev_retrievals": float(row.costs["retrievals"].mean()),
@@ -70,8 +121,21 @@ def route_calibration(
     }  # fmt: skip
 
 
+def _policy_file(table: RouteTable, fitted: dict[str, Any], policy: str, metric: str, row: Any) -> dict[str, Any]:
+    return {
+        "method": "route", "policy": policy, "routes": list(table.routes), **fitted, "metric": metric,
+        "n": len(table), "dev_score": float(row.score.mean()) if len(table) else 0.0,
+        "dev_retrievals": float(row.costs["retrievals"].mean()) if len(table) else 0.0,
+    }  # fmt: skip
+
+
 def calibrate_routes(
-    run_dirs: Sequence[str | Path], routes: Sequence[str], budget: float, metric: str = "em"
+    run_dirs: Sequence[str | Path],
+    routes: Sequence[str],
+    budget: float | None,
+    metric: str = "em",
+    *,
+    policy: str = "cascade",
 ) -> dict[str, Any]:
     """:func:`route_calibration` over the records of eval runs (the first run's model and engine recorded, as a
     calibration of that model; runs of another model are refused)."""
@@ -88,6 +152,6 @@ def calibrate_routes(
             "stop thresholds belong to one model; give runs of one model"
         )
     table = read_route_table(run_dirs, routes)
-    found = route_calibration(table, budget, metric)
+    found = route_calibration(table, budget, metric, policy=policy)
     model, engine = models.pop()
     return found | {"dev": " + ".join(str(d) for d in run_dirs), "model": model, "engine": engine, "source": "run"}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -35,6 +35,14 @@ from ragate.errors import RagateError
 from ragate.eval.metrics import paired_bootstrap_diff
 from ragate.eval.summary import verdict
 from ragate.methods.route import answers_agree
+from ragate.methods.route_policy import (
+    Linear,
+    RoutePolicyModel,
+    adaptive_choice,
+    answer_vector,
+    learned_values,
+    question_vector,
+)
 from ragate.methods.trace import Stage, answer_nll
 
 COSTS = ("retrievals", "lm_calls", "tokens", "seconds")
@@ -78,8 +86,9 @@ class RouteTable:
 
     @functools.cached_property
     def question_x(self) -> np.ndarray:
-        """The questions' features (:func:`question_features`), computed once for every policy that reads them."""
-        return question_features(self.questions)
+        """The questions' features (:func:`ragate.methods.route_policy.question_vector`), computed once for every
+        policy that reads them."""
+        return question_vector(self.questions)
 
     @property
     def has_nll(self) -> bool:
@@ -197,14 +206,6 @@ def route_labels(table: RouteTable, metric: str) -> np.ndarray:
     return np.where(right.any(axis=1), right.argmax(axis=1), kind)
 
 
-def question_features(questions: Sequence[str]) -> np.ndarray:
-    """ragate's question-side signals (length, question word, digit, date; not rarity, which needs the index)."""
-    from ragate.gates.signals import QUESTION_FEATURES, signals
-
-    names = tuple(n for n in QUESTION_FEATURES if n != "rarity")
-    return np.array([signals(q, names, None, None).vector(names) for q in questions], dtype=float)
-
-
 def _classifier() -> Any:
     """The logistic regression every policy here fits: standardised features, L2 at scikit-learn's default."""
     from sklearn.linear_model import LogisticRegression
@@ -214,78 +215,67 @@ def _classifier() -> Any:
     return make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
 
 
+def fit_adaptive(table: RouteTable, metric: str) -> RoutePolicyModel:
+    """Adaptive-RAG's question classifier fitted on every question of ``table`` (:func:`route_labels`); where the
+    labels hold one route only (or there are none: the last route), that route for every question."""
+    y = route_labels(table, metric)
+    classes = np.unique(y) if len(y) else np.array([len(table.routes) - 1])
+    if len(classes) == 1:
+        return RoutePolicyModel("adaptive-rag", choose=int(classes[0]))
+    return RoutePolicyModel("adaptive-rag", choose=Linear.from_sklearn(_classifier().fit(table.question_x, y)))
+
+
 def adaptive_rag(table: RouteTable, metric: str, *, seed: int = 0) -> np.ndarray:
     """Each question's route as Adaptive-RAG's question classifier chooses it, trained on the other half of the
-    questions (:func:`route_labels`; the halves of :func:`cross_fitted`)."""
-    x, y = table.question_x, route_labels(table, metric)
+    questions (:func:`fit_adaptive`; the halves of :func:`cross_fitted`)."""
     taken = np.zeros(len(table), dtype=int)
     for scored, trained in halves(len(table), seed):
-        if not len(scored):
-            continue
-        classes = np.unique(y[trained]) if len(trained) else np.array([len(table.routes) - 1])
-        if len(classes) == 1:  # one label in training (or none): the classifier can only say it
-            taken[scored] = classes[0]
-            continue
-        model = _classifier()
-        taken[scored] = model.fit(x[trained], y[trained]).predict(x[scored])
+        if len(scored):
+            taken[scored] = adaptive_choice(fit_adaptive(table.take(trained), metric), table.question_x[scored])[0]
     return taken
 
 
-def first_answer_features(table: RouteTable) -> np.ndarray:
-    """What the first route's answer shows once written, at no further model call: its normalised NLL (0 where the
-    record has none, with a column saying whether it has one), its words (log), whether it is empty, and its
-    tokens (log)."""
-    nll = table.nll[:, 0]
-    has = np.isfinite(nll)
-    words = np.array([len(a[0].split()) for a in table.answers], dtype=float)
-    empty = np.array([float(not a[0].strip()) for a in table.answers])
-    return np.column_stack([np.where(has, nll, 0.0), has, np.log1p(words), empty, np.log1p(table.costs["tokens"][:, 0])])
-
-
-def _right_probabilities(x: np.ndarray, right: np.ndarray, trained: np.ndarray) -> list[Any]:
-    """Per route, a function of features giving P(right), fitted on the ``trained`` rows (a constant where they
-    hold one outcome only)."""
-    fits: list[Any] = []
-    for r in range(right.shape[1]):
-        y = right[trained, r]
-        if len(np.unique(y)) < 2:
-            value = float(y[0]) if len(y) else 0.0
-            fits.append(lambda rows, value=value: np.full(len(rows), value))
-            continue
-        model = _classifier().fit(x[trained], y)
-        fits.append(lambda rows, model=model: model.predict_proba(rows)[:, 1])
-    return fits
+def learned_x(table: RouteTable) -> np.ndarray:
+    """The learned policy's features: the question's, then the first route's answer's (:func:`answer_vector`)."""
+    first = [answer_vector(table.nll[i, 0], table.answers[i][0], table.costs["tokens"][i, 0]) for i in range(len(table))]
+    return np.hstack([table.question_x, np.array(first, dtype=float).reshape(len(table), -1)])
 
 
 LAMBDAS = (0.0, *np.geomspace(1e-3, 10.0, 49).tolist())
 
 
+def fit_learned(table: RouteTable, metric: str, target: float) -> RoutePolicyModel:
+    """The learned policy fitted on every question of ``table``: a logistic fit of P(right) per route on
+    :func:`learned_x` (a constant where the questions hold one outcome), each route's mean retrievals (the first's
+    0: it has run), and lambda the one whose choices are the most accurate with mean retrievals (the first route's
+    plus the chosen one's) at most ``target`` (the largest where none is)."""
+    x, right = learned_x(table), table.scores[metric] > 0
+    fits: list[Linear | float] = []
+    for r in range(len(table.routes)):
+        y = right[:, r]
+        fits.append(Linear.from_sklearn(_classifier().fit(x, y)) if len(np.unique(y)) == 2 else float(y.mean() if len(y) else 0.0))
+    cost = table.costs["retrievals"].mean(axis=0) if len(table) else np.zeros(len(table.routes))
+    model = RoutePolicyModel("learned", right=tuple(fits), costs=(0.0, *map(float, cost[1:])))
+    p = learned_values(model, x)
+    best: tuple[float, float, float] | None = None
+    for lam in LAMBDAS:
+        row = outcome(table, "", np.argmax(p - lam * np.asarray(model.costs), axis=1), metric, pays="first")
+        spent = float(row.costs["retrievals"].mean()) if len(table) else 0.0
+        key = (-float(row.score.mean()) if len(table) else 0.0, spent, lam)
+        if spent <= target + 1e-9 and (best is None or key[:2] < best[:2]):
+            best = key
+    return replace(model, lam=best[2] if best is not None else LAMBDAS[-1])
+
+
 def learned(table: RouteTable, metric: str, target: float, *, seed: int = 0) -> np.ndarray:
-    """Each question's route by P(right | route, features) - lambda * the route's mean retrievals: the features are
-    the question's and the first route's answer's (:func:`first_answer_features`; the first route always runs), a
-    logistic fit per route, and lambda the one whose choices are the most accurate with mean retrievals (the first
-    route's plus the chosen one's) at most ``target``; both fitted on the other half of the questions."""
-    x = np.hstack([table.question_x, first_answer_features(table)])
-    right = table.scores[metric] > 0
+    """Each question's route by P(right | route, features) - lambda * the route's mean retrievals
+    (:func:`fit_learned` on the other half of the questions; the first route always runs)."""
+    x = learned_x(table)
     taken = np.zeros(len(table), dtype=int)
     for scored, trained in halves(len(table), seed):
         if not len(scored) or not len(trained):
             continue  # nothing to learn from: the first route
-        fits = _right_probabilities(x, right, trained)
-        cost = table.costs["retrievals"][trained].mean(axis=0)
-        cost[0] = 0.0  # the first route has run already: choosing it costs nothing more
-        p_train = np.column_stack([f(x[trained]) for f in fits])
-        sub = table.take(trained)
-        best: tuple[float, float, float] | None = None
-        for lam in LAMBDAS:
-            row = outcome(sub, "", np.argmax(p_train - lam * cost, axis=1), metric, pays="first")
-            spent = float(row.costs["retrievals"].mean())
-            key = (-float(row.score.mean()), spent, lam)
-            if spent <= target + 1e-9 and (best is None or key[:2] < best[:2]):
-                best = key
-        lam = best[2] if best is not None else LAMBDAS[-1]
-        p = np.column_stack([f(x[scored]) for f in fits])
-        taken[scored] = np.argmax(p - lam * cost, axis=1)
+        taken[scored] = np.argmax(learned_values(fit_learned(table.take(trained), metric, target), x[scored]), axis=1)
     return taken
 
 
@@ -430,7 +420,7 @@ def frontier_markdown(
 
 def question_wrong(table: RouteTable, route: int, metric: str, *, seed: int = 0) -> np.ndarray:
     """A classifier of the question alone: P(route ``route``'s answer wrong) for each question, cross-fitted on the
-    halves (a logistic regression on :func:`question_features`)."""
+    halves (a logistic regression on :func:`ragate.methods.route_policy.question_vector`)."""
     x, wrong = table.question_x, table.scores[metric][:, route] <= 0
     p = np.zeros(len(table))
     for scored, trained in halves(len(table), seed):

@@ -69,12 +69,20 @@ _OWN = ("retrieval-", "question-", "no-model-lr", "corpus-", "proxy-", "learned"
 
 
 def route_reason(route: RouteInfo) -> str:
-    """A route method's path in plain words: the route that answered and the check that stopped it there."""
-    stopped = [c for c in route.checks if c.stop]
-    if not stopped:
-        return f"no earlier route's answer checked out: answered by {route.taken}, the last route"
-    check = stopped[-1]
-    why = "its answer agreed with the route before it" if check.kind == "agree" else "its answer was confident enough"
+    """A route method's path in plain words: the route that answered and the check that stopped it there (or the
+    policy that chose it)."""
+    kinds = {c.kind for c in route.checks if c.stop and c.route == route.taken}
+    if "classifier" in kinds:
+        return f"answered by {route.taken}: the question classifier (Adaptive-RAG) chose it for this question"
+    if "learned" in kinds:
+        return f"answered by {route.taken}: the learned policy expected it to pay best after the first answer"
+    if not kinds:
+        vetoed = any(c.kind == "supported" and not c.score for c in route.checks)
+        why = " (an answer not found in its passages went on)" if vetoed else ""
+        return f"no earlier route's answer checked out{why}: answered by {route.taken}, the last route"
+    why = "its answer agreed with the route before it" if "agree" in kinds else "its answer was confident enough"
+    if "supported" in kinds:
+        why += " and its passages hold it"
     return f"answered by {route.taken}: {why}, so no costlier route ran"
 
 
