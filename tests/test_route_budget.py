@@ -280,3 +280,9 @@ def test_a_fitted_policy_file_with_bad_numbers_is_refused(table: Any, tmp_path: 
     high = learned["reach"][1]
     with pytest.raises(RagateError, match=rf"above what the routes can reach.*give --budget {high:.2f} or less"):
         route_calibration(table, high + 1, policy="learned")
+
+
+def test_a_live_budget_on_a_route_method_is_refused_naming_the_calibration() -> None:
+    """``ragate serve --method route --budget B`` builds this pipeline, so it is refused the same way at start."""
+    with pytest.raises(RagateError, match="a route method's budget is mean retrievals per question.*calibrate --gate"):
+        Pipeline(method="route", budget=0.3, lm=ScriptedBackend([]))

@@ -194,10 +194,16 @@ def _chosen(
     """A policy that chooses from features (:mod:`ragate.methods.route_policy`): ``adaptive-rag`` runs the one route
     its classifier gives the question (a "classifier" check per route: its probability, the chosen one's beside
     it); ``learned`` runs the first route, then the route of the highest P(right) - lambda * cost, if another (a
-    "learned" check per route: its value, the best value beside it)."""
+    "learned" check per route: its P(right), and its price lambda * cost as the threshold)."""
     import numpy as np
 
-    from ragate.methods.route_policy import Linear, answer_vector, learned_values, question_vector
+    from ragate.methods.route_policy import (
+        Linear,
+        answer_vector,
+        learned_values,
+        question_vector,
+        right_probabilities,
+    )
 
     model = route.model
     if model is None:  # route_specs refuses it; here for the type checker
@@ -213,9 +219,10 @@ def _chosen(
         return [(i, run(specs[i]))], checks
     first = run(specs[0])
     features = np.hstack([x, [answer_vector(first.answer_nll, first.answer, first.tokens)]])
-    values = learned_values(model, features)[0].tolist()
-    i = int(np.argmax(values))
-    checks = [RouteCheck(s.name, "learned", v, max(values), j == i) for j, (s, v) in enumerate(zip(specs, values, strict=True))]
+    right = right_probabilities(model, features)[0].tolist()
+    i = int(np.argmax(learned_values(model, features)[0]))
+    price = [model.lam * c for c in model.costs]
+    checks = [RouteCheck(s.name, "learned", p, c, j == i) for j, (s, p, c) in enumerate(zip(specs, right, price, strict=True))]
     return [(0, first), *([(i, run(specs[i]))] if i else [])], checks
 
 

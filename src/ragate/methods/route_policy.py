@@ -186,9 +186,13 @@ def adaptive_choice(model: RoutePolicyModel, x: np.ndarray) -> tuple[np.ndarray,
     return np.asarray(model.choose.classes)[p.argmax(axis=1)], p
 
 
-def learned_values(model: RoutePolicyModel, x: np.ndarray) -> np.ndarray:
-    """P(right) - lambda * cost of each route for each row of features (question's, then the first answer's)."""
-    p = np.column_stack(
+def right_probabilities(model: RoutePolicyModel, x: np.ndarray) -> np.ndarray:
+    """P(right) of each route for each row of features (the question's, then the first answer's)."""
+    return np.column_stack(
         [np.full(len(x), r) if isinstance(r, float) else r.probabilities(x)[:, 1] for r in model.right]
     )
-    return p - model.lam * np.asarray(model.costs)  # type: ignore[no-any-return]
+
+
+def learned_values(model: RoutePolicyModel, x: np.ndarray) -> np.ndarray:
+    """P(right) - lambda * cost of each route for each row of features: the learned policy takes the largest."""
+    return right_probabilities(model, x) - model.lam * np.asarray(model.costs)  # type: ignore[no-any-return]

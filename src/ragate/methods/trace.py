@@ -97,7 +97,8 @@ class RouteCheck:
     "supported": the answer is found in the passages it read, score 1 or 0, without which it does not stop), its
     score, and whether it stopped the cascade there. A policy that chooses from features records one per route
     instead: "classifier" (Adaptive-RAG: the route's probability, threshold the chosen route's) or "learned"
-    (P(right) - lambda * cost, threshold the best value); ``stop`` marks the route chosen."""
+    (the route's P(right), threshold its price lambda * cost: the route of the largest difference is taken);
+    ``stop`` marks the route chosen."""
 
     route: str
     kind: str

@@ -120,6 +120,12 @@ def check_budget(budget: float, window: int, spec: MethodSpec, gain: float = DEF
         raise RagateError(
             f"--window {window} is too short to estimate a rate: use at least {MIN_WINDOW} (default 200)"
         )
+    if spec.route is not None:
+        raise RagateError(
+            "a route method's budget is mean retrievals per question, set by its calibration file: ragate "
+            "calibrate --gate route --from-sweep RUN --budget B, then --calibration FILE (no live controller holds "
+            "a route budget yet); drop --budget"
+        )
     if not get_gate(spec.gate.kind).budget_control:
         stand_in = (
             " (a fallback gate stands in for the method's own, which this backend cannot serve)"
