@@ -6,6 +6,8 @@ and a file for other routes are refused, naming the fix."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import math
 import random
 from collections.abc import Iterator
@@ -173,7 +175,7 @@ def test_ragate_ask_answers_with_the_route_file_on_smollm2(
     record = json.loads(capsys.readouterr().out)
     stop = read_calibration(out)["stops"][0]
     assert record["route"]["routes"] == list(ROUTES[:2])
-    assert record["route"]["checks"][0]["threshold"] == (-math.inf if stop is None else stop)
+    assert record["route"]["checks"][0]["threshold"] == stop  # a stage that never stops on NLL: null, as in the file
     adaptive = tmp_path / "adaptive.json"
     assert main([*argv, "--policy", "adaptive-rag", "--out", str(adaptive)]) == 0
     assert "Adaptive-RAG's question classifier" in capsys.readouterr().out
@@ -286,3 +288,35 @@ def test_a_live_budget_on_a_route_method_is_refused_naming_the_calibration() -> 
     """``ragate serve --method route --budget B`` builds this pipeline, so it is refused the same way at start."""
     with pytest.raises(RagateError, match="a route method's budget is mean retrievals per question.*calibrate --gate"):
         Pipeline(method="route", budget=0.3, lm=ScriptedBackend([]))
+
+
+def test_serve_answers_with_the_route_file_over_http(smollm2_path: Path, run_dir: Path, tmp_path: Path) -> None:
+    """A real ``ragate serve`` on 127.0.0.1 with a cascade's calibration file: ``/v1/answer`` carries the route,
+    each check with its threshold from the file, and the reason in words; a file for other routes than
+    ``--routes`` stops the server at start with the fix."""
+    import httpx
+    from test_service import _serve, _stop
+
+    cal = tmp_path / "route.json"
+    assert main(["calibrate", "--gate", "route", "--from-sweep", str(run_dir), "--routes", ",".join(ROUTES[:2]),
+                 "--budget", "0.5", "--out", str(cal)]) == 0  # fmt: skip
+    cal.write_text(json.dumps(read_calibration(cal) | {"stops": [None]}))  # the first stage never stops on NLL
+    proc, url = _serve(["--method", "route", "--calibration", str(cal)], tmp_path / "serve.log")
+    try:
+        r = httpx.post(f"{url}/v1/answer", json={"question": "Who wrote Hamlet?", "options": {"max_tokens": 8}},
+                       timeout=120)  # fmt: skip
+        assert r.status_code == 200, r.text
+        body = r.json()
+        route = body["route"]
+        assert route["routes"] == list(ROUTES[:2]) and route["taken"] in ROUTES[:2]
+        # JSON has no infinity: the threshold -inf (never stops on NLL) reads null, as every non-finite number
+        assert route["checks"][0]["kind"] == "nll" and route["checks"][0]["threshold"] is None
+        assert f"answered by {route['taken']}" in json.dumps(body)
+    finally:
+        _stop(proc)
+    log = tmp_path / "refused.log"
+    args = ["--method", "route", "--routes", "wo-rag,single-rag", "--calibration", str(cal), "--port", "1"]
+    done = subprocess.run([sys.executable, "-m", "ragate.cli.main", "serve", *args], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    log.write_text(done.stderr)
+    assert done.returncode == 2 and "calibrated on the routes no-retrieval,standard-rag" in done.stderr
