@@ -6,10 +6,10 @@ and a file for other routes are refused, naming the fix."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import math
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
