@@ -295,7 +295,7 @@ def test_serve_answers_with_the_route_file_over_http(smollm2_path: Path, run_dir
     each check with its threshold from the file, and the reason in words; a file for other routes than
     ``--routes`` stops the server at start with the fix."""
     import httpx
-    from test_service import _serve, _stop
+    from test_service import _free_port, _serve, _stop
 
     cal = tmp_path / "route.json"
     assert main(["calibrate", "--gate", "route", "--from-sweep", str(run_dir), "--routes", ",".join(ROUTES[:2]),
@@ -314,9 +314,7 @@ def test_serve_answers_with_the_route_file_over_http(smollm2_path: Path, run_dir
         assert f"answered by {route['taken']}" in json.dumps(body)
     finally:
         _stop(proc)
-    log = tmp_path / "refused.log"
-    args = ["--method", "route", "--routes", "wo-rag,single-rag", "--calibration", str(cal), "--port", "1"]
-    done = subprocess.run([sys.executable, "-m", "ragate.cli.main", "serve", *args], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    log.write_text(done.stderr)
+    args = ["--method", "route", "--routes", "no-retrieval,standard-rag-pairs-prompts", "--calibration", str(cal)]
+    command = [sys.executable, "-m", "ragate.cli.main", "serve", *args, "--port", str(_free_port())]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "calibrated on the routes no-retrieval,standard-rag" in done.stderr
