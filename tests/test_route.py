@@ -89,8 +89,13 @@ def test_an_answer_not_found_in_its_passages_does_not_stop_the_cascade(demo: Any
     trace = run_method(route(SINGLE, stops=(0.5, 0.5)), question, lm, demo)
     assert trace.route is not None and trace.route.taken == SINGLE[2] and len(lm.calls) == 3
     checks = [(c.route, c.kind, c.score, c.stop) for c in trace.route.checks]
-    assert checks == [("no-retrieval", "nll", 2.0, False), ("standard-rag", "nll", pytest.approx(0.1), True),
-                      ("standard-rag", "supported", 0.0, False)]  # fmt: skip
+    assert checks == [("no-retrieval", "nll", 2.0, False), ("standard-rag", "nll", pytest.approx(0.1), False),
+                      ("standard-rag", "supported", 0.0, False)]  # fmt: skip  (vetoed: no check stopped it)
+    assert trace.gate.score == pytest.approx(0.1)  # the decision's score: the last NLL check read
+    lm = ScriptedBackend([said("Paris", 2.0), said("yes", 0.1)])  # yes/no: the evidence check says nothing
+    trace = run_method(route(SINGLE, stops=(0.5, 0.5)), "Is Paris in France?", lm, demo)
+    assert trace.route is not None and trace.route.taken == "standard-rag" and len(lm.calls) == 2
+    assert [c.kind for c in trace.route.checks] == ["nll", "nll"]
     spec = route(SINGLE, stops=(0.5, 0.5))
     spec = spec.with_(route=spec.route.__class__(**{**vars(spec.route), "evidence": False}))
     lm = ScriptedBackend([said("Paris", 2.0), said("Paris", 0.1), said("Lyon", 2.0)])
@@ -216,7 +221,10 @@ def test_the_page_says_in_words_why_a_route_answered() -> None:
         "costlier route ran"
     )  # fmt: skip
     assert "an answer not found in its passages went on" in said(
-        "ircot", ("wo-rag", "nll", 2.0, False), ("single-rag", "agree", 1.0, True), ("single-rag", "supported", 0.0, False)
+        "ircot", ("wo-rag", "nll", 2.0, False), ("single-rag", "agree", 1.0, False), ("single-rag", "supported", 0.0, False)
+    )
+    assert "passages" not in said(  # it failed its checks anyway: the evidence check changed nothing
+        "ircot", ("wo-rag", "nll", 2.0, False), ("single-rag", "agree", 0.0, False), ("single-rag", "supported", 0.0, False)
     )
     assert "question classifier (Adaptive-RAG) chose it" in said("ircot", ("ircot", "classifier", 0.7, True))
     assert "learned policy" in said("single-rag", ("wo-rag", "learned", 0.1, False), ("single-rag", "learned", 0.4, True))

@@ -84,10 +84,38 @@ def test_a_budget_the_routes_cannot_reach_is_refused_naming_their_range(table: A
     if budget > 0:
         assert f"give --budget {reach(table)[1]:.2f} or less" in str(err.value)
     first_retrieves = route_table([r for r in _records(30) if r["method"] != ROUTES[0]], ROUTES[1:])
-    low = reach(first_retrieves)[0]  # a cascade that starts by retrieving spends one at the least, and more
-    assert low >= 1.0  # where the evidence check sends an answer on
+    low = reach(first_retrieves)[0]  # a cascade that starts by retrieving spends one at the least
+    assert reach(first_retrieves, evidence=False)[0] == 1.0 < low  # and more where the evidence check sends on
     with pytest.raises(RagateError, match=rf"below what the routes can reach.*give --budget {low:.2f} or more"):
         route_calibration(first_retrieves, 0.5)
+    route_calibration(first_retrieves, round(low, 2))  # the range's end as printed is accepted
+    route_calibration(table, round(reach(table)[1], 2))
+
+
+def test_records_without_log_probabilities_or_evidence_say_what_the_file_can_hold() -> None:
+    records = _records(40)
+    for r in records:
+        r.pop("supported")
+    cal = route_calibration(route_table(records, ROUTES), 0.8)
+    assert cal["evidence"] is False  # tuned without the check the records cannot replay, so served without it
+    for r in records:
+        r["trace"]["stages"][0]["logprob"] = None
+    with pytest.raises(RagateError, match="hold no log-probabilities, so no NLL stop threshold can be tuned"):
+        route_calibration(route_table(records, ROUTES), 0.8)
+
+
+def test_the_fitted_numbers_give_scikit_learns_probabilities(table: Any) -> None:
+    """:class:`Linear` is the fitted model's arithmetic, binary and multinomial, to rounding."""
+    import numpy as np
+
+    from ragate.methods.route_policy import Linear
+    from ragate.report.routes import _classifier, learned_x, route_labels
+
+    x = learned_x(table)
+    for y in ((table.scores["em"][:, 1] > 0).astype(int), route_labels(table, "em")):
+        model = _classifier().fit(x, y)
+        assert len(np.unique(y)) >= 2
+        np.testing.assert_allclose(Linear.from_sklearn(model).probabilities(x), model.predict_proba(x), atol=1e-12)
 
 
 def test_the_file_serves_the_route_method_with_its_thresholds_and_checks(table: Any, tmp_path: Path) -> None:
@@ -158,6 +186,17 @@ def test_ragate_calibrate_writes_the_route_file_from_a_run(run_dir: Path, tmp_pa
     assert "pass --from-sweep RUN" in capsys.readouterr().err
     assert main(["eval", "--dataset", "demo", "--methods", "route", "--calibration", str(out)]) == 2
     assert "ragate eval does not take" in capsys.readouterr().err
+    assert main([*argv, "--budget", "0.8", "--no-evidence", "--out", str(out)]) == 0
+    assert read_calibration(out)["evidence"] is False
+    assert main([*argv, "--budget", "0.8", "--model", "qwen2.5-coder-1.5b"]) == 2
+    assert "drop --model (the run's model is the file's)" in capsys.readouterr().err
+    assert main([*argv, "--policy", "learned", "--budget", "0.8", "--no-agree"]) == 2
+    assert "use them with --policy cascade" in capsys.readouterr().err
+    lines = (run_dir / "questions.jsonl").read_text().splitlines()
+    (run_dir / "questions.jsonl").write_text("\n".join([lines[0].replace('"supported": true', '"supported": "yes"')
+                                                         .replace('"supported": null', '"supported": "yes"'), *lines[1:]]))  # fmt: skip
+    assert main([*argv, "--budget", "0.8", "--out", str(out)]) == 2
+    assert '"supported" must be true, false or null' in capsys.readouterr().err
 
 
 def test_ragate_ask_answers_with_the_route_file_on_smollm2(
@@ -264,13 +303,20 @@ def test_a_fitted_policy_file_with_bad_numbers_is_refused(table: Any, tmp_path: 
     adaptive = route_calibration(table, None, policy="adaptive-rag")
     cases = [
         (learned | {"lambda": -1}, "'lambda' must be a number, 0 or more"),
+        (learned | {"lambda": 10**400}, "'lambda' must be a number, 0 or more"),
         (learned | {"costs": [0, 1]}, "'costs' must hold each route's mean retrievals"),
+        (learned | {"costs": [1, 1, 2]}, "'costs' starts with 0"),
         (learned | {"right": [0.5, 0.5]}, "'right' must hold one fit per route"),
+        (learned | {"right": [5.0, *learned["right"][1:]]}, "is a probability, not 5.0"),
         (learned | {"policy": "bandit"}, "'policy' must be cascade, adaptive-rag or learned"),
+        (learned | {"features": ["words"]}, "was fitted on the features"),
+        (learned | {"model": 3}, "'model' cannot be 3"),
     ]
-    if isinstance(adaptive["classifier"], dict):
-        broken = adaptive["classifier"] | {"scale": [0.0] * len(adaptive["classifier"]["scale"])}
-        cases.append((adaptive | {"classifier": broken}, "one positive scale"))
+    assert isinstance(adaptive["classifier"], dict)  # the scenario's labels hold several routes
+    classifier = adaptive["classifier"]
+    cases.append((adaptive | {"classifier": classifier | {"scale": [0.0] * len(classifier["scale"])}}, "one positive scale"))
+    cases.append((adaptive | {"classifier": classifier | {"classes": [0, 0, 2][: len(classifier["classes"])]}},
+                  "names a route twice"))  # fmt: skip
     cases.append((adaptive | {"classifier": 7}, "'classifier' names route 7 of 3"))
     for data, words in cases:
         path = tmp_path / "bad.json"

@@ -144,8 +144,14 @@ def contains(prediction: str, answers: Sequence[str], mode: ContainsMode = "subs
     return 0.0
 
 
+def evidence_applies(answer: str) -> bool:
+    """Whether finding the answer's words in its passages says anything: not for "yes" or "no" (a comparison's
+    answer is seldom written in a passage, and "no" is written in many as a common word)."""
+    return normalize_answer(answer) not in ("yes", "no")
+
+
 def supported(answer: str, passages: Sequence[str]) -> bool:
     """Whether the answer's normalised words appear, whole and in order, in one of the (normalised) passages it was
     written from: the evidence check of a route cascade (no model call). An answer that normalises to empty is
-    supported by nothing."""
+    supported by nothing; callers leave out answers the check says nothing about (:func:`evidence_applies`)."""
     return any(contains(passage, [answer], mode="tokens") for passage in passages)

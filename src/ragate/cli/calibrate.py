@@ -56,6 +56,19 @@ def register(subparsers: Any) -> None:
         "--budget), or the learned policy (P(right) per route - lambda * retrievals, lambda for --budget)",
     )
     cal.add_argument(
+        "--no-evidence",
+        dest="evidence",
+        action="store_false",
+        help="with --gate route: tune and serve the cascade without the evidence check (an answer written from "
+        "documents stops only where they hold it)",
+    )
+    cal.add_argument(
+        "--no-agree",
+        dest="agree",
+        action="store_false",
+        help="with --gate route: tune and serve the cascade without the agreement check",
+    )
+    cal.add_argument(
         "--with",
         dest="with_runs",
         action="append",
@@ -90,7 +103,8 @@ def register(subparsers: Any) -> None:
         "--from-sweep",
         type=Path,
         metavar="RUN_DIR",
-        help="a `ragate sweep` directory that scored this gate: its scores, no model call",
+        help="a `ragate sweep` directory that scored this gate: its scores, no model call (with --gate route: "
+        "a `ragate eval` run of every route over the same questions)",
     )
     cal.add_argument(
         "--check",
@@ -151,8 +165,10 @@ def register(subparsers: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     if args.gate == "route":
         return _calibrate_routes(args)
-    if args.routes is not None or args.with_runs or args.policy is not None:
-        raise RagateError("--routes, --policy and --with go with --gate route (a route method's policy)")
+    if args.routes is not None or args.with_runs or args.policy is not None or not (args.evidence and args.agree):
+        raise RagateError(
+            "--routes, --policy, --with, --no-evidence and --no-agree go with --gate route (a route method's policy)"
+        )
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
     if args.batch is not None and args.confidence is None:
@@ -254,17 +270,27 @@ def _calibrate_routes(args: argparse.Namespace) -> int:
     policy = args.policy or "cascade"
     if args.budget is None and policy != "adaptive-rag":
         raise RagateError(f"--gate route --policy {policy} needs --budget B: mean retrievals per question, e.g. 0.8")
-    if args.objective != "budget" or args.confidence is not None or args.prefixes is not None:
-        raise RagateError("--gate route takes --budget, --policy and --metric: --objective, --confidence and "
-                          "--prefixes set a gate's threshold")  # fmt: skip
+    given = [flag for flag, value in (("--objective", args.objective != "budget"), ("--confidence", args.confidence),
+             ("--prefixes", args.prefixes), ("--batch", args.batch), ("--check", args.check), ("--model", args.model),
+             ("--index", args.index), ("--gate-weights", args.gate_weights)) if value]  # fmt: skip
+    if given:
+        raise RagateError(
+            f"--gate route reads the run's records (no model call) and takes --budget, --policy, --routes, --with, "
+            f"--metric, --no-evidence and --no-agree: drop {', '.join(given)} (the run's model is the file's)"
+        )
+    if policy != "cascade" and not (args.evidence and args.agree):
+        raise RagateError("--no-evidence and --no-agree set the cascade's checks: use them with --policy cascade")
     routes = routes_argument(args.routes) or get_method("route").route.routes  # type: ignore[union-attr]
-    result = calibrate_routes([args.from_sweep, *args.with_runs], routes, args.budget, args.metric, policy=policy)
+    result = calibrate_routes([args.from_sweep, *args.with_runs], routes, args.budget, args.metric, policy=policy,
+                              agree=args.agree, evidence=args.evidence)  # fmt: skip
     budget = f"-{args.budget:g}" if args.budget is not None else ""
     out = args.out or Path("calibration") / f"route-{policy}-{args.from_sweep.name}{budget}.json"
     with atomic_writer(out) as f:
         f.write(json.dumps(result, indent=2).encode())
     if policy == "cascade":
         chosen = "NLL stop thresholds " + ", ".join("never" if s is None else f"{s:.4g}" for s in result["stops"])
+        if args.evidence and not result["evidence"]:
+            chosen += " (without the evidence check: the records do not say whether answers are in their passages)"
     elif policy == "learned":
         chosen = f"the learned policy, lambda {result['lambda']:.4g}"
     else:

@@ -155,6 +155,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     **dict.fromkeys(("answers", "doc_ids"), (_texts, "a list of strings")),
     "retrieved": (lambda v: isinstance(v, bool), "true or false"),
+    "supported": (lambda v: v is None or isinstance(v, bool), "true, false or null"),
     **dict.fromkeys(
         ("retrievals", "prompt_tokens", "completion_tokens", "overhead_tokens", "generated_tokens"),
         (is_count, "a count"),

@@ -326,15 +326,25 @@ def _calibration_fault(data: Any) -> str | None:
 
 def _route_fault(data: dict[str, Any]) -> str | None:
     """What is wrong with a route method's calibration (``ragate calibrate --gate route``): two routes or more by
-    name, one stop threshold (a finite number, or null: never stops on NLL) per route but the last, the checks as
-    booleans, a budget of mean retrievals per question."""
+    name, the fields every policy records of their types, then the policy's own: the cascade's stop thresholds (a
+    finite number, or null: never stops on NLL, one per route but the last), or the fitted model's numbers, checked
+    as the live policy reads them (:mod:`ragate.methods.route_policy`)."""
     routes = data.get("routes")
     if not isinstance(routes, list) or len(routes) < 2 or not all(isinstance(r, str) and r for r in routes):
         return f"'routes' must name two routes or more, not {short(routes)}"
     policy = data.get("policy", "cascade")
     if policy not in ("cascade", "adaptive-rag", "learned"):
         return f"'policy' must be cascade, adaptive-rag or learned, not {short(policy)}"
-    if policy != "cascade":  # the fitted model's numbers, checked as the live policy reads them
+    for key in ("agree", "evidence"):
+        if key in data and not isinstance(data[key], bool):
+            return f"{key!r} must be true or false, not {short(data[key])}"
+    for key in ("budget", "dev_retrievals"):
+        if key in data and not (is_number(data[key]) and data[key] >= 0):
+            return f"{key!r} must be mean retrievals per question (a number, 0 or more), not {short(data[key])}"
+    for key in ("model", "engine", "metric", "dev", "source", "objective"):
+        if key in data and not _text_or_none(data[key]):
+            return f"{key!r} cannot be {short(data[key])}"
+    if policy != "cascade":
         from ragate.methods.route_policy import RoutePolicyModel
 
         try:
@@ -347,15 +357,6 @@ def _route_fault(data: dict[str, Any]) -> str | None:
         return f"'stops' must hold {len(routes) - 1} thresholds (one per route but the last), not {short(stops)}"
     if not all(s is None or is_number(s) for s in stops):
         return f"'stops' holds {short(stops)}: each a finite number, or null for a stage that never stops on NLL"
-    for key in ("agree", "evidence"):
-        if key in data and not isinstance(data[key], bool):
-            return f"{key!r} must be true or false, not {short(data[key])}"
-    for key in ("budget", "dev_retrievals"):
-        if key in data and not (is_number(data[key]) and data[key] >= 0):
-            return f"{key!r} must be mean retrievals per question (a number, 0 or more), not {short(data[key])}"
-    for key in ("model", "engine", "metric", "dev", "source", "objective"):
-        if key in data and not _text_or_none(data[key]):
-            return f"{key!r} cannot be {short(data[key])}"
     return None
 
 
@@ -373,8 +374,8 @@ def check_calibration(
             f"(ragate calibrate --gate {method} ...)"
         )
     for key, now in (("model", model), ("engine", engine)):
-        if key in cal and (_model_name(cal[key], cal.get("engine", engine)) if key == "model" else cal[key]) != (
-            _model_name(now, engine) if key == "model" else now
+        if key in cal and (model_name(cal[key], cal.get("engine", engine)) if key == "model" else cal[key]) != (
+            model_name(now, engine) if key == "model" else now
         ):
             said = repr(now) if now else f"the default {key}"
             flag = "--model" if key == "model" else "--backend"
@@ -384,7 +385,7 @@ def check_calibration(
             )
 
 
-def _model_name(model: Any, engine: Any) -> Any:
+def model_name(model: Any, engine: Any) -> Any:
     """A local model's registry name, whatever it was called (None: the default model; an alias: its name); a
     server's model and a path as given."""
     if engine == "openai" or not (model is None or isinstance(model, str)):

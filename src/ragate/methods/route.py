@@ -10,8 +10,8 @@ else pays for the next route. Two checks cost no model call: the answer's normal
 answer agreeing with the route before it (PAIRS's agreement, read after the answer rather than before it). A third,
 the evidence check (``RouteSpec.evidence``, on by default), vetoes: an answer written from documents stops the
 cascade only where it is found whole in them (:func:`ragate.text.supported`, the ``supported`` field of eval
-records). On HotpotQA with Qwen2.5-Coder-1.5B no right answer of one retrieval or of IRCoT failed it, while most
-answers that failed it were wrong (``ragate report RUN --routes ...`` scores it, "answer not in its passages").
+records; a yes/no answer is exempt, as the check says nothing about it). ``ragate report RUN --routes ...`` scores
+it on its own ("answer not in its passages").
 
 Two other policies choose from features instead, with a model fitted on records (``RouteSpec.policy``
 "adaptive-rag" and "learned", :mod:`ragate.methods.route_policy`; a route calibration file carries them).
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ragate.errors import RagateError
@@ -31,7 +32,7 @@ from ragate.gates.base import GateDecision
 from ragate.gates.pairs import contains_words
 from ragate.methods.spec import MethodSpec, RouteSpec
 from ragate.methods.trace import RouteCheck, RouteInfo, Trace
-from ragate.text import extract_answer, normalize_answer, supported
+from ragate.text import evidence_applies, extract_answer, normalize_answer, supported
 
 COSTS = ("closed-book", "one retrieval", "many retrievals")
 
@@ -100,8 +101,6 @@ def with_calibration(spec: MethodSpec, cal: Mapping[str, Any], path: object, *, 
     """The route method ``spec`` with the stop thresholds and checks of a route calibration (``ragate calibrate
     --gate route``, read by :func:`ragate.eval.thresholds.read_calibration`): its routes, unless the caller named
     others (refused: thresholds belong to the routes they were tuned on); a null threshold never stops on NLL."""
-    from dataclasses import replace
-
     route = spec.route
     if route is None:
         raise RagateError(f"{path} calibrates the route method: use it with method 'route', not {spec.name!r}")
@@ -117,12 +116,14 @@ def with_calibration(spec: MethodSpec, cal: Mapping[str, Any], path: object, *, 
         route = replace(route, routes=routes, stop_nll=stops, agree=cal.get("agree", True),
                         evidence=cal.get("evidence", True))  # fmt: skip
     else:
-        from ragate.methods.route_policy import RoutePolicyModel, check_width
+        from ragate.methods.route_policy import RoutePolicyModel
 
         model = RoutePolicyModel.from_json(policy, cal, len(routes), str(path))
-        check_width(model, str(path))
         route = replace(route, routes=routes, policy=policy, model=model, stop_nll=None)
-    route_specs(route)  # routes this version knows, in order
+    try:
+        route_specs(route)  # routes this version knows, in order
+    except RagateError as err:
+        raise RagateError(f"{path}: {err}") from None
     return spec.with_(route=route)
 
 
@@ -136,12 +137,13 @@ def stop_thresholds(route: RouteSpec) -> tuple[float, ...]:
 
 
 def answer_supported(trace: Trace) -> bool | None:
-    """Whether the answer's extracted words are found whole in a document the route read (None: it read none), as
-    eval records it (``supported``)."""
-    if not trace.documents:
+    """Whether the answer's extracted words are found whole in a document the route read (None: it read none, or
+    the answer is yes or no, :func:`ragate.text.evidence_applies`), as eval records it (``supported``)."""
+    answer = extract_answer(trace.answer)
+    if not trace.documents or not evidence_applies(answer):
         return None
     passages = [f"{h.passage.title} {h.passage.text}" for h in trace.documents]
-    return supported(extract_answer(trace.answer), passages)
+    return supported(answer, passages)
 
 
 def answers_agree(a: str, b: str) -> bool:
@@ -164,6 +166,8 @@ def check_answer(
         stop = answers_agree(trace.answer, before.answer)
         checks.append(RouteCheck(name, "agree", float(stop), 1.0, stop))
     if route.evidence and (found := answer_supported(trace)) is not None:
+        if stop and not found:  # vetoed: the checks that would have stopped it did not
+            checks = [replace(c, stop=False) for c in checks]
         stop = stop and found
         checks.append(RouteCheck(name, "supported", float(found), 1.0, stop))
     return stop, checks
@@ -250,7 +254,10 @@ def run_route(
     info = RouteInfo(tuple(route.routes), taken, tuple(checks), tuple(len(t.stages) for t in traces))
     met = [c.kind for c in checks if c.route == taken and c.stop]
     reason = f"answered by {taken}" + (f" ({' and '.join(met)} check met)" if met else "")
-    last = next((c for c in reversed(checks) if c.score is not None), None)  # the check that decided
+    # the check that decided: the one that stopped at (or chose) the route taken, else the last NLL check passed by
+    last = next((c for c in checks if c.route == taken and c.stop and c.kind != "supported"), None) or next(
+        (c for c in reversed(checks) if c.kind == "nll" and c.score is not None), None
+    )
     decision = GateDecision(
         any(t.retrieved for t in traces),
         last.score if last is not None and last.score is not None else 0.0,

@@ -41,7 +41,10 @@ class Linear:
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         """Each row's probability of each class (rows of ``x``: feature vectors), as ``predict_proba`` gives it."""
         z = (np.atleast_2d(np.asarray(x, dtype=float)) - np.asarray(self.mean)) / np.asarray(self.scale)
-        logits = z @ np.asarray(self.coef).T + np.asarray(self.intercept)
+        with np.errstate(over="ignore", invalid="ignore"):
+            logits = z @ np.asarray(self.coef).T + np.asarray(self.intercept)
+        if not np.isfinite(logits).all():
+            raise RagateError("the route policy's fitted model gives a non-finite value for these features: refit it")
         if len(self.coef) == 1:  # binary: the positive class's logit
             p = 1.0 / (1.0 + np.exp(-logits[:, 0]))
             return np.column_stack([1.0 - p, p])
@@ -90,11 +93,19 @@ class Linear:
                               f"one number per feature ({width})")  # fmt: skip
         if len(intercept) != len(coef) or len(classes) != (2 if len(coef) == 1 else len(coef)):
             raise RagateError(f"{where}: 'coef', 'intercept' and 'classes' do not agree in length")
+        if len(set(classes)) != len(classes):
+            raise RagateError(f"{where}: 'classes' names a route twice")
         return cls(mean, scale, coef, intercept, tuple(classes))
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number that is finite as a float (an integer too large for one is not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -111,15 +122,18 @@ class RoutePolicyModel:
     lam: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
+        features = list(feature_names(self.kind))
         if self.kind == "adaptive-rag":
-            return {"classifier": self.choose.to_json() if isinstance(self.choose, Linear) else self.choose}
+            return {"features": features,
+                    "classifier": self.choose.to_json() if isinstance(self.choose, Linear) else self.choose}  # fmt: skip
         right = [r.to_json() if isinstance(r, Linear) else r for r in self.right]
-        return {"right": right, "costs": list(self.costs), "lambda": self.lam}
+        return {"features": features, "right": right, "costs": list(self.costs), "lambda": self.lam}
 
     @classmethod
     def from_json(cls, kind: str, data: Mapping[str, Any], routes: int, where: str) -> RoutePolicyModel:
         """The policy a calibration file of ``routes`` routes holds, checked; a :class:`RagateError` naming
         ``where`` and the field otherwise."""
+        check_features(data, kind, where)
         if kind == "adaptive-rag":
             found = data.get("classifier")
             if isinstance(found, int) and not isinstance(found, bool):
@@ -137,11 +151,21 @@ class RoutePolicyModel:
             raise RagateError(f"{where}: 'right' must hold one fit per route ({routes})")
         if not isinstance(costs, list) or len(costs) != routes or not all(_finite(c) and c >= 0 for c in costs):
             raise RagateError(f"{where}: 'costs' must hold each route's mean retrievals ({routes} numbers, 0 or more)")
+        if costs[0] != 0:
+            raise RagateError(f"{where}: 'costs' starts with 0 (the first route has run when the policy chooses)")
         if not _finite(lam) or float(lam) < 0:  # type: ignore[arg-type]
             raise RagateError(f"{where}: 'lambda' must be a number, 0 or more, not {lam!r}")
         fits: list[Linear | float] = []
         for j, r in enumerate(right):
-            fits.append(float(r) if _finite(r) else Linear.from_json(r, f"{where}, 'right' of route {j}"))
+            if _finite(r):
+                if not 0 <= r <= 1:
+                    raise RagateError(f"{where}: 'right' of route {j} is a probability, not {r!r}")
+                fits.append(float(r))
+                continue
+            fit = Linear.from_json(r, f"{where}, 'right' of route {j}")
+            if fit.classes != (0, 1):
+                raise RagateError(f"{where}: 'right' of route {j} must be a fit of right (1) or wrong (0)")
+            fits.append(fit)
         return cls(kind, right=tuple(fits), costs=tuple(map(float, costs)), lam=float(lam))  # type: ignore[arg-type]
 
 
@@ -163,18 +187,27 @@ def answer_vector(nll: float | None, answer: str, tokens: float) -> list[float]:
     return [value or 0.0, float(value is not None), math.log1p(words), float(not answer.strip()), math.log1p(tokens)]
 
 
-def check_width(model: RoutePolicyModel, where: str) -> None:
-    """Refuse a fit whose feature count is not what this version computes (a file from another version)."""
+ANSWER_FEATURES = ("answer_nll", "has_nll", "log_words", "empty", "log_tokens")  # answer_vector's, in order
+
+
+def feature_names(kind: str) -> tuple[str, ...]:
+    """The features a policy reads, in order: the question's (:func:`question_vector`), then, for ``learned``,
+    the first answer's (:func:`answer_vector`)."""
     from ragate.gates.signals import QUESTION_FEATURES
 
-    want = len(QUESTION_FEATURES) - 1 + (len(answer_vector(None, "", 0)) if model.kind == "learned" else 0)
-    fits = [model.choose] if model.kind == "adaptive-rag" else list(model.right)
-    for fit in fits:
-        if isinstance(fit, Linear) and len(fit.mean) != want:
-            raise RagateError(
-                f"{where} was fitted on {len(fit.mean)} features and this ragate computes {want}: rerun ragate "
-                "calibrate --gate route with this version"
-            )
+    names = tuple(n for n in QUESTION_FEATURES if n != "rarity")
+    return (*names, *ANSWER_FEATURES) if kind == "learned" else names
+
+
+def check_features(data: Mapping[str, Any], kind: str, where: str) -> None:
+    """Refuse a fit on other features than this version computes, by name and order (a file from another
+    version)."""
+    want = list(feature_names(kind))
+    if data.get("features") != want:
+        raise RagateError(
+            f"{where} was fitted on the features {data.get('features')!r}, and this ragate computes {want}: rerun "
+            "ragate calibrate --gate route with this version"
+        )
 
 
 def adaptive_choice(model: RoutePolicyModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,9 @@ thresholds carry to other questions is what ``ragate report RUN --routes ...`` m
 intervals); the file records the in-sample accuracy and cost only as what the thresholds did where they were
 chosen.
 
-A budget the routes cannot reach is refused, naming the range: below the cheapest cascade (every stage stopping
+Records without log-probabilities (runs before stages kept them) cannot tune an NLL threshold and are refused;
+records without ``supported`` (runs before 2026-12-05) tune, and save, a cascade without the evidence check. A
+budget the routes cannot reach is refused, naming the range: below the cheapest cascade (every stage stopping
 wherever its answer's NLL is recorded and its evidence allows) or above the dearest (no stage stopping on NLL, so
 only agreement stops). The other two policies (:mod:`ragate.methods.route_policy`) are fitted on every question
 the same way: ``adaptive-rag``'s question classifier (no budget), the ``learned`` policy's per-route fits and the
@@ -64,13 +66,15 @@ def policy_reach(table: RouteTable) -> tuple[float, float]:
 
 
 def _check_budget(table: RouteTable, budget: float, low: float, high: float, dearest: str) -> None:
+    """Refuse a budget outside the routes' reach as printed (two decimals: the range's ends as printed are
+    accepted; the cheapest choice then spends its own least)."""
     spend = f"over {len(table)} questions these routes ({', '.join(table.routes)}) spend {low:.2f} to {high:.2f} "
-    if budget < low - 1e-9:
+    if budget < min(low, round(low, 2)) - 1e-9:
         raise RagateError(
             f"a budget of {budget:g} retrievals per question is below what the routes can reach: {spend}"
             f"retrievals per question; give --budget {low:.2f} or more, or put a closed-book route first"
         )
-    if budget > high + 1e-9:
+    if budget > max(high, round(high, 2)) + 1e-9:
         raise RagateError(
             f"a budget of {budget:g} retrievals per question is above what the routes can reach: {spend}"
             f"retrievals per question ({dearest}); give --budget {high:.2f} or less, or answer every question "
@@ -108,6 +112,13 @@ def route_calibration(
         return _policy_file(table, fitted.to_json(), policy, metric, row) | {"budget": float(budget), "reach": [low, high]}
     if policy != "cascade":
         raise RagateError(f"unknown route policy {policy!r}: cascade, adaptive-rag or learned")
+    if not table.has_nll:
+        raise RagateError(
+            f"the records of {', '.join(table.routes[:-1])} hold no log-probabilities, so no NLL stop threshold can "
+            "be tuned: answer the questions again with this ragate (ragate eval --methods "
+            f"{','.join(table.routes)}; its records keep each stage's log-probability), on a backend that gives them"
+        )
+    evidence = evidence and table.has_evidence  # tuned without a check the records cannot replay: served without it
     low, high = reach(table, agree=agree, evidence=evidence)
     _check_budget(table, budget, low, high, "the dearest cascade stops on agreement alone")
     stops = tune_stops(table, budget, metric, agree=agree, evidence=evidence)
@@ -136,22 +147,25 @@ def calibrate_routes(
     metric: str = "em",
     *,
     policy: str = "cascade",
+    agree: bool = True,
+    evidence: bool = True,
 ) -> dict[str, Any]:
     """:func:`route_calibration` over the records of eval runs (the first run's model and engine recorded, as a
     calibration of that model; runs of another model are refused)."""
     from ragate.eval.rundir import read_run_config
+    from ragate.eval.thresholds import model_name
     from ragate.methods.route import route_specs
     from ragate.methods.spec import RouteSpec
 
     route_specs(RouteSpec(tuple(routes)))  # unknown, repeated or misordered routes: refused before reading
     configs = [read_run_config(Path(d)) for d in run_dirs]
-    models = {(c.get("model"), c.get("engine", "llama.cpp")) for c in configs}
+    models = {(model_name(c.get("model"), c.get("engine", "llama.cpp")), c.get("engine", "llama.cpp")) for c in configs}
     if len(models) > 1:
         raise RagateError(
             f"the runs answered with different models ({', '.join(f'{m} on {e}' for m, e in sorted(models, key=str))}): "
             "stop thresholds belong to one model; give runs of one model"
         )
     table = read_route_table(run_dirs, routes)
-    found = route_calibration(table, budget, metric, policy=policy)
+    found = route_calibration(table, budget, metric, policy=policy, agree=agree, evidence=evidence)
     model, engine = models.pop()
     return found | {"dev": " + ".join(str(d) for d in run_dirs), "model": model, "engine": engine, "source": "run"}

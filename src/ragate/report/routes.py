@@ -44,6 +44,7 @@ from ragate.methods.route_policy import (
     question_vector,
 )
 from ragate.methods.trace import Stage, answer_nll
+from ragate.text import evidence_applies, extract_answer
 
 COSTS = ("retrievals", "lm_calls", "tokens", "seconds")
 METRICS = ("em", "f1", "acc")
@@ -124,6 +125,15 @@ def _cost(record: Mapping[str, Any]) -> tuple[float, float, float, float]:
     return float(record.get("retrievals", 0)), float(calls), float(tokens), float(record.get("seconds", 0.0))
 
 
+def _supported(record: Mapping[str, Any]) -> float:
+    """The record's evidence check as the live cascade reads it: 1 or 0, nan where it says nothing (nothing read, a
+    run before records kept it, or a yes/no answer, exempt since 2026-12-05 and so left out of older records too)."""
+    found = record.get("supported")
+    if not isinstance(found, bool) or not evidence_applies(extract_answer(_answer(record))):
+        return math.nan
+    return float(found)
+
+
 def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> RouteTable:
     """The questions every route answered, in the order of the first route's records (a question a route
     answered twice: its first record)."""
@@ -143,9 +153,7 @@ def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> 
     scores = {m: np.array([[float(x["scores"][m]) for x in row] for row in rows]) for m in METRICS}
     cost = np.array([[_cost(x) for x in row] for row in rows])  # (n, routes, 4)
     nll = np.array([[math.nan if (v := record_nll(x)) is None else v for x in row] for row in rows])
-    supported = np.array(
-        [[math.nan if x.get("supported") is None else float(x["supported"]) for x in row] for row in rows]
-    )
+    supported = np.array([[_supported(x) for x in row] for row in rows])
     return RouteTable(
         tuple(routes),
         ids,

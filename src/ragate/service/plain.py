@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ragate.methods.spec import MethodSpec
-from ragate.methods.trace import RouteInfo
+from ragate.methods.trace import RouteCheck, RouteInfo
 
 # what a gate reads, in words: (when it retrieves, when it does not), by gate kind or its prefix
 _WORDS: tuple[tuple[str, str, str], ...] = (
@@ -77,13 +77,23 @@ def route_reason(route: RouteInfo) -> str:
     if "learned" in kinds:
         return f"answered by {route.taken}: the learned policy expected it to pay best after the first answer"
     if not kinds:
-        vetoed = any(c.kind == "supported" and not c.score for c in route.checks)
+        vetoed = any(
+            c.kind == "supported" and not c.score and any(_passed(d) for d in route.checks if d.route == c.route)
+            for c in route.checks
+        )
         why = " (an answer not found in its passages went on)" if vetoed else ""
         return f"no earlier route's answer checked out{why}: answered by {route.taken}, the last route"
     why = "its answer agreed with the route before it" if "agree" in kinds else "its answer was confident enough"
     if "supported" in kinds:
         why += " and its passages hold it"
     return f"answered by {route.taken}: {why}, so no costlier route ran"
+
+
+def _passed(check: RouteCheck) -> bool:
+    """Whether an NLL or agreement check was met (whether or not the evidence check let it stop the cascade)."""
+    if check.score is None:
+        return False
+    return check.score <= check.threshold if check.kind == "nll" else check.kind == "agree" and check.score >= 1.0
 
 
 def method_group(name: str, spec: MethodSpec) -> str:
