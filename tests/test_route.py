@@ -40,9 +40,11 @@ def said(text: str, nll: float) -> Any:
     return make_generation(tokens, [-nll] * len(tokens))
 
 
-def route(routes: list[str], *, stops: tuple[float, ...] | None = None) -> Any:
+def route(routes: list[str], *, stops: tuple[float, ...] | None = None, evidence: bool = False) -> Any:
     spec = configure_method(get_method("route"), None, None, None, None, None, routes=routes)
-    return spec if stops is None else spec.with_(route=spec.route.__class__(**{**vars(spec.route), "stop_nll": stops}))
+    if stops is None:
+        return spec
+    return spec.with_(route=spec.route.__class__(**{**vars(spec.route), "stop_nll": stops, "evidence": evidence}))
 
 
 def test_a_confident_closed_book_answer_stops_the_cascade_at_the_first_route(demo: Any) -> None:
@@ -69,7 +71,7 @@ def test_an_unsure_answer_pays_for_the_next_route_and_its_answer_is_the_answer(d
 
 def test_an_answer_that_agrees_with_the_route_before_stops_short_of_the_last_route(demo: Any) -> None:
     lm = ScriptedBackend([said("France", 2.0), said("southern France", 2.0)])  # the demo passages say "France"
-    trace = run_method(route(SINGLE, stops=(0.5, 0.5)), "What is the capital of France?", lm, demo)
+    trace = run_method(route(SINGLE, stops=(0.5, 0.5), evidence=True), "What is the capital of France?", lm, demo)
     assert trace.route is not None and trace.route.taken == "standard-rag" and len(lm.calls) == 2
     kinds = [(c.kind, c.stop) for c in trace.route.checks]
     assert kinds == [("nll", False), ("nll", False), ("agree", True), ("supported", True)]
@@ -83,21 +85,21 @@ def test_an_answer_that_agrees_with_the_route_before_stops_short_of_the_last_rou
 def test_an_answer_not_found_in_its_passages_does_not_stop_the_cascade(demo: Any) -> None:
     """The evidence check vetoes: "Paris" agrees with the closed-book answer and its NLL is under the threshold,
     but none of the passages the demo index returns says it, so the cascade pays for the next route; with
-    ``evidence`` off the same answers stop there."""
+    ``evidence`` off (the default) the same answers stop there."""
     question = "What is the capital of France?"
     lm = ScriptedBackend([said("Paris", 2.0), said("Paris", 0.1), said("Lyon", 2.0)])
-    trace = run_method(route(SINGLE, stops=(0.5, 0.5)), question, lm, demo)
+    trace = run_method(route(SINGLE, stops=(0.5, 0.5), evidence=True), question, lm, demo)
     assert trace.route is not None and trace.route.taken == SINGLE[2] and len(lm.calls) == 3
     checks = [(c.route, c.kind, c.score, c.stop) for c in trace.route.checks]
     assert checks == [("no-retrieval", "nll", 2.0, False), ("standard-rag", "nll", pytest.approx(0.1), False),
                       ("standard-rag", "supported", 0.0, False)]  # fmt: skip  (vetoed: no check stopped it)
     assert trace.gate.score == pytest.approx(0.1)  # the decision's score: the last NLL check read
     lm = ScriptedBackend([said("Paris", 2.0), said("yes", 0.1)])  # yes/no: the evidence check says nothing
-    trace = run_method(route(SINGLE, stops=(0.5, 0.5)), "Is Paris in France?", lm, demo)
+    trace = run_method(route(SINGLE, stops=(0.5, 0.5), evidence=True), "Is Paris in France?", lm, demo)
     assert trace.route is not None and trace.route.taken == "standard-rag" and len(lm.calls) == 2
     assert [c.kind for c in trace.route.checks] == ["nll", "nll"]
     spec = route(SINGLE, stops=(0.5, 0.5))
-    spec = spec.with_(route=spec.route.__class__(**{**vars(spec.route), "evidence": False}))
+    assert not spec.route.evidence
     lm = ScriptedBackend([said("Paris", 2.0), said("Paris", 0.1), said("Lyon", 2.0)])
     trace = run_method(spec, question, lm, demo)
     assert trace.route is not None and trace.route.taken == "standard-rag" and len(lm.calls) == 2

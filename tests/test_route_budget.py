@@ -84,11 +84,11 @@ def test_a_budget_the_routes_cannot_reach_is_refused_naming_their_range(table: A
     if budget > 0:
         assert f"give --budget {reach(table)[1]:.2f} or less" in str(err.value)
     first_retrieves = route_table([r for r in _records(30) if r["method"] != ROUTES[0]], ROUTES[1:])
-    low = reach(first_retrieves)[0]  # a cascade that starts by retrieving spends one at the least
-    assert reach(first_retrieves, evidence=False)[0] == 1.0 < low  # and more where the evidence check sends on
+    low = reach(first_retrieves, evidence=True)[0]  # a cascade that starts by retrieving spends one at the least
+    assert reach(first_retrieves)[0] == 1.0 < low  # and more where the evidence check sends answers on
     with pytest.raises(RagateError, match=rf"below what the routes can reach.*give --budget {low:.2f} or more"):
-        route_calibration(first_retrieves, 0.5)
-    route_calibration(first_retrieves, round(low, 2))  # the range's end as printed is accepted
+        route_calibration(first_retrieves, 0.5, evidence=True)
+    route_calibration(first_retrieves, round(low, 2), evidence=True)  # the range's end as printed is accepted
     route_calibration(table, round(reach(table)[1], 2))
 
 
@@ -96,7 +96,7 @@ def test_records_without_log_probabilities_or_evidence_say_what_the_file_can_hol
     records = _records(40)
     for r in records:
         r.pop("supported")
-    cal = route_calibration(route_table(records, ROUTES), 0.8)
+    cal = route_calibration(route_table(records, ROUTES), 0.8, evidence=True)
     assert cal["evidence"] is False  # tuned without the check the records cannot replay, so served without it
     for r in records:
         r["trace"]["stages"][0]["logprob"] = None
@@ -119,7 +119,7 @@ def test_the_fitted_numbers_give_scikit_learns_probabilities(table: Any) -> None
 
 
 def test_the_file_serves_the_route_method_with_its_thresholds_and_checks(table: Any, tmp_path: Path) -> None:
-    cal = route_calibration(table, 0.8) | {"stops": [None, 0.5], "evidence": False}
+    cal = route_calibration(table, 0.8) | {"stops": [None, 0.5], "agree": False}
     path = tmp_path / "route.json"
     path.write_text(json.dumps(cal))
     assert read_calibration(path)["stops"] == [None, 0.5]
@@ -129,10 +129,10 @@ def test_the_file_serves_the_route_method_with_its_thresholds_and_checks(table: 
         with Pipeline(method="route", calibration=path, lm=lm, retriever=demo) as rag:
             route = rag.spec.route
             assert route is not None and route.routes == ROUTES and route.stop_nll == (-math.inf, 0.5)
-            assert not route.evidence  # as tuned: the file's checks, not the defaults
+            assert not route.agree and not route.evidence  # as tuned: the file's checks, not the defaults
             ans = rag.answer("What is the capital of France?")
         # the first stage never stops on NLL (null), however sure; the second stops at NLL 0.1 <= 0.5, and "Lyon",
-        # in none of the demo passages, stops there because the file turned the evidence check off
+        # in none of the demo passages, stops there: the file's cascade has no evidence check
         assert ans.trace.route is not None and ans.trace.route.taken == "standard-rag" and len(lm.calls) == 2
         checks = [(c.kind, c.threshold, c.stop) for c in ans.trace.route.checks]
         assert checks == [("nll", -math.inf, False), ("nll", 0.5, True)]
@@ -186,8 +186,9 @@ def test_ragate_calibrate_writes_the_route_file_from_a_run(run_dir: Path, tmp_pa
     assert "pass --from-sweep RUN" in capsys.readouterr().err
     assert main(["eval", "--dataset", "demo", "--methods", "route", "--calibration", str(out)]) == 2
     assert "ragate eval does not take" in capsys.readouterr().err
-    assert main([*argv, "--budget", "0.8", "--no-evidence", "--out", str(out)]) == 0
-    assert read_calibration(out)["evidence"] is False
+    assert read_calibration(out)["evidence"] is False  # off by default
+    assert main([*argv, "--budget", "0.8", "--evidence", "--out", str(out)]) == 0
+    assert read_calibration(out)["evidence"] is True
     assert main([*argv, "--budget", "0.8", "--model", "qwen2.5-coder-1.5b"]) == 2
     assert "drop --model (the run's model is the file's)" in capsys.readouterr().err
     assert main([*argv, "--policy", "learned", "--budget", "0.8", "--no-agree"]) == 2

@@ -56,11 +56,10 @@ def register(subparsers: Any) -> None:
         "--budget), or the learned policy (P(right) per route - lambda * retrievals, lambda for --budget)",
     )
     cal.add_argument(
-        "--no-evidence",
-        dest="evidence",
-        action="store_false",
-        help="with --gate route: tune and serve the cascade without the evidence check (an answer written from "
-        "documents stops only where they hold it)",
+        "--evidence",
+        action="store_true",
+        help="with --gate route: tune and serve the cascade with the evidence check (an answer written from "
+        "documents stops only where they hold it; needs records that say so)",
     )
     cal.add_argument(
         "--no-agree",
@@ -165,9 +164,9 @@ def register(subparsers: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     if args.gate == "route":
         return _calibrate_routes(args)
-    if args.routes is not None or args.with_runs or args.policy is not None or not (args.evidence and args.agree):
+    if args.routes is not None or args.with_runs or args.policy is not None or args.evidence or not args.agree:
         raise RagateError(
-            "--routes, --policy, --with, --no-evidence and --no-agree go with --gate route (a route method's policy)"
+            "--routes, --policy, --with, --evidence and --no-agree go with --gate route (a route method's policy)"
         )
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
@@ -276,10 +275,10 @@ def _calibrate_routes(args: argparse.Namespace) -> int:
     if given:
         raise RagateError(
             f"--gate route reads the run's records (no model call) and takes --budget, --policy, --routes, --with, "
-            f"--metric, --no-evidence and --no-agree: drop {', '.join(given)} (the run's model is the file's)"
+            f"--metric, --evidence and --no-agree: drop {', '.join(given)} (the run's model is the file's)"
         )
-    if policy != "cascade" and not (args.evidence and args.agree):
-        raise RagateError("--no-evidence and --no-agree set the cascade's checks: use them with --policy cascade")
+    if policy != "cascade" and (args.evidence or not args.agree):
+        raise RagateError("--evidence and --no-agree set the cascade's checks: use them with --policy cascade")
     routes = routes_argument(args.routes) or get_method("route").route.routes  # type: ignore[union-attr]
     result = calibrate_routes([args.from_sweep, *args.with_runs], routes, args.budget, args.metric, policy=policy,
                               agree=args.agree, evidence=args.evidence)  # fmt: skip

@@ -120,6 +120,13 @@ def register(subparsers: Any) -> None:
         "--seed", type=int, default=None, help="--routes: the cross-fitting halves' and the bootstrap's seed (default 0)"
     )
     rep.add_argument("--resamples", type=int, default=None, help="--routes: the bootstrap's resamples (default 1000)")
+    rep.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="--routes: draw the pooled frontier (accuracy against retrievals per question, bootstrap 95%% bars)",
+    )
     rep.set_defaults(run=_run_report)
 
 
@@ -355,10 +362,10 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    if args.routes is None and (args.seed is not None or args.resamples is not None):
+    if args.routes is None and (args.seed is not None or args.resamples is not None or args.plot is not None):
         from ragate.errors import RagateError
 
-        raise RagateError("--seed and --resamples set the routes' frontier: give --routes A,B,C too")
+        raise RagateError("--seed, --resamples and --plot go with the routes' frontier: give --routes A,B,C too")
     if Path(args.run_dir).is_file():  # a service's answer log (ragate serve --answer-log)
         from ragate.answers.savings import read_log, savings_report
         from ragate.fileio import atomic_writer
@@ -371,10 +378,10 @@ def _run_report(args: argparse.Namespace) -> int:
             print(f"wrote {args.out}")
         return 0
     if args.routes is not None:
-        from ragate.report.routes import routes_report
+        from ragate.report.route_report import routes_report
 
         routes = [r.strip() for r in args.routes.split(",") if r.strip()]
-        given = {k: v for k, v in (("seed", args.seed), ("samples", args.resamples)) if v is not None}
+        given = {k: v for k, v in (("seed", args.seed), ("samples", args.resamples), ("plot", args.plot)) if v is not None}
         print(routes_report([args.run_dir, *args.with_runs], routes, args.metric or "em", **given), end="")
         return 0
     from ragate.errors import RagateError

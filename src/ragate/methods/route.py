@@ -8,10 +8,11 @@ Adaptive-RAG (Jeong et al., NAACL 2024) chooses among them from the question alo
 else pays for the next route. Two checks cost no model call: the answer's normalised NLL (DTR Eqs. 2-3,
 :attr:`ragate.methods.trace.Trace.answer_nll`) at most the stage's threshold, and, from the second route on, the
 answer agreeing with the route before it (PAIRS's agreement, read after the answer rather than before it). A third,
-the evidence check (``RouteSpec.evidence``, on by default), vetoes: an answer written from documents stops the
+the evidence check (``RouteSpec.evidence``, off by default), vetoes: an answer written from documents stops the
 cascade only where it is found whole in them (:func:`ragate.text.supported`, the ``supported`` field of eval
-records; a yes/no answer is exempt, as the check says nothing about it). ``ragate report RUN --routes ...`` scores
-it on its own ("answer not in its passages").
+records; a yes/no answer is exempt, as the check says nothing about it). It is off by default because a veto sends
+answers on to costlier routes, so under a budget the thresholds must stop more answers closed-book; ``ragate report
+RUN --routes ...`` replays the cascade with and without it where the records hold ``supported``.
 
 Two other policies choose from features instead, with a model fitted on records (``RouteSpec.policy``
 "adaptive-rag" and "learned", :mod:`ragate.methods.route_policy`; a route calibration file carries them).
@@ -114,7 +115,7 @@ def with_calibration(spec: MethodSpec, cal: Mapping[str, Any], path: object, *, 
     if policy == "cascade":
         stops = tuple(-math.inf if s is None else float(s) for s in cal["stops"])
         route = replace(route, routes=routes, stop_nll=stops, agree=cal.get("agree", True),
-                        evidence=cal.get("evidence", True))  # fmt: skip
+                        evidence=cal.get("evidence", False))  # fmt: skip
     else:
         from ragate.methods.route_policy import RoutePolicyModel
 

@@ -125,7 +125,7 @@ class RouteSpec:
     stop when its answer checks out, else pay for the next. A route's answer checks out when its normalised NLL is
     at most that stage's ``stop_nll`` (one per route but the last; None: DTR's default tau for each), or, with
     ``agree``, when it agrees with the answer of the route before it (PAIRS's idea, applied after the answer). With
-    ``evidence``, an answer written from documents stops only where it is found whole in them (the evidence check,
+    ``evidence`` (off by default), an answer written from documents stops only where it is found whole in them (the evidence check,
     :func:`ragate.text.supported`). A stop threshold of -inf: that stage never stops on NLL. ``policy``
     "adaptive-rag" or "learned" chooses from features instead, with the fitted ``model`` a route calibration file
     holds (:mod:`ragate.methods.route_policy`)."""
@@ -134,7 +134,7 @@ class RouteSpec:
     policy: RoutePolicy = "cascade"
     stop_nll: tuple[float, ...] | None = None
     agree: bool = True
-    evidence: bool = True
+    evidence: bool = False  # opt-in: see ragate.methods.route
     max_tokens: int | None = None  # every route's answer length (None: each route's own)
     k: int | None = None  # every route's documents per retrieval (None: each route's own)
     model: RoutePolicyModel | None = None  # the adaptive-rag or learned policy's fit

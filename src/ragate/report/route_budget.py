@@ -44,7 +44,7 @@ from ragate.report.routes import (
 )
 
 
-def reach(table: RouteTable, *, agree: bool = True, evidence: bool = True) -> tuple[float, float]:
+def reach(table: RouteTable, *, agree: bool = True, evidence: bool = False) -> tuple[float, float]:
     """The least and the most mean retrievals per question a cascade over ``table``'s routes can spend: every
     stage stopping wherever its checks allow (thresholds +inf), and no stage stopping on NLL (thresholds -inf)."""
     stages = len(table.routes) - 1
@@ -89,7 +89,7 @@ def route_calibration(
     *,
     policy: str = "cascade",
     agree: bool = True,
-    evidence: bool = True,
+    evidence: bool = False,
 ) -> dict[str, Any]:
     """The calibration of the route method over ``table``'s routes: for the cascade (at most ``budget`` mean
     retrievals per question) its stop thresholds (None: that stage never stops on NLL) and the checks they were
@@ -148,7 +148,7 @@ def calibrate_routes(
     *,
     policy: str = "cascade",
     agree: bool = True,
-    evidence: bool = True,
+    evidence: bool = False,
 ) -> dict[str, Any]:
     """:func:`route_calibration` over the records of eval runs (the first run's model and engine recorded, as a
     calibration of that model; runs of another model are refused)."""

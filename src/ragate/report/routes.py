@@ -167,7 +167,7 @@ def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> 
     )
 
 
-def cascade(table: RouteTable, stops: Sequence[float], *, agree: bool = True, evidence: bool = True) -> np.ndarray:
+def cascade(table: RouteTable, stops: Sequence[float], *, agree: bool = True, evidence: bool = False) -> np.ndarray:
     """The route the cascade answers each question with (its index): the first whose NLL is at most its stop
     threshold or (from the second route on, with ``agree``) whose answer agrees with the route before's and (with
     ``evidence``) is found in the passages it read, where the record says so; the last route otherwise. A missing
@@ -320,7 +320,7 @@ def _quantiles(values: np.ndarray) -> list[float]:
 
 
 def tune_stops(
-    table: RouteTable, target: float, metric: str, *, agree: bool = True, evidence: bool = True
+    table: RouteTable, target: float, metric: str, *, agree: bool = True, evidence: bool = False
 ) -> tuple[float, ...]:
     """The stop thresholds (one per route but the last) whose cascade on ``table`` is the most accurate with mean
     retrievals at most ``target``; ties: fewer retrievals, then fewer tokens. -inf: that stage never stops on
@@ -341,7 +341,9 @@ def tune_stops(
     return best[3]
 
 
-def cross_fitted(table: RouteTable, target: float, metric: str, *, seed: int = 0, agree: bool = True) -> np.ndarray:
+def cross_fitted(
+    table: RouteTable, target: float, metric: str, *, seed: int = 0, agree: bool = True, evidence: bool = False
+) -> np.ndarray:
     """Each question's route under thresholds tuned on the other half of the questions (:func:`tune_stops`)."""
     taken = np.zeros(len(table), dtype=int)
     for scored, tuned in halves(len(table), seed):
@@ -350,8 +352,8 @@ def cross_fitted(table: RouteTable, target: float, metric: str, *, seed: int = 0
         if not len(tuned):  # nothing to tune on: no stage stops on NLL
             stops: tuple[float, ...] = (-math.inf,) * (len(table.routes) - 1)
         else:
-            stops = tune_stops(table.take(tuned), target, metric, agree=agree)
-        taken[scored] = cascade(table.take(scored), stops, agree=agree)
+            stops = tune_stops(table.take(tuned), target, metric, agree=agree, evidence=evidence)
+        taken[scored] = cascade(table.take(scored), stops, agree=agree, evidence=evidence)
     return taken
 
 
@@ -363,22 +365,23 @@ def frontier(
     seed: int = 0,
 ) -> list[Row]:
     """Every fixed route, the cascade on agreement alone, the cross-fitted cascade at each target (where the
-    records hold log-probabilities), Adaptive-RAG's question classifier (cross-fitted) and the oracle."""
+    records hold log-probabilities), the same with the evidence check (where the records hold ``supported``),
+    the learned policy and Adaptive-RAG's question classifier (cross-fitted) and the oracle."""
     n = len(table)
     rows = [
         outcome(table, f"always {r}", np.full(n, j), metric, pays="taken") for j, r in enumerate(table.routes)
     ]
     never = [-math.inf] * (len(table.routes) - 1)
-    ev = " + evidence" if table.has_evidence else ""
-    rows.append(outcome(table, f"cascade: agreement{ev}", cascade(table, never), metric, pays="every"))
+    rows.append(outcome(table, "cascade: agreement", cascade(table, never), metric, pays="every"))
     last = float(table.costs["retrievals"][:, -1].mean())
-    for share in targets:
-        name = f"cascade: NLL + agreement{ev}, ≤ {share:g} × {table.routes[-1]}'s retrievals"
-        if not table.has_nll:
-            rows.append(Row(name, np.full(n, -1), np.full(n, np.nan), {}, "no log-probabilities in the records"))
-            continue
-        taken = cross_fitted(table, share * last, metric, seed=seed)
-        rows.append(outcome(table, name, taken, metric, pays="every", note="thresholds cross-fitted"))
+    for evidence in (False, True) if table.has_evidence else (False,):
+        for share in targets:
+            name = f"cascade: NLL + agreement{' + evidence' if evidence else ''}, ≤ {share:g} × {table.routes[-1]}'s retrievals"
+            if not table.has_nll:
+                rows.append(Row(name, np.full(n, -1), np.full(n, np.nan), {}, "no log-probabilities in the records"))
+                continue
+            taken = cross_fitted(table, share * last, metric, seed=seed, evidence=evidence)
+            rows.append(outcome(table, name, taken, metric, pays="every", note="thresholds cross-fitted"))
     for share in targets:
         name = f"learned: P(right) of each route − λ·retrievals, ≤ {share:g} × {table.routes[-1]}'s retrievals"
         taken = learned(table, metric, share * last, seed=seed)
@@ -499,29 +502,3 @@ def read_route_table(run_dirs: Sequence[str | Any], routes: Sequence[str]) -> Ro
             raise RagateError(f"{run_dir} holds no questions.jsonl: give an eval run directory (ragate eval --out DIR)")
         records += read_records(path, repair=False)
     return route_table(records, routes)
-
-
-def routes_report(
-    run_dirs: Sequence[str | Any],
-    routes: Sequence[str],
-    metric: str = "em",
-    *,
-    targets: Sequence[float] = DEFAULT_TARGETS,
-    seed: int = 0,
-    samples: int = 1000,
-) -> str:
-    """The frontier of ``routes`` over the eval runs ``run_dirs`` (their records only, a route's answer from the
-    first run that holds it; nothing is written), with a line that says what it was computed from. ``seed`` sets
-    the cross-fitting halves and the bootstrap, ``samples`` the bootstrap's resamples."""
-    table = read_route_table(run_dirs, routes)
-    rows = frontier(table, metric, targets=targets, seed=seed)
-    nll = [r for r, ok in zip(routes, np.isfinite(table.nll).all(axis=0), strict=True) if not ok]
-    said = f"; no log-probabilities in the records of {', '.join(nll)}, which never stop on NLL" if nll else ""
-    where = " + ".join(str(d) for d in run_dirs)
-    return (
-        f"{len(table)} questions answered by every route ({', '.join(routes)}) in {where}{said}; {metric.upper()} "
-        f"x 100, costs per question; seed {seed}, {samples} resamples.\n\n"
-        + frontier_markdown(table, rows, metric, samples=samples, seed=seed) + "\n\n"
-        "Each stop check on its own, for the question it would stop on:\n\n" + checks_markdown(table, metric, seed=seed, samples=samples)
-        + "\n"
-    )

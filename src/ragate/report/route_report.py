@@ -1,0 +1,64 @@
+"""The routes' frontier as ``ragate report RUN --routes ...`` prints it: the pooled table, one per dataset where the
+records span several, the figure's data where one is drawn, and each stop check's AUROC
+(:mod:`ragate.report.routes` replays the policies, :mod:`ragate.report.route_plot` draws them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ragate.report.route_plot import by_dataset, plot_routes
+from ragate.report.routes import (
+    DEFAULT_TARGETS,
+    checks_markdown,
+    frontier,
+    frontier_markdown,
+    read_route_table,
+)
+
+
+def routes_report(
+    run_dirs: Sequence[str | Any],
+    routes: Sequence[str],
+    metric: str = "em",
+    *,
+    targets: Sequence[float] = DEFAULT_TARGETS,
+    seed: int = 0,
+    samples: int = 1000,
+    plot: str | Any | None = None,
+) -> str:
+    """The frontier of ``routes`` over the eval runs ``run_dirs`` (their records only, a route's answer from the
+    first run that holds it), with a line that says what it was computed from; where the records span several
+    datasets, the pooled frontier and then each dataset's (the pooled policies' choices on its questions). ``seed``
+    sets the cross-fitting halves and the bootstrap, ``samples`` the bootstrap's resamples. ``plot``: a PNG path
+    where the pooled frontier is drawn (written atomically; the report then says the figure's data)."""
+    table = read_route_table(run_dirs, routes)
+    rows = frontier(table, metric, targets=targets, seed=seed)
+    nll = [r for r, ok in zip(routes, np.isfinite(table.nll).all(axis=0), strict=True) if not ok]
+    said = f"; no log-probabilities in the records of {', '.join(nll)}, which never stop on NLL" if nll else ""
+    where = " + ".join(str(d) for d in run_dirs)
+    parts = by_dataset(table, rows)
+    text = (
+        f"{len(table)} questions answered by every route ({', '.join(routes)}) in {where}{said}; {metric.upper()} "
+        f"x 100, costs per question; seed {seed}, {samples} resamples.\n\n"
+        + ("Pooled over the datasets:\n\n" if parts else "")
+        + frontier_markdown(table, rows, metric, samples=samples, seed=seed) + "\n"
+    )
+    for name, sub, sub_rows in parts:
+        text += f"\n{name} ({len(sub)} questions; the pooled policies' choices):\n\n"
+        text += frontier_markdown(sub, sub_rows, metric, samples=samples, seed=seed) + "\n"
+    if plot is not None:
+        from pathlib import Path
+
+        from ragate.fileio import atomic_writer
+
+        png, data = plot_routes(rows, table, metric, samples=samples, seed=seed)
+        with atomic_writer(Path(plot)) as f:
+            f.write(png)
+        text += f"\n{data}\n"  # the path is left out: the check draws it into a scratch file
+    return (
+        text + "\nEach stop check on its own, for the question it would stop on:\n\n"
+        + checks_markdown(table, metric, seed=seed, samples=samples) + "\n"
+    )
