@@ -365,3 +365,41 @@ def test_serve_answers_with_the_route_file_over_http(smollm2_path: Path, run_dir
     command = [sys.executable, "-m", "ragate.cli.main", "serve", *args, "--port", str(_free_port())]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "calibrated on the routes no-retrieval,standard-rag" in done.stderr
+
+
+def test_a_route_answer_keeps_its_routes_answers_as_the_two_paths_and_shadow_runs_only_a_missing_route(
+    tmp_path: Path,
+) -> None:
+    """With a feedback store and shadow work, a route answer's closed-book route and first retrieving route are
+    the store's two paths: where the cascade ran both, they are its twins and their disagreement its silver label
+    at once, and a reference labels both (no shadow call); where it stopped closed-book, shadow work runs the
+    one-retrieval route alone (one call, never the cascade again). A learned gate is not put in force over routes."""
+    question = "What is the capital of France?"
+    with open_index(demo_index()) as demo:
+        lm = ScriptedBackend([make_generation(["Paris"], [-2.0]), make_generation(["Lyon"], [-2.0]),
+                              make_generation(["Nice"], [-0.01]), make_generation(["Nice"], [-2.0])])  # fmt: skip
+        store = tmp_path / "feedback.db"
+        with Pipeline(method="route", routes=list(ROUTES[:2]), threshold=0.5, lm=lm, retriever=demo,
+                      feedback_store=store, shadow=1.0) as rag:  # fmt: skip
+            went_on = rag.answer(question)
+            assert went_on.trace.route is not None and went_on.trace.route.ran == ROUTES[:2]
+            assert went_on.trace.route.answers == ("Paris", "Lyon") and len(lm.calls) == 2
+            row = rag.learner.store.get(went_on.id)
+            assert (row.closed_answer, row.open_answer) == ("Paris", "Lyon")
+            assert rag.feedback(went_on, reference="Paris").labels == (("closed-wrong", False), ("retrieved-wrong", True))
+            assert rag.learner.store.counts()["retrieval-changed"] == {"retrieve": 1, "no_retrieve": 0}
+            stopped = rag.answer(question)  # "Nice" at NLL 0.01 <= 0.5: the closed-book route answers
+            assert stopped.trace.route is not None and stopped.trace.route.taken == ROUTES[0]
+            assert rag.learner.shadow.wait(60)
+            assert len(lm.calls) == 4 and lm.calls[-1] != lm.calls[-2]  # one shadow call: standard-rag's, alone
+            row = rag.learner.store.get(stopped.id)
+            assert (row.closed_answer, row.open_answer) == ("Nice", "Nice")
+            with pytest.raises(RagateError, match="a learned gate does not steer a route method"):
+                rag.learn()
+
+
+def test_serve_refuses_to_refit_a_gate_over_routes(tmp_path: Path) -> None:
+    from ragate.service.settings import ServiceSettings
+
+    with pytest.raises(ValueError, match="--refit-every learns a gate, which does not steer the route method"):
+        ServiceSettings(method="route", refit_every=5, feedback_store=str(tmp_path / "feedback.db"))

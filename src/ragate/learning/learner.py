@@ -302,10 +302,42 @@ class Learner:
             self._side_warning("feedback store", err)
             return answer
         answer = dataclasses.replace(answer, id=answer_id)
-        if self.shadow is not None:
-            job = ShadowJob(answer_id, answer.question, answer.retrieved, answer.text, method)
+        job: ShadowJob | None = ShadowJob(answer_id, answer.question, answer.retrieved, answer.text, method)
+        if spec.route is not None:  # the routes' own answers are the two paths; shadow work runs only a missing one
+            try:
+                job = self._route_twins(answer_id, answer, spec)
+            except Exception as err:  # noqa: BLE001 (a side channel, as above)
+                self._side_warning("feedback store", err)
+                return answer
+        if self.shadow is not None and job is not None:
             self.shadow.offer(job, uncertain=uncertain)
         return answer
+
+    def _route_twins(self, answer_id: str, answer: Answer, spec: MethodSpec) -> ShadowJob | None:
+        """A route method's answer in the store's two paths: the closed-book route's answer (the first route, where
+        it is closed-book and ran) and the first retrieving route's that ran. Both known: they are the answer's
+        twins, and their (dis)agreement its silver label at once. One known: the shadow job that runs the route
+        the other path stands for alone (never the whole cascade again). None where no route is closed-book."""
+        from ragate.learning.shadow import ShadowJob
+        from ragate.learning.store import answers_agree
+        from ragate.methods.route import route_cost, route_specs
+
+        info = answer.trace.route
+        assert self.store is not None and spec.route is not None and info is not None
+        specs = route_specs(spec.route)
+        if route_cost(specs[0]) != 0:
+            return None  # no closed-book route: nothing stands for the closed path
+        said = dict(zip(info.ran, info.answers, strict=False))
+        opener = next(s.name for s in specs if route_cost(s) > 0)
+        closed, opened = said.get(specs[0].name), next((said[s.name] for s in specs if route_cost(s) > 0 and s.name in said), None)
+        self.store.set_twin(answer_id, closed=closed, opened=opened)
+        if closed is not None and opened is not None:
+            self.store.add_label(answer_id, source="shadow", kind="retrieval-changed", value=not answers_agree(closed, opened),
+                                 detail={"other": "both answered by the route cascade"})  # fmt: skip
+            return None
+        if closed is not None:
+            return ShadowJob(answer_id, answer.question, False, closed, opener)
+        return ShadowJob(answer_id, answer.question, True, opened or answer.text, specs[0].name)
 
     def _side_warning(self, what: str, err: Exception) -> None:
         import warnings
@@ -405,6 +437,12 @@ class Learner:
         if self.store is None:
             raise RagateError("this pipeline keeps no labels: make it with feedback_store= or shadow=")
         host = self._host
+        if use and host.spec.route is not None:
+            raise RagateError(
+                "a learned gate does not steer a route method (its checks or policy choose the route): learn with "
+                "use=False to keep the gate file for a gate method, and set the routes' policy with ragate calibrate "
+                "--gate route"
+            )
         target = Path(out) if out is not None else self.store.gate_path()
         candidate = target.with_name(f"{target.stem}.candidate{target.suffix}") if use else target
         learned = learn_from_store(

@@ -252,7 +252,10 @@ def run_route(
     traces = [t for _, t in ran]
     final = traces[-1]
     taken = specs[ran[-1][0]].name
-    info = RouteInfo(tuple(route.routes), taken, tuple(checks), tuple(len(t.stages) for t in traces))
+    info = RouteInfo(
+        tuple(route.routes), taken, tuple(checks), tuple(len(t.stages) for t in traces),
+        tuple(specs[i].name for i, _ in ran), tuple(t.answer for t in traces),
+    )  # fmt: skip
     met = [c.kind for c in checks if c.route == taken and c.stop]
     reason = f"answered by {taken}" + (f" ({' and '.join(met)} check met)" if met else "")
     # the check that decided: the one that stopped at (or chose) the route taken, else the last NLL check passed by

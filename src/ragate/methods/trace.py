@@ -110,12 +110,15 @@ class RouteCheck:
 @dataclass(frozen=True)
 class RouteInfo:
     """What a route method did: the routes it could take (cheapest first), the one whose answer it gave, each
-    check met on the way, and how many of the trace's stages each route it ran made (in order)."""
+    check met on the way, how many of the trace's stages each route it ran made, the routes it ran and their
+    answers (in the order run)."""
 
     routes: tuple[str, ...]
     taken: str
     checks: tuple[RouteCheck, ...]
     stages: tuple[int, ...] = ()
+    ran: tuple[str, ...] = ()
+    answers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
