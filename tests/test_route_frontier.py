@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ragate.errors import RagateError
+from ragate.eval.records import read_records
 from ragate.gates.base import GateDecision
 from ragate.methods import get_method
 from ragate.methods.configure import configure_method
@@ -201,7 +202,7 @@ def test_report_prints_the_frontier_of_a_committed_run(capsys: pytest.CaptureFix
     assert rows["always ircot"][1] == "30.0" and rows["always wo-rag"][1] == "18.3"
     assert float(rows["cascade: agreement"][4]) > float(rows["always ircot"][4])
     assert float(rows["adaptive-rag: question classifier"][4]) < float(rows["always ircot"][4])
-    frontier_lines = out.split("Each stop check")[0].splitlines()
+    frontier_lines = out.split("The targets")[0].splitlines()
     assert all(line.count("|") == 9 for line in frontier_lines if line.startswith("|"))  # no cell breaks the table
     assert "| single-rag | disagrees with wo-rag |" in out and "| wo-rag | NLL | no log-probabilities" in out
     assert "no log-probabilities in the records of wo-rag, single-rag, ircot" in out
@@ -296,3 +297,23 @@ def test_runs_over_two_datasets_get_the_pooled_table_one_per_dataset_and_a_figur
     em = [float(next(line for line in t.splitlines() if line.startswith("| always no-retrieval")).split(" | ")[1])
           for t in tables]  # fmt: skip
     assert em[0] == pytest.approx((em[1] + em[2]) / 2, abs=0.06)  # the pooled mean of two halves of 40
+
+
+def test_the_targets_are_computed_from_the_rows_with_their_intervals() -> None:
+    """The share of the gap closed is 1 for the oracle itself and 0 for the fixed route itself; on the committed
+    HotpotQA run (no log-probabilities) the targets table says which can be computed and which cannot, and why."""
+    from ragate.report.route_targets import closed_share, targets_markdown
+
+    _, records = _scenario(60, seed=2)
+    table = route_table(records, ROUTES)
+    rows = frontier(table, "em", targets=(0.4,))
+    by_name = {r.name: r for r in rows}
+    fixed, oracle_row = by_name["always standard-rag-pairs-prompts"], by_name["oracle (cheapest right route)"]
+    assert closed_share(oracle_row, fixed, oracle_row, samples=200, seed=0)[0] == pytest.approx(1.0)
+    assert closed_share(fixed, fixed, oracle_row, samples=200, seed=0)[0] == pytest.approx(0.0)
+    text = targets_markdown(table, rows, "em", samples=200)
+    assert text.count("\n| ") == 4 and "cascade above adaptive-rag at matched retrievals" in text
+    committed = route_table(read_records(RUN / "questions.jsonl", repair=False), ["wo-rag", "single-rag", "ircot"])
+    text = targets_markdown(committed, frontier(committed, "em"), "em", samples=200)
+    assert "no log-probabilities in the records: no cascade to tune | no |" in text
+    assert "cascade above adaptive-rag" not in text and "learned above adaptive-rag" in text

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ragate.report.route_plot import by_dataset, plot_routes
+from ragate.report.route_targets import targets_markdown
 from ragate.report.routes import (
     DEFAULT_TARGETS,
     checks_markdown,
@@ -58,6 +59,10 @@ def routes_report(
         with atomic_writer(Path(plot)) as f:
             f.write(png)
         text += f"\n{data}\n"  # the path is left out: the check draws it into a scratch file
+    text += (
+        "\nThe targets (issue 78), each with its paired 95% interval"
+        + (", pooled" if parts else "") + ":\n\n" + targets_markdown(table, rows, metric, seed=seed, samples=samples) + "\n"
+    )
     return (
         text + "\nEach stop check on its own, for the question it would stop on:\n\n"
         + checks_markdown(table, metric, seed=seed, samples=samples) + "\n"
