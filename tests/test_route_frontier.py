@@ -312,8 +312,34 @@ def test_the_targets_are_computed_from_the_rows_with_their_intervals() -> None:
     assert closed_share(oracle_row, fixed, oracle_row, samples=200, seed=0)[0] == pytest.approx(1.0)
     assert closed_share(fixed, fixed, oracle_row, samples=200, seed=0)[0] == pytest.approx(0.0)
     text = targets_markdown(table, rows, "em", samples=200)
-    assert text.count("\n| ") == 4 and "cascade above adaptive-rag at matched retrievals" in text
+    assert text.count("\n| ") == 5 and "cascade (calibrated checks) above adaptive-rag at matched retrievals" in text
     committed = route_table(read_records(RUN / "questions.jsonl", repair=False), ["wo-rag", "single-rag", "ircot"])
     text = targets_markdown(committed, frontier(committed, "em"), "em", samples=200)
     assert "no log-probabilities in the records: no cascade to tune | no |" in text
     assert "cascade above adaptive-rag" not in text and "learned above adaptive-rag" in text
+
+
+def test_the_calibrated_cascade_learns_which_answers_to_stop_on() -> None:
+    """Where the closed-book answer is right exactly when its NLL is low, the stage's fit learns it: cross-fitted,
+    the cascade with calibrated checks stops there on the right answers and pays one retrieval for the others, as
+    the oracle would; its rows are in the frontier."""
+    import numpy as np
+
+    from ragate.report.route_fit import calibrated_cascade, checked, stage_x
+
+    rng = random.Random(4)
+    records = []
+    for i in range(200):
+        nll = rng.uniform(0, 2)
+        for j, method in enumerate(ROUTES):
+            trace = _trace(method, rng.choice(["Paris", "Lyon"]), nll if j == 0 else 1.0, j, passage="Paris")
+            records.append(_record(f"q{i}", trace, nll < 0.6 if j == 0 else True, j))
+    table = route_table(records, ROUTES)
+    assert stage_x(table, 1).shape == (200, 7)
+    assert checked(np.array([[0.9, 0.1], [0.1, 0.9], [0.1, 0.1]]), (0.5, 0.5), 2).tolist() == [0, 1, 2]
+    low = float(np.mean(table.nll[:, 0] >= 0.6))  # the oracle's retrievals: one where the closed-book answer fails
+    taken = calibrated_cascade(table, "em", low + 0.05, seed=0)
+    row = outcome(table, "", taken, "em", pays="every")
+    assert row.score.mean() >= 0.95 and row.costs["retrievals"].mean() <= low + 0.1
+    names = [r.name for r in frontier(table, "em", targets=(0.5,))]
+    assert "cascade: calibrated checks, ≤ 0.5 × standard-rag-pairs-prompts's retrievals" in names

@@ -365,7 +365,8 @@ def frontier(
     seed: int = 0,
 ) -> list[Row]:
     """Every fixed route, the cascade on agreement alone, the cross-fitted cascade at each target (where the
-    records hold log-probabilities), the same with the evidence check (where the records hold ``supported``),
+    records hold log-probabilities), the same with the evidence check (where the records hold ``supported``), the
+    cascade whose checks a fit per stage combines (:mod:`ragate.report.route_fit`; where they hold log-probabilities),
     the learned policy and Adaptive-RAG's question classifier (cross-fitted) and the oracle."""
     n = len(table)
     rows = [
@@ -382,6 +383,13 @@ def frontier(
                 continue
             taken = cross_fitted(table, share * last, metric, seed=seed, evidence=evidence)
             rows.append(outcome(table, name, taken, metric, pays="every", note="thresholds cross-fitted"))
+    if table.has_nll:  # the checks combined by a fit per stage (ragate.report.route_fit)
+        from ragate.report.route_fit import calibrated_cascade
+
+        for share in targets:
+            name = f"cascade: calibrated checks, ≤ {share:g} × {table.routes[-1]}'s retrievals"
+            taken = calibrated_cascade(table, metric, share * last, seed=seed)
+            rows.append(outcome(table, name, taken, metric, pays="every", note="fits and thresholds cross-fitted"))
     for share in targets:
         name = f"learned: P(right) of each route − λ·retrievals, ≤ {share:g} × {table.routes[-1]}'s retrievals"
         taken = learned(table, metric, share * last, seed=seed)

@@ -1,0 +1,94 @@
+"""The cascade with its checks combined by a calibrated fit (issue 78's ``cascade``): at each stage, P(this route's
+answer is right) from everything its answer shows at no model call, and the stage stops where that probability
+is at least its threshold, each stage's threshold chosen for a target cost; replayed from records, cross-fitted.
+
+The features of route j's answer (:func:`stage_x`): its normalised NLL (DTR Eqs. 2-3; 0 where none is recorded,
+with a column saying whether one is), from the second route on whether it agrees with the route before's
+(:func:`ragate.methods.route.answers_agree`), whether the passages it read hold it (``supported``; 0 with a column
+saying whether the record says), its words (log) and whether it is empty. A logistic regression per stage
+(scikit-learn's, standardised, as every route policy here) gives P(right); the thresholds come from a grid of
+each stage's probabilities' quantiles, the most accurate cascade within the target (ties: fewer retrievals).
+Both the fits and the thresholds are made on one half of the questions and scored on the other
+(:func:`ragate.report.routes.halves`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ragate.methods.route import answers_agree
+from ragate.methods.route_policy import Linear
+from ragate.report.routes import GRID, RouteTable, _classifier, halves, outcome
+
+
+def stage_x(table: RouteTable, j: int) -> np.ndarray:
+    """The features of route ``j``'s answer to each question (see the module docstring)."""
+    nll, found = table.nll[:, j], table.supported[:, j]
+    agree = [float(j > 0 and answers_agree(a[j], a[j - 1])) for a in table.answers]
+    words = [len(a[j].split()) for a in table.answers]
+    return np.column_stack([
+        np.where(np.isfinite(nll), nll, 0.0), np.isfinite(nll), agree, np.where(np.isfinite(found), found, 0.0),
+        np.isfinite(found), np.log1p(words), [float(w == 0) for w in words],
+    ])  # fmt: skip
+
+
+def fit_stages(table: RouteTable, metric: str) -> list[Linear | float]:
+    """Per stage (every route but the last), P(right) of its answer: a logistic fit, or the constant share right
+    where the questions hold one outcome."""
+    right = table.scores[metric] > 0
+    fits: list[Linear | float] = []
+    for j in range(len(table.routes) - 1):
+        y = right[:, j]
+        if len(np.unique(y)) < 2:
+            fits.append(float(y.mean()) if len(y) else 0.0)
+        else:
+            fits.append(Linear.from_sklearn(_classifier().fit(stage_x(table, j), y)))
+    return fits
+
+
+def stage_p(table: RouteTable, fits: list[Linear | float]) -> np.ndarray:
+    """P(right) of each stage's answer to each question, (n, stages)."""
+    return np.column_stack([
+        np.full(len(table), f) if isinstance(f, float) else f.probabilities(stage_x(table, j))[:, 1]
+        for j, f in enumerate(fits)
+    ])  # fmt: skip
+
+
+def checked(p: np.ndarray, stops: tuple[float, ...], last: int) -> np.ndarray:
+    """The route taken: the first stage whose P(right) is at least its threshold, the last route otherwise."""
+    taken = np.full(len(p), last)
+    for j in reversed(range(p.shape[1])):
+        taken = np.where(p[:, j] >= stops[j], j, taken)
+    return taken
+
+
+def tune(table: RouteTable, p: np.ndarray, target: float, metric: str) -> tuple[float, ...]:
+    """The thresholds whose cascade on ``table`` is the most accurate with mean retrievals at most ``target``
+    (ties: fewer retrievals); inf: that stage never stops. Nothing within: stop at every stage."""
+    grids = [[math.inf, *sorted({float(np.quantile(p[:, j], q)) for q in GRID})] for j in range(p.shape[1])]
+    last = len(table.routes) - 1
+    best: tuple[float, float, tuple[float, ...]] | None = None
+    for combo in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T:
+        stops = tuple(map(float, combo))
+        row = outcome(table, "", checked(p, stops, last), metric, pays="every")
+        spent = float(row.costs["retrievals"].mean())
+        key = (-float(row.score.mean()), spent, stops)
+        if spent <= target + 1e-9 and (best is None or key[:2] < best[:2]):
+            best = key
+    return best[2] if best is not None else (-math.inf,) * p.shape[1]
+
+
+def calibrated_cascade(table: RouteTable, metric: str, target: float, *, seed: int = 0) -> np.ndarray:
+    """Each question's route under the stage fits and thresholds made on the other half of the questions."""
+    last = len(table.routes) - 1
+    taken = np.full(len(table), last)
+    for scored, trained in halves(len(table), seed):
+        if not len(scored) or not len(trained):
+            continue
+        train = table.take(trained)
+        fits = fit_stages(train, metric)
+        stops = tune(train, stage_p(train, fits), target, metric)
+        taken[scored] = checked(stage_p(table.take(scored), fits), stops, last)
+    return taken
