@@ -258,7 +258,7 @@ def _policy_scenario(n: int, seed: int) -> tuple[dict[str, dict[str, Trace]], li
     return traces, records
 
 
-@pytest.mark.parametrize("policy, budget", [("adaptive-rag", None), ("learned", 0.8)])
+@pytest.mark.parametrize("policy, budget", [("adaptive-rag", None), ("learned", 0.8), ("calibrated", 0.8)])
 def test_a_fitted_policy_chooses_live_the_route_it_chose_in_the_replay(
     policy: str, budget: float | None, tmp_path: Path
 ) -> None:
@@ -280,6 +280,12 @@ def test_a_fitted_policy_chooses_live_the_route_it_chose_in_the_replay(
     assert tau is None and spec.route is not None and spec.route.policy == policy
     if policy == "adaptive-rag":
         replayed = adaptive_choice(fit_adaptive(table, "em"), table.question_x)[0]
+    elif policy == "calibrated":
+        from ragate.report.route_fit import checked, fit_calibrated, stage_p
+
+        model = fit_calibrated(table, "em", 0.8)
+        replayed = checked(stage_p(table, list(model.right)), model.stops, len(ROUTES) - 1)
+        assert spec.route.model is not None and spec.route.model.stops == model.stops
     else:
         model = fit_learned(table, "em", 0.8)
         replayed = learned_values(model, learned_x(table)).argmax(axis=1)
@@ -294,22 +300,27 @@ def test_a_fitted_policy_chooses_live_the_route_it_chose_in_the_replay(
 
         live = run_route(spec, table.questions[i], run)
         assert live.route is not None and live.route.taken == ROUTES[replayed[i]], qid
-        want = [ROUTES[replayed[i]]] if policy == "adaptive-rag" else list(dict.fromkeys([ROUTES[0], ROUTES[replayed[i]]]))
-        assert ran == want and [c.stop for c in live.route.checks].count(True) == 1
+        want = {"adaptive-rag": [ROUTES[replayed[i]]], "calibrated": list(ROUTES[: replayed[i] + 1]),
+                "learned": list(dict.fromkeys([ROUTES[0], ROUTES[replayed[i]]]))}[policy]  # fmt: skip
+        assert ran == want and [c.stop for c in live.route.checks].count(True) == (policy != "calibrated" or replayed[i] < 2)
         assert live.answer == traces[qid][ROUTES[replayed[i]]].answer
 
 
 def test_a_fitted_policy_file_with_bad_numbers_is_refused(table: Any, tmp_path: Path) -> None:
     learned = route_calibration(table, 0.8, policy="learned")
     adaptive = route_calibration(table, None, policy="adaptive-rag")
+    calibrated = route_calibration(table, 0.8, policy="calibrated")
     cases = [
+        (calibrated | {"stops": [0.5]}, "'stops' must hold 2 thresholds"),
+        (calibrated | {"right": calibrated["right"][:1]}, "'right' must hold one fit per stage"),
+        (calibrated | {"features": ["answer_nll"]}, "was fitted on the features"),
         (learned | {"lambda": -1}, "'lambda' must be a number, 0 or more"),
         (learned | {"lambda": 10**400}, "'lambda' must be a number, 0 or more"),
         (learned | {"costs": [0, 1]}, "'costs' must hold each route's mean retrievals"),
         (learned | {"costs": [1, 1, 2]}, "'costs' starts with 0"),
         (learned | {"right": [0.5, 0.5]}, "'right' must hold one fit per route"),
         (learned | {"right": [5.0, *learned["right"][1:]]}, "is a probability, not 5.0"),
-        (learned | {"policy": "bandit"}, "'policy' must be cascade, adaptive-rag or learned"),
+        (learned | {"policy": "bandit"}, "'policy' must be cascade, calibrated, adaptive-rag or learned"),
         (learned | {"features": ["words"]}, "was fitted on the features"),
         (learned | {"model": 3}, "'model' cannot be 3"),
     ]

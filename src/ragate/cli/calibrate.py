@@ -50,9 +50,10 @@ def register(subparsers: Any) -> None:
     )
     cal.add_argument(
         "--policy",
-        choices=("cascade", "adaptive-rag", "learned"),
+        choices=("cascade", "calibrated", "adaptive-rag", "learned"),
         default=None,
-        help="with --gate route: the cascade's stop thresholds (default), Adaptive-RAG's question classifier (no "
+        help="with --gate route: the cascade's stop thresholds (default), the cascade whose checks a fit per stage "
+        "combines (calibrated), Adaptive-RAG's question classifier (no "
         "--budget), or the learned policy (P(right) per route - lambda * retrievals, lambda for --budget)",
     )
     cal.add_argument(
@@ -292,6 +293,10 @@ def _calibrate_routes(args: argparse.Namespace) -> int:
             chosen += " (without the evidence check: the records do not say whether answers are in their passages)"
     elif policy == "learned":
         chosen = f"the learned policy, lambda {result['lambda']:.4g}"
+    elif policy == "calibrated":
+        chosen = "the cascade's stage fits, thresholds " + ", ".join(
+            "never" if s is None else f"{s:.4g}" for s in result["stops"]
+        )
     else:
         chosen = "Adaptive-RAG's question classifier"
     spent = f"{result['dev_retrievals']:.2f} retrievals per question"

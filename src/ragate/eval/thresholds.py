@@ -333,8 +333,8 @@ def _route_fault(data: dict[str, Any]) -> str | None:
     if not isinstance(routes, list) or len(routes) < 2 or not all(isinstance(r, str) and r for r in routes):
         return f"'routes' must name two routes or more, not {short(routes)}"
     policy = data.get("policy", "cascade")
-    if policy not in ("cascade", "adaptive-rag", "learned"):
-        return f"'policy' must be cascade, adaptive-rag or learned, not {short(policy)}"
+    if policy not in ("cascade", "calibrated", "adaptive-rag", "learned"):
+        return f"'policy' must be cascade, calibrated, adaptive-rag or learned, not {short(policy)}"
     for key in ("agree", "evidence"):
         if key in data and not isinstance(data[key], bool):
             return f"{key!r} must be true or false, not {short(data[key])}"

@@ -54,8 +54,8 @@ def route_specs(route: RouteSpec) -> list[MethodSpec]:
     route method sets (``RouteSpec.max_tokens``, ``RouteSpec.k``), where it sets them."""
     from ragate.methods.registry import get_method
 
-    if route.policy not in ("cascade", "adaptive-rag", "learned"):
-        raise RagateError(f"unknown route policy {route.policy!r}: cascade, adaptive-rag or learned")
+    if route.policy not in ("cascade", "calibrated", "adaptive-rag", "learned"):
+        raise RagateError(f"unknown route policy {route.policy!r}: cascade, calibrated, adaptive-rag or learned")
     if route.policy != "cascade" and route.model is None:
         raise RagateError(
             f"route policy {route.policy!r} chooses with a fitted model: ragate calibrate --gate route --policy "
@@ -193,6 +193,37 @@ def _cascade(
     return ran, checks
 
 
+def _calibrated(
+    route: RouteSpec, specs: list[MethodSpec], run: Callable[[MethodSpec], Trace]
+) -> tuple[list[tuple[int, Trace]], list[RouteCheck]]:
+    """The cascade whose checks a fit per stage combines: each route in turn until P(its answer is right), from
+    what the answer shows (:func:`ragate.methods.route_policy.stage_vector`), is at least the stage's threshold
+    (a "calibrated" check: that probability and the threshold)."""
+    import numpy as np
+
+    from ragate.methods.route_policy import stage_vector
+
+    model = route.model
+    if model is None:  # route_specs refuses it; here for the type checker
+        raise ValueError("the calibrated cascade has no fitted model")
+    checks: list[RouteCheck] = []
+    ran: list[tuple[int, Trace]] = []
+    for i, route_spec in enumerate(specs):
+        trace = run(route_spec)
+        ran.append((i, trace))
+        if i == len(specs) - 1:
+            break
+        before = ran[i - 1][1].answer if i else None
+        x = np.array([stage_vector(trace.answer_nll, trace.answer, before, answer_supported(trace))])
+        fit = model.right[i]
+        p = fit if isinstance(fit, float) else float(fit.probabilities(x)[0, 1])
+        stop = p >= model.stops[i]
+        checks.append(RouteCheck(route_spec.name, "calibrated", p, model.stops[i], stop))
+        if stop:
+            break
+    return ran, checks
+
+
 def _chosen(
     route: RouteSpec, specs: list[MethodSpec], question: str, run: Callable[[MethodSpec], Trace]
 ) -> tuple[list[tuple[int, Trace]], list[RouteCheck]]:
@@ -247,6 +278,8 @@ def run_route(
     specs = route_specs(route)
     if route.policy == "cascade":
         ran, checks = _cascade(route, specs, run)
+    elif route.policy == "calibrated":
+        ran, checks = _calibrated(route, specs, run)
     else:
         ran, checks = _chosen(route, specs, question, run)
     traces = [t for _, t in ran]

@@ -113,13 +113,16 @@ class RoutePolicyModel:
     """A fitted route policy. ``adaptive-rag``: ``choose`` classifies the question (a :class:`Linear` over route
     numbers, or the one route every training question was labelled with). ``learned``: ``right`` holds, per
     route, P(right) as a :class:`Linear` (classes 0/1) or the constant its training questions gave, ``costs`` each
-    route's mean retrievals (the first's 0: it has run), ``lam`` the price of one retrieval."""
+    route's mean retrievals (the first's 0: it has run), ``lam`` the price of one retrieval. ``calibrated`` (the
+    cascade with its checks combined by a fit): ``right`` holds, per stage (every route but the last), P(right) of
+    that route's answer from :func:`stage_vector`, and ``stops`` each stage's threshold (inf: never stops)."""
 
     kind: str
     choose: Linear | int | None = None
     right: tuple[Linear | float, ...] = ()
     costs: tuple[float, ...] = ()
     lam: float = 0.0
+    stops: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         features = list(feature_names(self.kind))
@@ -127,6 +130,8 @@ class RoutePolicyModel:
             return {"features": features,
                     "classifier": self.choose.to_json() if isinstance(self.choose, Linear) else self.choose}  # fmt: skip
         right = [r.to_json() if isinstance(r, Linear) else r for r in self.right]
+        if self.kind == "calibrated":
+            return {"features": features, "right": right, "stops": [s if math.isfinite(s) else None for s in self.stops]}
         return {"features": features, "right": right, "costs": list(self.costs), "lambda": self.lam}
 
     @classmethod
@@ -144,29 +149,42 @@ class RoutePolicyModel:
             if any(not 0 <= c < routes for c in model.classes):
                 raise RagateError(f"{where}: the classifier's classes name routes beyond the {routes} routes")
             return cls(kind, choose=model)
-        if kind != "learned":
-            raise RagateError(f"{where}: unknown route policy {kind!r}: cascade, adaptive-rag or learned")
+        if kind not in ("learned", "calibrated"):
+            raise RagateError(f"{where}: unknown route policy {kind!r}: cascade, calibrated, adaptive-rag or learned")
         right, costs, lam = data.get("right"), data.get("costs"), data.get("lambda")
-        if not isinstance(right, list) or len(right) != routes:
-            raise RagateError(f"{where}: 'right' must hold one fit per route ({routes})")
+        fitted = routes if kind == "learned" else routes - 1
+        if not isinstance(right, list) or len(right) != fitted:
+            what = "route" if kind == "learned" else "stage (every route but the last)"
+            raise RagateError(f"{where}: 'right' must hold one fit per {what} ({fitted})")
+        if kind == "calibrated":
+            stops = data.get("stops")
+            if not isinstance(stops, list) or len(stops) != fitted or not all(s is None or _finite(s) for s in stops):
+                raise RagateError(f"{where}: 'stops' must hold {fitted} thresholds (a number, or null: never stops)")
+            return cls(kind, right=_right_fits(right, where),
+                       stops=tuple(math.inf if s is None else float(s) for s in stops))  # fmt: skip
         if not isinstance(costs, list) or len(costs) != routes or not all(_finite(c) and c >= 0 for c in costs):
             raise RagateError(f"{where}: 'costs' must hold each route's mean retrievals ({routes} numbers, 0 or more)")
         if costs[0] != 0:
             raise RagateError(f"{where}: 'costs' starts with 0 (the first route has run when the policy chooses)")
         if not _finite(lam) or float(lam) < 0:  # type: ignore[arg-type]
             raise RagateError(f"{where}: 'lambda' must be a number, 0 or more, not {lam!r}")
-        fits: list[Linear | float] = []
-        for j, r in enumerate(right):
-            if _finite(r):
-                if not 0 <= r <= 1:
-                    raise RagateError(f"{where}: 'right' of route {j} is a probability, not {r!r}")
-                fits.append(float(r))
-                continue
-            fit = Linear.from_json(r, f"{where}, 'right' of route {j}")
-            if fit.classes != (0, 1):
-                raise RagateError(f"{where}: 'right' of route {j} must be a fit of right (1) or wrong (0)")
-            fits.append(fit)
-        return cls(kind, right=tuple(fits), costs=tuple(map(float, costs)), lam=float(lam))  # type: ignore[arg-type]
+        return cls(kind, right=_right_fits(right, where), costs=tuple(map(float, costs)), lam=float(lam))  # type: ignore[arg-type]
+
+
+def _right_fits(right: list[Any], where: str) -> tuple[Linear | float, ...]:
+    """Fits of P(right), each a probability or a binary :class:`Linear` (classes 0, 1), checked."""
+    fits: list[Linear | float] = []
+    for j, r in enumerate(right):
+        if _finite(r):
+            if not 0 <= r <= 1:
+                raise RagateError(f"{where}: 'right' of route {j} is a probability, not {r!r}")
+            fits.append(float(r))
+            continue
+        fit = Linear.from_json(r, f"{where}, 'right' of route {j}")
+        if fit.classes != (0, 1):
+            raise RagateError(f"{where}: 'right' of route {j} must be a fit of right (1) or wrong (0)")
+        fits.append(fit)
+    return tuple(fits)
 
 
 def question_vector(questions: Sequence[str]) -> np.ndarray:
@@ -188,6 +206,21 @@ def answer_vector(nll: float | None, answer: str, tokens: float) -> list[float]:
 
 
 ANSWER_FEATURES = ("answer_nll", "has_nll", "log_words", "empty", "log_tokens")  # answer_vector's, in order
+STAGE_FEATURES = ("answer_nll", "has_nll", "agree", "supported", "has_supported", "log_words", "empty")
+
+
+def stage_vector(nll: float | None, answer: str, before: str | None, found: bool | None) -> list[float]:
+    """What a route's answer shows at no model call, for the calibrated cascade's stage fit: its normalised NLL
+    (0 where there is none, with a column saying whether there is one), whether it agrees with the answer of the
+    route before (0 for the first route), whether the passages it read hold it (0 where that says nothing, with a
+    column saying whether it says), its words (log) and whether it is empty."""
+    from ragate.methods.route import answers_agree
+
+    value = nll if nll is not None and math.isfinite(nll) else None
+    words = len(answer.split())
+    agree = before is not None and answers_agree(answer, before)
+    return [value or 0.0, float(value is not None), float(agree), float(bool(found)), float(found is not None),
+            math.log1p(words), float(words == 0)]  # fmt: skip
 
 
 def feature_names(kind: str) -> tuple[str, ...]:
@@ -195,6 +228,8 @@ def feature_names(kind: str) -> tuple[str, ...]:
     the first answer's (:func:`answer_vector`)."""
     from ragate.gates.signals import QUESTION_FEATURES
 
+    if kind == "calibrated":
+        return STAGE_FEATURES
     names = tuple(n for n in QUESTION_FEATURES if n != "rarity")
     return (*names, *ANSWER_FEATURES) if kind == "learned" else names
 

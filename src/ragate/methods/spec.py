@@ -114,7 +114,7 @@ class CragSpec:
     incorrect: CragIncorrect = "closed-book"
 
 
-RoutePolicy = Literal["cascade", "adaptive-rag", "learned"]
+RoutePolicy = Literal["cascade", "calibrated", "adaptive-rag", "learned"]
 
 
 @dataclass(frozen=True)

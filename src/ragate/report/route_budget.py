@@ -32,6 +32,7 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.methods.route_policy import adaptive_choice, learned_values
+from ragate.report.route_fit import checked, fit_calibrated, stage_p
 from ragate.report.routes import (
     RouteTable,
     cascade,
@@ -110,8 +111,18 @@ def route_calibration(
         taken = np.argmax(learned_values(fitted, learned_x(table)), axis=1)
         row = outcome(table, "", taken, metric, pays="first")
         return _policy_file(table, fitted.to_json(), policy, metric, row) | {"budget": float(budget), "reach": [low, high]}
+    if policy == "calibrated":
+        low, high = (  # every question stopping at the first route, and none stopping before the last
+            float(outcome(table, "", np.full(len(table), j), metric, pays="every").costs["retrievals"].mean())
+            for j in (0, len(table.routes) - 1)
+        )
+        _check_budget(table, budget, low, high, "no stage stopping")
+        fitted = fit_calibrated(table, metric, budget)
+        taken = checked(stage_p(table, list(fitted.right)), fitted.stops, len(table.routes) - 1)
+        row = outcome(table, "", taken, metric, pays="every")
+        return _policy_file(table, fitted.to_json(), policy, metric, row) | {"budget": float(budget), "reach": [low, high]}
     if policy != "cascade":
-        raise RagateError(f"unknown route policy {policy!r}: cascade, adaptive-rag or learned")
+        raise RagateError(f"unknown route policy {policy!r}: cascade, calibrated, adaptive-rag or learned")
     if not table.has_nll:
         raise RagateError(
             f"the records of {', '.join(table.routes[:-1])} hold no log-probabilities, so no NLL stop threshold can "

@@ -18,20 +18,19 @@ import math
 
 import numpy as np
 
-from ragate.methods.route import answers_agree
-from ragate.methods.route_policy import Linear
+from ragate.methods.route_policy import Linear, RoutePolicyModel, stage_vector
 from ragate.report.routes import GRID, RouteTable, _classifier, halves, outcome
 
 
 def stage_x(table: RouteTable, j: int) -> np.ndarray:
-    """The features of route ``j``'s answer to each question (see the module docstring)."""
-    nll, found = table.nll[:, j], table.supported[:, j]
-    agree = [float(j > 0 and answers_agree(a[j], a[j - 1])) for a in table.answers]
-    words = [len(a[j].split()) for a in table.answers]
-    return np.column_stack([
-        np.where(np.isfinite(nll), nll, 0.0), np.isfinite(nll), agree, np.where(np.isfinite(found), found, 0.0),
-        np.isfinite(found), np.log1p(words), [float(w == 0) for w in words],
-    ])  # fmt: skip
+    """The features of route ``j``'s answer to each question, as the live cascade reads them
+    (:func:`ragate.methods.route_policy.stage_vector`)."""
+    rows = []
+    for i, answers in enumerate(table.answers):
+        nll, found = table.nll[i, j], table.supported[i, j]
+        rows.append(stage_vector(nll if math.isfinite(nll) else None, answers[j], answers[j - 1] if j else None,
+                                 None if math.isnan(found) else bool(found)))  # fmt: skip
+    return np.array(rows, dtype=float).reshape(len(table), -1)
 
 
 def fit_stages(table: RouteTable, metric: str) -> list[Linear | float]:
@@ -78,6 +77,13 @@ def tune(table: RouteTable, p: np.ndarray, target: float, metric: str) -> tuple[
         if spent <= target + 1e-9 and (best is None or key[:2] < best[:2]):
             best = key
     return best[2] if best is not None else (-math.inf,) * p.shape[1]
+
+
+def fit_calibrated(table: RouteTable, metric: str, target: float) -> RoutePolicyModel:
+    """The calibrated cascade fitted on every question of ``table``: the stage fits and the thresholds for
+    ``target`` mean retrievals (what ``ragate calibrate --gate route --policy calibrated`` saves)."""
+    fits = fit_stages(table, metric)
+    return RoutePolicyModel("calibrated", right=tuple(fits), stops=tune(table, stage_p(table, fits), target, metric))
 
 
 def calibrated_cascade(table: RouteTable, metric: str, target: float, *, seed: int = 0) -> np.ndarray:
