@@ -10,6 +10,7 @@ import math
 import random
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -414,3 +415,29 @@ def test_serve_refuses_to_refit_a_gate_over_routes(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="--refit-every learns a gate, which does not steer the route method"):
         ServiceSettings(method="route", refit_every=5, feedback_store=str(tmp_path / "feedback.db"))
+
+
+def test_feedback_on_an_unsampled_route_answer_runs_the_missing_route_alone(tmp_path: Path) -> None:
+    """A route answer shadow work did not sample: a reference on it settles the missing path by running the
+    one-retrieval route alone (one call: its retrieval prompt), not the cascade again; routes with no retrieving
+    route keep no twins and cost no shadow call."""
+    question = "What is the capital of France?"
+    with open_index(demo_index()) as demo:
+        lm = ScriptedBackend([make_generation(["Nice"], [-0.01]), make_generation(["Paris"], [-2.0])])
+        with Pipeline(method="route", routes=list(ROUTES[:2]), threshold=0.5, lm=lm, retriever=demo,
+                      feedback_store=tmp_path / "a.db", shadow=1e-12) as rag:  # fmt: skip
+            ans = rag.answer(question)  # stops at the closed-book route: the retrieval path is missing
+            assert len(lm.calls) == 1 and ans.trace.route is not None and ans.trace.route.taken == ROUTES[0]
+            result = rag.feedback(ans, reference="Paris")
+            assert result.labels == (("closed-wrong", True),) and result.pending == ("retrieved-wrong",)
+            assert rag.learner.shadow.wait(60) and len(lm.calls) == 2
+            assert "Beijing" not in str(lm.calls[0]) and "Beijing" in str(lm.calls[1])  # the second read the passages
+            row = rag.learner.store.get(ans.id)
+            assert (row.closed_answer, row.open_answer) == ("Nice", "Paris")
+        lm = ScriptedBackend([make_generation(["Nice"], [-2.0]), make_generation(["Nice"], [-2.0])])
+        with Pipeline(method="route", routes=["no-retrieval", "no-retrieval-pairs-prompts"], threshold=0.5, lm=lm,
+                      retriever=demo, feedback_store=tmp_path / "b.db", shadow=1.0) as rag, warnings.catch_warnings():
+            warnings.simplefilter("error")  # the store takes the answer without a fault
+            ans = rag.answer(question)
+            row = rag.learner.store.get(ans.id)
+            assert row.open_answer is None and len(lm.calls) == 2  # no shadow call: nothing stands for retrieval

@@ -315,29 +315,26 @@ class Learner:
 
     def _route_twins(self, answer_id: str, answer: Answer, spec: MethodSpec) -> ShadowJob | None:
         """A route method's answer in the store's two paths: the closed-book route's answer (the first route, where
-        it is closed-book and ran) and the first retrieving route's that ran. Both known: they are the answer's
-        twins, and their (dis)agreement its silver label at once. One known: the shadow job that runs the route
-        the other path stands for alone (never the whole cascade again). None where no route is closed-book."""
-        from ragate.learning.shadow import ShadowJob
+        it is closed-book and ran) and the one-retrieval route's (the first route that may retrieve, where it ran
+        and read documents). Both known: they are the answer's twins, and their (dis)agreement its silver label at
+        once. Otherwise the shadow job that runs the route a missing path stands for, alone (never the whole
+        cascade again; :func:`route_job`)."""
         from ragate.learning.store import answers_agree
-        from ragate.methods.route import route_cost, route_specs
 
         info = answer.trace.route
         assert self.store is not None and spec.route is not None and info is not None
-        specs = route_specs(spec.route)
-        if route_cost(specs[0]) != 0:
-            return None  # no closed-book route: nothing stands for the closed path
-        said = dict(zip(info.ran, info.answers, strict=False))
-        opener = next(s.name for s in specs if route_cost(s) > 0)
-        closed, opened = said.get(specs[0].name), next((said[s.name] for s in specs if route_cost(s) > 0 and s.name in said), None)
+        closed_route, opener = route_paths(spec)
+        if closed_route is None or opener is None:
+            return None
+        said = {r: (a, got) for r, a, got in zip(info.ran, info.answers, info.retrieved, strict=False)}
+        closed = said[closed_route][0] if closed_route in said else None
+        opened = said[opener][0] if opener in said and said[opener][1] else None
         self.store.set_twin(answer_id, closed=closed, opened=opened)
         if closed is not None and opened is not None:
             self.store.add_label(answer_id, source="shadow", kind="retrieval-changed", value=not answers_agree(closed, opened),
                                  detail={"other": "both answered by the route cascade"})  # fmt: skip
             return None
-        if closed is not None:
-            return ShadowJob(answer_id, answer.question, False, closed, opener)
-        return ShadowJob(answer_id, answer.question, True, opened or answer.text, specs[0].name)
+        return route_job(answer_id, answer.question, spec, closed, opened)
 
     def _side_warning(self, what: str, err: Exception) -> None:
         import warnings
@@ -415,10 +412,12 @@ class Learner:
             raise unknown_answer(answer_id)
         pending = pending_labels(row, reference)
         if pending and self.shadow is not None and reference is not None:
-            job = ShadowJob(
-                answer_id, row.question, row.retrieved, row.answer, row.method, reference=reference
-            )
-            if not self.shadow.settle(job):
+            spec = self._host.spec_for(row.method) if row.method == self._host.spec.name else None
+            if spec is not None and spec.route is not None:  # the route the missing path stands for, alone
+                job = route_job(answer_id, row.question, spec, row.closed_answer, row.open_answer, reference=reference)
+            else:
+                job = ShadowJob(answer_id, row.question, row.retrieved, row.answer, row.method, reference=reference)
+            if job is None or not self.shadow.settle(job):
                 pending = ()
         elif self.shadow is None:
             pending = ()
@@ -469,6 +468,36 @@ class Learner:
         if rate is None or not len(probabilities):
             return None
         return float(np.quantile(np.asarray(probabilities, dtype=float), min(1.0, max(0.0, 1.0 - rate))))
+
+
+def route_paths(spec: MethodSpec) -> tuple[str | None, str | None]:
+    """The routes that stand for the store's two paths: the closed-book route (the first, where it is closed-book)
+    and the one-retrieval route (the first that may retrieve); None where the routes have none."""
+    from ragate.methods.route import route_cost, route_specs
+
+    assert spec.route is not None
+    specs = route_specs(spec.route)
+    closed = specs[0].name if route_cost(specs[0]) == 0 else None
+    return closed, next((s.name for s in specs if route_cost(s) > 0), None)
+
+
+def route_job(
+    answer_id: str, question: str, spec: MethodSpec, closed: str | None, opened: str | None, *,
+    reference: str | None = None,
+) -> ShadowJob | None:  # fmt: skip
+    """The shadow job for a route answer one of whose paths is missing: the one-retrieval route alone where the
+    closed-book answer is known, the closed-book route alone where the retrieval answer is; None where neither is
+    known or the routes have no closed-book or no retrieving route."""
+    from ragate.learning.shadow import ShadowJob
+
+    closed_route, opener = route_paths(spec)
+    if closed_route is None or opener is None:
+        return None
+    if closed is not None and opened is None:
+        return ShadowJob(answer_id, question, False, closed, opener, reference=reference)
+    if opened is not None and closed is None:
+        return ShadowJob(answer_id, question, True, opened, closed_route, reference=reference)
+    return None
 
 
 def check_gate_file(spec: MethodSpec, lm: Backend) -> None:

@@ -287,7 +287,7 @@ def run_route(
     taken = specs[ran[-1][0]].name
     info = RouteInfo(
         tuple(route.routes), taken, tuple(checks), tuple(len(t.stages) for t in traces),
-        tuple(specs[i].name for i, _ in ran), tuple(t.answer for t in traces),
+        tuple(specs[i].name for i, _ in ran), tuple(t.answer for t in traces), tuple(t.retrieved for t in traces),
     )  # fmt: skip
     met = [c.kind for c in checks if c.route == taken and c.stop]
     reason = f"answered by {taken}" + (f" ({' and '.join(met)} check met)" if met else "")

@@ -110,8 +110,8 @@ class RouteCheck:
 @dataclass(frozen=True)
 class RouteInfo:
     """What a route method did: the routes it could take (cheapest first), the one whose answer it gave, each
-    check met on the way, how many of the trace's stages each route it ran made, the routes it ran and their
-    answers (in the order run)."""
+    check met on the way, how many of the trace's stages each route it ran made, the routes it ran, their answers
+    and whether each read documents (in the order run)."""
 
     routes: tuple[str, ...]
     taken: str
@@ -119,6 +119,7 @@ class RouteInfo:
     stages: tuple[int, ...] = ()
     ran: tuple[str, ...] = ()
     answers: tuple[str, ...] = ()
+    retrieved: tuple[bool, ...] = ()  # whether each route run read documents
 
 
 @dataclass(frozen=True)

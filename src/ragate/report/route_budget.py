@@ -131,7 +131,8 @@ def route_calibration(
         )
     evidence = evidence and table.has_evidence  # tuned without a check the records cannot replay: served without it
     low, high = reach(table, agree=agree, evidence=evidence)
-    _check_budget(table, budget, low, high, "the dearest cascade stops on agreement alone")
+    dearest = "the dearest cascade stops on agreement alone" if agree else "the dearest cascade runs every route"
+    _check_budget(table, budget, low, high, dearest)
     stops = tune_stops(table, budget, metric, agree=agree, evidence=evidence)
     row = outcome(table, "", cascade(table, stops, agree=agree, evidence=evidence), metric, pays="every")
     return {

@@ -458,8 +458,6 @@ def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0, sam
     paired difference, bootstrap 95%): the answer's NLL (higher: more likely wrong), from the second route on,
     disagreement with the route before, and, where the records hold it (``supported``, runs since 2026-12-05), the
     answer not found in the passages it read."""
-    from ragate.uncertainty import auroc_interval, paired_auroc_gap
-
     lines = [
         (
             f"| route | check | AUROC for its answer wrong ({metric.upper()}) [95%] | minus the question "
@@ -482,16 +480,29 @@ def checks_markdown(table: RouteTable, metric: str = "em", *, seed: int = 0, sam
         if j > 0:
             agree = np.array([answers_agree(a[j], a[j - 1]) for a in table.answers])
             checks.append((f"disagrees with {table.routes[j - 1]}", (~agree).astype(float)))
-        if np.isfinite(table.supported[:, j]).all():
-            checks.append(("answer not in its passages", 1.0 - table.supported[:, j]))
+        found = np.isfinite(table.supported[:, j])  # the answers the evidence check says something about
         for name, score in checks:
-            point, lo, hi = auroc_interval(score, wrong, seed=seed, resamples=samples)
-            gap = "–"
-            if score is not asked:
-                d, dlo, dhi = paired_auroc_gap(score, asked, wrong, seed=seed, resamples=samples)
-                gap = f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}] ({verdict(dlo, dhi)})"
-            lines.append(f"| {_cell(route)} | {_cell(name)} | {point:.3f} [{lo:.3f}, {hi:.3f}] | {gap} | {n} |")
+            lines.append(_check_line(route, name, score, asked, wrong, seed=seed, samples=samples))
+        if found.sum() >= 2 and 0 < wrong[found].sum() < found.sum():
+            name = "answer not in its passages" + ("" if found.all() else " (the answers it applies to)")
+            lines.append(_check_line(route, name, 1.0 - table.supported[found, j], asked[found], wrong[found],
+                                     seed=seed, samples=samples))  # fmt: skip
     return "\n".join(lines)
+
+
+def _check_line(
+    route: str, name: str, score: np.ndarray, asked: np.ndarray, wrong: np.ndarray, *, seed: int, samples: int
+) -> str:
+    """One check's row: its AUROC for the answer wrong and, beside the question classifier's, the paired gap."""
+    from ragate.uncertainty import auroc_interval, paired_auroc_gap
+
+    point, lo, hi = auroc_interval(score, wrong, seed=seed, resamples=samples)
+    gap = "–"
+    if score is not asked:
+        d, dlo, dhi = paired_auroc_gap(score, asked, wrong, seed=seed, resamples=samples)
+        gap = f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}] ({verdict(dlo, dhi)})"
+    n = f"{int(wrong.sum())} / {len(wrong)}"
+    return f"| {_cell(route)} | {_cell(name)} | {point:.3f} [{lo:.3f}, {hi:.3f}] | {gap} | {n} |"
 
 
 def read_route_table(run_dirs: Sequence[str | Any], routes: Sequence[str]) -> RouteTable:
