@@ -20,11 +20,11 @@ from ragate.methods import get_method
 from ragate.methods.configure import configure_method
 from ragate.methods.route import run_route
 from ragate.methods.trace import Stage, Trace
+from ragate.report.route_frontier import frontier
 from ragate.report.route_report import routes_report
 from ragate.report.routes import (
     cascade,
     cross_fitted,
-    frontier,
     halves,
     oracle,
     outcome,

@@ -30,10 +30,10 @@ from typing import Any
 
 from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
-from ragate.gates.pairs import contains_words
+from ragate.methods.route_policy import answers_agree
 from ragate.methods.spec import MethodSpec, RouteSpec
 from ragate.methods.trace import RouteCheck, RouteInfo, Trace
-from ragate.text import evidence_applies, extract_answer, normalize_answer, supported
+from ragate.text import evidence_applies, extract_answer, supported
 
 COSTS = ("closed-book", "one retrieval", "many retrievals")
 
@@ -145,12 +145,6 @@ def answer_supported(trace: Trace) -> bool | None:
         return None
     passages = [f"{h.passage.title} {h.passage.text}" for h in trace.documents]
     return supported(answer, passages)
-
-
-def answers_agree(a: str, b: str) -> bool:
-    """Two answers agree when their SQuAD-normalised texts are equal, or one's words appear whole in the other's
-    (a short answer inside a longer phrasing of it: ``pairs-lenient``'s test); an empty answer agrees with nothing."""
-    return contains_words(normalize_answer(a), normalize_answer(b))
 
 
 def check_answer(

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from ragate.errors import RagateError
+from ragate.gates.pairs import contains_words
+from ragate.text import normalize_answer
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,12 @@ def _right_fits(right: list[Any], where: str) -> tuple[Linear | float, ...]:
     return tuple(fits)
 
 
+def answers_agree(a: str, b: str) -> bool:
+    """Two answers agree when their SQuAD-normalised texts are equal, or one's words appear whole in the other's
+    (a short answer inside a longer phrasing of it: ``pairs-lenient``'s test); an empty answer agrees with nothing."""
+    return contains_words(normalize_answer(a), normalize_answer(b))
+
+
 def question_vector(questions: Sequence[str]) -> np.ndarray:
     """ragate's question-side signals, one row per question (length, question word, digit, date; not rarity,
     which needs the index): the features both policies read of the question."""
@@ -214,8 +222,6 @@ def stage_vector(nll: float | None, answer: str, before: str | None, found: bool
     (0 where there is none, with a column saying whether there is one), whether it agrees with the answer of the
     route before (0 for the first route), whether the passages it read hold it (0 where that says nothing, with a
     column saying whether it says), its words (log) and whether it is empty."""
-    from ragate.methods.route import answers_agree
-
     value = nll if nll is not None and math.isfinite(nll) else None
     words = len(answer.split())
     agree = before is not None and answers_agree(answer, before)

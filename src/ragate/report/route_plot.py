@@ -1,5 +1,5 @@
 """The routes' frontier as a figure: each policy's accuracy against its mean retrievals per question, with the
-bootstrap 95% interval of its accuracy, from the rows :func:`ragate.report.routes.frontier` replayed; and the
+bootstrap 95% interval of its accuracy, from the rows :func:`ragate.report.route_frontier.frontier` replayed; and the
 frontier per dataset where the records span several (the pooled policies' choices, reported on each dataset's
 questions)."""
 

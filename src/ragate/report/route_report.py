@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from ragate.report.route_frontier import frontier
 from ragate.report.route_plot import by_dataset, plot_routes
 from ragate.report.route_targets import targets_markdown
 from ragate.report.routes import (
     DEFAULT_TARGETS,
     checks_markdown,
-    frontier,
     frontier_markdown,
     read_route_table,
 )
