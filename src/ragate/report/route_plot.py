@@ -13,6 +13,10 @@ from ragate.eval.metrics import bootstrap_ci
 from ragate.report.plots import canvas, figure_data
 from ragate.report.routes import RouteTable, Row
 
+# each family its marker, so that a colour the cycle repeats still tells rows apart
+MARKERS = (("always", "s"), ("cascade: calibrated", "D"), ("cascade:", "o"), ("learned", "^"), ("adaptive", "X"),
+           ("oracle", "*"))  # fmt: skip
+
 
 def points(rows: Sequence[Row], *, samples: int, seed: int) -> list[tuple[str, float, float, float, float]]:
     """Per row with answers: its name, mean retrievals per question, accuracy, and the accuracy's bootstrap 95%
@@ -31,20 +35,21 @@ def plot_routes(rows: Sequence[Row], table: RouteTable, metric: str, *, samples:
     render = canvas()
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5.5))
+    fig = Figure(figsize=(11, 5.5))
     ax = fig.add_subplot()
     drawn = points(rows, samples=samples, seed=seed)
     for i, (name, x, y, lo, hi) in enumerate(drawn):
-        color = f"C{i % 10}"
-        ax.errorbar([x], [100 * y], yerr=[[100 * (y - lo)], [100 * (hi - y)]], color=color, capsize=3, lw=1,
-                    marker="o" if not name.startswith("always") else "s", label=name)  # fmt: skip
+        marker = next((m for prefix, m in MARKERS if name.startswith(prefix)), "o")
+        ax.errorbar([x], [100 * y], yerr=[[100 * (y - lo)], [100 * (hi - y)]], color=f"C{i % 10}", capsize=3, lw=1,
+                    marker=marker, ms=7, label=name)  # fmt: skip
     ax.set(
         xlabel="retrievals per question",
         ylabel=f"{metric.upper()} (%)",
         title=f"routes ({', '.join(table.routes)}) on {len(table)} questions (bars: bootstrap 95%)",
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="lower right")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.subplots_adjust(left=0.07, right=0.58)
     data = figure_data({name: [x, y, lo, hi] for name, x, y, lo, hi in drawn})
     return render(fig), data
 
