@@ -168,11 +168,12 @@ def check_answer(
     return stop, checks
 
 
-def _cascade(
-    route: RouteSpec, specs: list[MethodSpec], run: Callable[[MethodSpec], Trace]
+def _in_turn(
+    specs: list[MethodSpec],
+    run: Callable[[MethodSpec], Trace],
+    check: Callable[[int, MethodSpec, Trace, Trace | None], tuple[bool, list[RouteCheck]]],
 ) -> tuple[list[tuple[int, Trace]], list[RouteCheck]]:
-    """The cascade: each route in turn until one's answer checks out (:func:`check_answer`), the last otherwise."""
-    stops = stop_thresholds(route)
+    """Each route in turn until ``check`` on its answer (the route before's given) says stop, the last otherwise."""
     checks: list[RouteCheck] = []
     ran: list[tuple[int, Trace]] = []
     for i, route_spec in enumerate(specs):
@@ -180,11 +181,19 @@ def _cascade(
         ran.append((i, trace))
         if i == len(specs) - 1:
             break
-        stop, met = check_answer(route, route_spec.name, trace, ran[i - 1][1] if i else None, stops[i])
+        stop, met = check(i, route_spec, trace, ran[i - 1][1] if i else None)
         checks += met
         if stop:
             break
     return ran, checks
+
+
+def _cascade(
+    route: RouteSpec, specs: list[MethodSpec], run: Callable[[MethodSpec], Trace]
+) -> tuple[list[tuple[int, Trace]], list[RouteCheck]]:
+    """The cascade: each route in turn until one's answer checks out (:func:`check_answer`), the last otherwise."""
+    stops = stop_thresholds(route)
+    return _in_turn(specs, run, lambda i, s, trace, before: check_answer(route, s.name, trace, before, stops[i]))
 
 
 def _calibrated(
@@ -200,22 +209,17 @@ def _calibrated(
     model = route.model
     if model is None:  # route_specs refuses it; here for the type checker
         raise ValueError("the calibrated cascade has no fitted model")
-    checks: list[RouteCheck] = []
-    ran: list[tuple[int, Trace]] = []
-    for i, route_spec in enumerate(specs):
-        trace = run(route_spec)
-        ran.append((i, trace))
-        if i == len(specs) - 1:
-            break
-        before = ran[i - 1][1].answer if i else None
-        x = np.array([stage_vector(trace.answer_nll, trace.answer, before, answer_supported(trace))])
+
+    def check(i: int, s: MethodSpec, trace: Trace, before: Trace | None) -> tuple[bool, list[RouteCheck]]:
+        assert model is not None
+        x = np.array([stage_vector(trace.answer_nll, trace.answer, before.answer if before else None,
+                                   answer_supported(trace))])  # fmt: skip
         fit = model.right[i]
         p = fit if isinstance(fit, float) else float(fit.probabilities(x)[0, 1])
         stop = p >= model.stops[i]
-        checks.append(RouteCheck(route_spec.name, "calibrated", p, model.stops[i], stop))
-        if stop:
-            break
-    return ran, checks
+        return stop, [RouteCheck(s.name, "calibrated", p, model.stops[i], stop)]
+
+    return _in_turn(specs, run, check)
 
 
 def _chosen(
