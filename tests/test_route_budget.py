@@ -441,3 +441,17 @@ def test_feedback_on_an_unsampled_route_answer_runs_the_missing_route_alone(tmp_
             ans = rag.answer(question)
             row = rag.learner.store.get(ans.id)
             assert row.open_answer is None and len(lm.calls) == 2  # no shadow call: nothing stands for retrieval
+
+
+def test_a_route_the_backend_cannot_run_is_refused_before_any_call() -> None:
+    """A backend without log-probabilities (a server that gives none) cannot run the chain-of-thought routes: the
+    pipeline refuses them when it is made, naming the first route it cannot run, before any model call."""
+    from ragate.backends.base import Capabilities
+    from ragate.errors import CapabilityError
+
+    bare = Capabilities(logprobs=False, top_k=0, attentions=False, sampling=True, chat_template=True,
+                        full_distribution=False, token_ids=False, prefix_cache=False)  # fmt: skip
+    lm = ScriptedBackend([], capabilities=bare)
+    with open_index(demo_index()) as demo, pytest.raises(CapabilityError, match="method 'wo-rag' needs token logprobs"):
+        Pipeline(method="route", routes=["wo-rag", "single-rag", "dragin"], lm=lm, retriever=demo)
+    assert lm.calls == []
