@@ -34,6 +34,7 @@ from ragate.errors import RagateError
 from ragate.methods.route_policy import adaptive_choice, learned_values
 from ragate.report.route_fit import checked, fit_calibrated, stage_p
 from ragate.report.routes import (
+    Pays,
     RouteTable,
     cascade,
     fit_adaptive,
@@ -45,25 +46,25 @@ from ragate.report.routes import (
 )
 
 
+def spent(table: RouteTable, taken: np.ndarray, pays: Pays) -> float:
+    """Mean retrievals per question of the routes ``taken``, paid as ``pays`` says (:func:`outcome`)."""
+    return float(outcome(table, "", taken, "em", pays=pays).costs["retrievals"].mean())
+
+
 def reach(table: RouteTable, *, agree: bool = True, evidence: bool = False) -> tuple[float, float]:
     """The least and the most mean retrievals per question a cascade over ``table``'s routes can spend: every
     stage stopping wherever its checks allow (thresholds +inf), and no stage stopping on NLL (thresholds -inf)."""
     stages = len(table.routes) - 1
-    spent = []
-    for stop in (math.inf, -math.inf):
-        taken = cascade(table, (stop,) * stages, agree=agree, evidence=evidence)
-        spent.append(float(outcome(table, "", taken, "em", pays="every").costs["retrievals"].mean()))
-    return spent[0], spent[1]
+    low, high = (spent(table, cascade(table, (stop,) * stages, agree=agree, evidence=evidence), "every")
+                 for stop in (math.inf, -math.inf))  # fmt: skip
+    return low, high
 
 
 def policy_reach(table: RouteTable) -> tuple[float, float]:
     """The least and the most mean retrievals per question the learned policy can spend: the first route always
     runs, then one route (itself, or another)."""
-    spent = [
-        float(outcome(table, "", np.full(len(table), j), "em", pays="first").costs["retrievals"].mean())
-        for j in range(len(table.routes))
-    ]
-    return min(spent), max(spent)
+    costs = [spent(table, np.full(len(table), j), "first") for j in range(len(table.routes))]
+    return min(costs), max(costs)
 
 
 def _check_budget(table: RouteTable, budget: float, low: float, high: float, dearest: str) -> None:
@@ -112,10 +113,8 @@ def route_calibration(
         row = outcome(table, "", taken, metric, pays="first")
         return _policy_file(table, fitted.to_json(), policy, metric, row) | {"budget": float(budget), "reach": [low, high]}
     if policy == "calibrated":
-        low, high = (  # every question stopping at the first route, and none stopping before the last
-            float(outcome(table, "", np.full(len(table), j), metric, pays="every").costs["retrievals"].mean())
-            for j in (0, len(table.routes) - 1)
-        )
+        # every question stopping at the first route, and none stopping before the last
+        low, high = (spent(table, np.full(len(table), j), "every") for j in (0, len(table.routes) - 1))
         _check_budget(table, budget, low, high, "no stage stopping")
         fitted = fit_calibrated(table, metric, budget)
         taken = checked(stage_p(table, list(fitted.right)), fitted.stops, len(table.routes) - 1)

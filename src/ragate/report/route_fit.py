@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from ragate.methods.route_policy import Linear, RoutePolicyModel, stage_vector
-from ragate.report.routes import GRID, RouteTable, _classifier, halves, outcome
+from ragate.report.routes import GRID, RouteTable, _classifier, combinations, halves, most_accurate_within
 
 
 def stage_x(table: RouteTable, j: int) -> np.ndarray:
@@ -68,15 +68,9 @@ def tune(table: RouteTable, p: np.ndarray, target: float, metric: str) -> tuple[
     (ties: fewer retrievals); inf: that stage never stops. Nothing within: stop at every stage."""
     grids = [[math.inf, *sorted({float(np.quantile(p[:, j], q)) for q in GRID})] for j in range(p.shape[1])]
     last = len(table.routes) - 1
-    best: tuple[float, float, tuple[float, ...]] | None = None
-    for combo in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T:
-        stops = tuple(map(float, combo))
-        row = outcome(table, "", checked(p, stops, last), metric, pays="every")
-        spent = float(row.costs["retrievals"].mean())
-        key = (-float(row.score.mean()), spent, stops)
-        if spent <= target + 1e-9 and (best is None or key[:2] < best[:2]):
-            best = key
-    return best[2] if best is not None else (-math.inf,) * p.shape[1]
+    best = most_accurate_within(table, combinations(grids), lambda stops: checked(p, stops, last), target, metric,
+                                pays="every")  # fmt: skip
+    return best if best is not None else (-math.inf,) * p.shape[1]
 
 
 def fit_calibrated(table: RouteTable, metric: str, target: float) -> RoutePolicyModel:

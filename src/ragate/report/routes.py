@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -73,7 +73,9 @@ class RouteTable:
         return len(self.ids)
 
     def take(self, rows: np.ndarray) -> RouteTable:
-        return RouteTable(
+        """These ``rows``' table, with their question features where this table has computed them (a policy fitted
+        on a half then reads them without computing them again)."""
+        taken = RouteTable(
             self.routes,
             tuple(self.ids[i] for i in rows),
             tuple(self.questions[i] for i in rows),
@@ -84,6 +86,9 @@ class RouteTable:
             self.nll[rows],
             self.supported[rows],
         )
+        if "question_x" in self.__dict__:  # functools.cached_property keeps it in the instance's __dict__
+            taken.__dict__["question_x"] = self.question_x[rows]
+        return taken
 
     @functools.cached_property
     def question_x(self) -> np.ndarray:
@@ -264,15 +269,10 @@ def fit_learned(table: RouteTable, metric: str, target: float) -> RoutePolicyMod
         fits.append(Linear.from_sklearn(_classifier().fit(x, y)) if len(np.unique(y)) == 2 else float(y.mean() if len(y) else 0.0))
     cost = table.costs["retrievals"].mean(axis=0) if len(table) else np.zeros(len(table.routes))
     model = RoutePolicyModel("learned", right=tuple(fits), costs=(0.0, *map(float, cost[1:])))
-    p = learned_values(model, x)
-    best: tuple[float, float, float] | None = None
-    for lam in LAMBDAS:
-        row = outcome(table, "", np.argmax(p - lam * np.asarray(model.costs), axis=1), metric, pays="first")
-        spent = float(row.costs["retrievals"].mean()) if len(table) else 0.0
-        key = (-float(row.score.mean()) if len(table) else 0.0, spent, lam)
-        if spent <= target + 1e-9 and (best is None or key[:2] < best[:2]):
-            best = key
-    return replace(model, lam=best[2] if best is not None else LAMBDAS[-1])
+    p, costs = learned_values(model, x), np.asarray(model.costs)
+    lam = most_accurate_within(table, LAMBDAS, lambda lam: np.argmax(p - lam * costs, axis=1), target, metric,
+                               pays="first")  # fmt: skip
+    return replace(model, lam=lam if lam is not None else LAMBDAS[-1])
 
 
 def learned(table: RouteTable, metric: str, target: float, *, seed: int = 0) -> np.ndarray:
@@ -326,19 +326,42 @@ def tune_stops(
     retrievals at most ``target``; ties: fewer retrievals, then fewer tokens. -inf: that stage never stops on
     NLL. Over a grid of each stage's NLL quantiles."""
     grids = [_quantiles(table.nll[:, j]) for j in range(len(table.routes) - 1)]
-    best: tuple[float, float, float, tuple[float, ...]] | None = None
-    for combo in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T:
-        stops = tuple(map(float, combo))
-        row = outcome(table, "", cascade(table, stops, agree=agree, evidence=evidence), metric, pays="every")
-        retrievals = float(row.costs["retrievals"].mean())
-        if retrievals > target + 1e-9:
+    best = most_accurate_within(
+        table, combinations(grids), lambda stops: cascade(table, stops, agree=agree, evidence=evidence), target,
+        metric, pays="every", tokens=True,
+    )  # fmt: skip
+    return best if best is not None else tuple(max(g) for g in grids)  # none within: stop as early as it can
+
+
+def combinations(grids: Sequence[Sequence[float]]) -> list[tuple[float, ...]]:
+    """Every choice of one value per grid (each stage's threshold), in the order a grid search tries them."""
+    return [tuple(map(float, c)) for c in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T]
+
+
+def most_accurate_within(
+    table: RouteTable,
+    candidates: Sequence[Any],
+    route_of: Callable[[Any], np.ndarray],
+    target: float,
+    metric: str,
+    *,
+    pays: Pays,
+    tokens: bool = False,
+) -> Any:
+    """The candidate (thresholds, a lambda) whose routes (``route_of``) are the most accurate on ``table`` with
+    mean retrievals at most ``target``; ties: fewer retrievals (with ``tokens``, then fewer tokens), then the
+    first tried. None where no candidate is within the target."""
+    best, best_key = None, None
+    for candidate in candidates:
+        row = outcome(table, "", route_of(candidate), metric, pays=pays)
+        spent = float(row.costs["retrievals"].mean()) if len(table) else 0.0
+        if spent > target + 1e-9:
             continue
-        key = (-float(row.score.mean()), retrievals, float(row.costs["tokens"].mean()), stops)
-        if best is None or key[:3] < best[:3]:
-            best = key
-    if best is None:  # nothing within the target: stop as early as the grid allows
-        return tuple(max(g) for g in grids)
-    return best[3]
+        key: tuple[float, ...] = (-float(row.score.mean()) if len(table) else 0.0, spent)
+        key += (float(row.costs["tokens"].mean()),) if tokens else ()
+        if best_key is None or key < best_key:
+            best, best_key = candidate, key
+    return best
 
 
 def cross_fitted(
