@@ -333,8 +333,10 @@ def _route_fault(data: dict[str, Any]) -> str | None:
     if not isinstance(routes, list) or len(routes) < 2 or not all(isinstance(r, str) and r for r in routes):
         return f"'routes' must name two routes or more, not {short(routes)}"
     policy = data.get("policy", "cascade")
-    if policy not in ("cascade", "calibrated", "adaptive-rag", "learned"):
-        return f"'policy' must be cascade, calibrated, adaptive-rag or learned, not {short(policy)}"
+    from ragate.methods.spec import POLICY_NAMES, ROUTE_POLICIES
+
+    if policy not in ROUTE_POLICIES:
+        return f"'policy' must be {POLICY_NAMES}, not {short(policy)}"
     for key in ("agree", "evidence"):
         if key in data and not isinstance(data[key], bool):
             return f"{key!r} must be true or false, not {short(data[key])}"
@@ -374,9 +376,13 @@ def check_calibration(
             f"(ragate calibrate --gate {method} ...)"
         )
     for key, now in (("model", model), ("engine", engine)):
-        if key in cal and (model_name(cal[key], cal.get("engine", engine)) if key == "model" else cal[key]) != (
-            model_name(now, engine) if key == "model" else now
-        ):
+        if key not in cal:
+            continue
+        if key == "model":  # a local model by its registry name, however either side called it
+            same = model_name(cal[key], cal.get("engine", engine)) == model_name(now, engine)
+        else:
+            same = cal[key] == now
+        if not same:
             said = repr(now) if now else f"the default {key}"
             flag = "--model" if key == "model" else "--backend"
             raise RagateError(

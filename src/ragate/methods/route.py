@@ -31,7 +31,7 @@ from typing import Any
 from ragate.errors import RagateError
 from ragate.gates.base import GateDecision
 from ragate.methods.route_policy import answers_agree
-from ragate.methods.spec import MethodSpec, RouteSpec
+from ragate.methods.spec import POLICY_NAMES, ROUTE_POLICIES, MethodSpec, RouteSpec
 from ragate.methods.trace import RouteCheck, RouteInfo, Trace
 from ragate.text import evidence_applies, extract_answer, supported
 
@@ -54,8 +54,8 @@ def route_specs(route: RouteSpec) -> list[MethodSpec]:
     route method sets (``RouteSpec.max_tokens``, ``RouteSpec.k``), where it sets them."""
     from ragate.methods.registry import get_method
 
-    if route.policy not in ("cascade", "calibrated", "adaptive-rag", "learned"):
-        raise RagateError(f"unknown route policy {route.policy!r}: cascade, calibrated, adaptive-rag or learned")
+    if route.policy not in ROUTE_POLICIES:
+        raise RagateError(f"unknown route policy {route.policy!r}: {POLICY_NAMES}")
     if route.policy != "cascade" and route.model is None:
         raise RagateError(
             f"route policy {route.policy!r} chooses with a fitted model: ragate calibrate --gate route --policy "

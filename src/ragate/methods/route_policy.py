@@ -26,6 +26,7 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.gates.pairs import contains_words
+from ragate.methods.spec import POLICY_NAMES
 from ragate.text import normalize_answer
 
 
@@ -152,7 +153,7 @@ class RoutePolicyModel:
                 raise RagateError(f"{where}: the classifier's classes name routes beyond the {routes} routes")
             return cls(kind, choose=model)
         if kind not in ("learned", "calibrated"):
-            raise RagateError(f"{where}: unknown route policy {kind!r}: cascade, calibrated, adaptive-rag or learned")
+            raise RagateError(f"{where}: unknown route policy {kind!r}: {POLICY_NAMES}")
         right, costs, lam = data.get("right"), data.get("costs"), data.get("lambda")
         fitted = routes if kind == "learned" else routes - 1
         if not isinstance(right, list) or len(right) != fitted:

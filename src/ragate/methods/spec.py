@@ -115,6 +115,8 @@ class CragSpec:
 
 
 RoutePolicy = Literal["cascade", "calibrated", "adaptive-rag", "learned"]
+ROUTE_POLICIES: tuple[str, ...] = get_args(RoutePolicy)
+POLICY_NAMES = ", ".join(ROUTE_POLICIES[:-1]) + " or " + ROUTE_POLICIES[-1]  # for messages
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import numpy as np
 
 from ragate.errors import RagateError
 from ragate.methods.route_policy import adaptive_choice, learned_values
+from ragate.methods.spec import POLICY_NAMES
 from ragate.report.route_fit import checked, fit_calibrated, stage_p
 from ragate.report.routes import (
     Pays,
@@ -121,7 +122,7 @@ def route_calibration(
         row = outcome(table, "", taken, metric, pays="every")
         return _policy_file(table, fitted.to_json(), policy, metric, row) | {"budget": float(budget), "reach": [low, high]}
     if policy != "cascade":
-        raise RagateError(f"unknown route policy {policy!r}: cascade, calibrated, adaptive-rag or learned")
+        raise RagateError(f"unknown route policy {policy!r}: {POLICY_NAMES}")
     if not table.has_nll:
         raise RagateError(
             f"the records of {', '.join(table.routes[:-1])} hold no log-probabilities, so no NLL stop threshold can "
