@@ -287,16 +287,15 @@ def _calibrate_routes(args: argparse.Namespace) -> int:
     out = args.out or Path("calibration") / f"route-{policy}-{args.from_sweep.name}{budget}.json"
     with atomic_writer(out) as f:
         f.write(json.dumps(result, indent=2).encode())
+    stops = ", ".join("never" if s is None else f"{s:.4g}" for s in result.get("stops", ()))
     if policy == "cascade":
-        chosen = "NLL stop thresholds " + ", ".join("never" if s is None else f"{s:.4g}" for s in result["stops"])
+        chosen = f"NLL stop thresholds {stops}"
         if args.evidence and not result["evidence"]:
             chosen += " (without the evidence check: the records do not say whether answers are in their passages)"
     elif policy == "learned":
         chosen = f"the learned policy, lambda {result['lambda']:.4g}"
     elif policy == "calibrated":
-        chosen = "the cascade's stage fits, thresholds " + ", ".join(
-            "never" if s is None else f"{s:.4g}" for s in result["stops"]
-        )
+        chosen = f"the cascade's stage fits, thresholds {stops}"
     else:
         chosen = "Adaptive-RAG's question classifier"
     spent = f"{result['dev_retrievals']:.2f} retrievals per question"

@@ -62,24 +62,23 @@ from ragate.methods import MethodSpec, run_method
 from ragate.methods.needs import require, require_index
 from ragate.models import model_identity
 from ragate.retrieval.types import Retriever
-from ragate.text import evidence_applies, extract_answer, supported
+from ragate.text import extract_answer
 
 RECALL_K = 3
 
 
 def answer_fields(trace: Any, example: Example) -> dict[str, Any]:
     """What an answer is worth: the extracted prediction, its scores, the documents read and their recall@k, and
-    whether the prediction is found in them (``supported``, :func:`ragate.text.supported`; None: nothing read, or a
-    yes/no answer, which the check says nothing about)."""
+    whether the prediction is found in them (``supported``, :attr:`ragate.methods.trace.Trace.supported`; None:
+    nothing read, or a yes/no answer, which the check says nothing about)."""
     prediction = extract_answer(trace.answer)
     doc_ids = [h.id for h in trace.documents]
-    passages = [f"{h.passage.title} {h.passage.text}" for h in trace.documents]
     return {
         "prediction": prediction,
         "scores": score(prediction, example.answers, example.kind, label=example.label),
         "doc_ids": doc_ids,
         f"recall@{RECALL_K}": recall_at_k(doc_ids, example.gold_ids, RECALL_K) if doc_ids else None,
-        "supported": supported(prediction, passages) if passages and evidence_applies(prediction) else None,
+        "supported": trace.supported,
     }
 
 

@@ -33,7 +33,6 @@ from ragate.gates.base import GateDecision
 from ragate.methods.route_policy import answers_agree
 from ragate.methods.spec import POLICY_NAMES, ROUTE_POLICIES, MethodSpec, RouteSpec
 from ragate.methods.trace import RouteCheck, RouteInfo, Trace
-from ragate.text import evidence_applies, extract_answer, supported
 
 COSTS = ("closed-book", "one retrieval", "many retrievals")
 
@@ -137,16 +136,6 @@ def stop_thresholds(route: RouteSpec) -> tuple[float, ...]:
     return (float(get_gate("ugt").default_tau),) * (len(route.routes) - 1)
 
 
-def answer_supported(trace: Trace) -> bool | None:
-    """Whether the answer's extracted words are found whole in a document the route read (None: it read none, or
-    the answer is yes or no, :func:`ragate.text.evidence_applies`), as eval records it (``supported``)."""
-    answer = extract_answer(trace.answer)
-    if not trace.documents or not evidence_applies(answer):
-        return None
-    passages = [f"{h.passage.title} {h.passage.text}" for h in trace.documents]
-    return supported(answer, passages)
-
-
 def check_answer(
     route: RouteSpec, name: str, trace: Trace, before: Trace | None, threshold: float
 ) -> tuple[bool, list[RouteCheck]]:
@@ -160,7 +149,7 @@ def check_answer(
     if route.agree and before is not None and not stop:
         stop = answers_agree(trace.answer, before.answer)
         checks.append(RouteCheck(name, "agree", float(stop), 1.0, stop))
-    if route.evidence and (found := answer_supported(trace)) is not None:
+    if route.evidence and (found := trace.supported) is not None:
         if stop and not found:  # vetoed: the checks that would have stopped it did not
             checks = [replace(c, stop=False) for c in checks]
         stop = stop and found
@@ -213,7 +202,7 @@ def _calibrated(
     def check(i: int, s: MethodSpec, trace: Trace, before: Trace | None) -> tuple[bool, list[RouteCheck]]:
         assert model is not None
         x = np.array([stage_vector(trace.answer_nll, trace.answer, before.answer if before else None,
-                                   answer_supported(trace))])  # fmt: skip
+                                   trace.supported)])  # fmt: skip
         fit = model.right[i]
         p = fit if isinstance(fit, float) else float(fit.probabilities(x)[0, 1])
         stop = p >= model.stops[i]

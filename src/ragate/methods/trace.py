@@ -9,6 +9,7 @@ from typing import Any
 
 from ragate.gates.base import GateDecision
 from ragate.retrieval.types import Hit
+from ragate.text import evidence_applies, extract_answer, supported
 from ragate.types import Generation
 
 
@@ -162,6 +163,16 @@ class Trace:
         stages = self.answering_stages
         answer = answer_stages(stages, dynamic=False) or [s for s in stages if _is_call(s)]
         return "length" if answer and answer[-1].finish_reason == "length" else "stop"
+
+    @property
+    def supported(self) -> bool | None:
+        """Whether the answer's extracted words are found whole in a document it read (:func:`ragate.text.supported`;
+        None: it read none, or the answer is yes or no, :func:`ragate.text.evidence_applies`): eval records it, and
+        a route cascade's evidence check reads it."""
+        answer = extract_answer(self.answer)
+        if not self.documents or not evidence_applies(answer):
+            return None
+        return supported(answer, [f"{h.passage.title} {h.passage.text}" for h in self.documents])
 
     @property
     def answer_nll(self) -> float | None:
