@@ -440,3 +440,41 @@ def test_the_budget_panel_shows_the_realised_rate_and_tau_after_a_burst(
     assert page.problems == []
     page.locator("#budget").screenshot(path=str(shots / "page-budget.png"))
     assert (shots / "page-budget.png").stat().st_size > 1_000
+
+
+def test_a_route_budget_panel_shows_mean_retrievals_and_lambda(
+    smollm2_path: Path, browser: Any, page: Any, tmp_path: Path
+) -> None:
+    """``ragate serve --method route --calibration LEARNED --budget 0.5``: the page's budget panel names what a
+    route budget holds (mean retrievals per question, against lambda) and draws the mean on its own scale."""
+    from test_route_budget import ROUTES, _policy_scenario
+
+    from ragate.report.route_budget import route_calibration
+    from ragate.report.routes import route_table
+
+    _, records = _policy_scenario(120, seed=3)  # the third route's records spend 2 retrievals
+    cal = tmp_path / "learned.json"
+    cal.write_text(json.dumps(route_calibration(route_table(records, ROUTES), 0.5, policy="learned")
+                              | {"model": "smollm2-135m"}))  # fmt: skip
+    server = _start(["--method", "route", "--calibration", str(cal), "--budget", "0.5", "--window", "10",
+                     "--budget-state", str(tmp_path / "budget.json")], tmp_path / "route.log")  # fmt: skip
+    try:
+        _wait(server)
+        _open(page, server)
+        r = httpx.post(f"{server.url}/v1/answer", json={"question": "Who wrote Hamlet?", "options": {"max_tokens": 4}},
+                       timeout=180)  # fmt: skip
+        assert r.status_code == 200, r.text
+        state = httpx.get(f"{server.url}/v1/budget", timeout=30).json()
+        from playwright.sync_api import expect
+
+        expect(page.locator("#budget-note")).to_contain_text("1 requests observed", timeout=20_000)
+        assert page.text_content("#budget-rate-name") == "realised mean retrievals"
+        assert page.text_content("#budget-tau-name") == "λ now"
+        assert "mean retrievals per request" in page.text_content("#budget-rate-caption")
+        assert float(page.locator("#budget-tau").get_attribute("data-value")) == state["tau"]
+        assert state["rate_high"] == 2.0  # the rate is drawn up to the dearest route's cost, not a share's 1
+        assert page.locator("#budget-rate-chart text.tick").all_text_contents()[:2] == ["0", "2"]
+        assert page.locator("#budget-tau-chart circle").count() == 0  # no gate score to dot
+        assert page.problems == []
+    finally:
+        _stop(server)

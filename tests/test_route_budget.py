@@ -343,12 +343,6 @@ def test_a_fitted_policy_file_with_bad_numbers_is_refused(table: Any, tmp_path: 
         route_calibration(table, high + 1, policy="learned")
 
 
-def test_a_live_budget_on_a_route_method_is_refused_naming_the_calibration() -> None:
-    """``ragate serve --method route --budget B`` builds this pipeline, so it is refused the same way at start."""
-    with pytest.raises(RagateError, match="a route method's budget is mean retrievals per question.*calibrate --gate"):
-        Pipeline(method="route", budget=0.3, lm=ScriptedBackend([]))
-
-
 def test_serve_answers_with_the_route_file_over_http(smollm2_path: Path, run_dir: Path, tmp_path: Path) -> None:
     """A real ``ragate serve`` on 127.0.0.1 with a cascade's calibration file: ``/v1/answer`` carries the route,
     each check with its threshold from the file, and the reason in words; a file for other routes than

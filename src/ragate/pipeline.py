@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ragate.learning.fit import Learned
     from ragate.learning.store import FeedbackResult
     from ragate.state.budget import BudgetController
+    from ragate.state.route_budget import RouteBudgetController
     from ragate.types import Role
 
 DEMO_INDEX = "the demo index (built on first use)"
@@ -72,7 +73,7 @@ class Pipeline:
     (ragate embeds what DTR/PAIRS selection needs with ``encoder``); neither: the demo index. ``threshold`` or
     ``calibration`` (a ``ragate calibrate`` file) set the gate's tau; ``budget`` holds the share of calls that
     retrieve at that rate over the last ``window`` answers instead (the live controller of ``ragate serve
-    --budget``); ``state`` (``redis://HOST:PORT/DB``, Valkey or Redis) keeps that window in a store that several
+    --budget``; a learned route policy: mean retrievals per question, :mod:`ragate.state.route_budget`); ``state`` (``redis://HOST:PORT/DB``, Valkey or Redis) keeps that window in a store that several
     replicas share, so that they hold one rate between them (:mod:`ragate.state.shared`). ``max_tokens`` bounds every answer stage, ``k`` the documents read; ``gate`` / ``selector``
     replace the method's own; ``prompts`` names another prompt set for it (``ragate.methods.prompts.PROMPT_SETS``);
     ``routes``: with ``method="route"``, the methods it routes between, cheapest first (:mod:`ragate.methods.route`);
@@ -114,7 +115,7 @@ class Pipeline:
         calibration: str | Path | None = None,
         budget: float | None = None,
         window: int = 200,
-        budget_gain: float = 16.0,
+        budget_gain: float | None = None,
         budget_state: str | Path | None = None,
         state: str | None = None,
         max_tokens: int | None = None,
@@ -192,9 +193,9 @@ class Pipeline:
 
             load_weights(gate_weights)  # a damaged file (a NaN coefficient) is refused before the model loads
         if budget is not None or state is not None:  # before the model loads: a state it could not keep
-            from ragate.state.budget import check_budget_places
+            from ragate.state.route_budget import check_live_budget
 
-            check_budget_places(budget, budget_state, state)
+            check_live_budget(budget, window, budget_gain, budget_state, state, spec.with_threshold(threshold))
         self._owned: list[Any] = []
         self._lock: threading.RLock = threading.RLock() if model_of is None else model_of._lock
         self.learner = Learner(self, self._lock)  # turns at the model, feedback, shadow work, the learned gate
@@ -219,11 +220,11 @@ class Pipeline:
             self.lm: Backend = exact_calls(lm)
             self.spec: MethodSpec = require(spec, lm.capabilities, engine=lm.engine, fallback=fallback)
             check_gate_file(self.spec, self.lm)
-            self.budget: BudgetController | None = None
+            self.budget: BudgetController | RouteBudgetController | None = None
             if budget is not None:
-                from ragate.state.budget import open_budget
+                from ragate.state.route_budget import open_live_budget
 
-                self.budget = open_budget(budget, window, self.spec, budget_state, str(lm.model), budget_gain, state)
+                self.budget = open_live_budget(budget, window, self.spec, budget_state, str(lm.model), budget_gain, state)
                 self._owned.append(self.budget)
             self._local = lm.engine != "openai"  # a local model runs one call at a time
             self.learner.open(
@@ -360,7 +361,7 @@ class Pipeline:
                 )  # fmt: skip
             self.tracing.finish(span, trace, model=model, engine=engine)
         if self.controls(method, threshold) and self.budget is not None:
-            self.budget.observe(trace.gate.score, trace.retrieved)
+            self.budget.observe_trace(trace)
         answer = Answer.of(trace)
         if self.learner.store is not None and spec.dynamic is None:
             answer = self.learner.keep(answer, spec, method)
@@ -404,7 +405,7 @@ class Pipeline:
                 raise
             raise RagateError(str(err)) from None
         if self.controls(method, threshold) and self.budget is not None:
-            self.budget.observe(trace.gate.score, trace.retrieved)
+            self.budget.observe_trace(trace)
         return Retrieval.of(trace)
 
     def complete(

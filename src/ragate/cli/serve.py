@@ -325,7 +325,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--budget-gain",
         type=float,
         default=d.budget_gain,
-        help=f"feedback of the windowed rate error on the threshold's quantile level (default {d.budget_gain:g}; "
+        help="feedback of the windowed rate error on the threshold's quantile level (default 16; a learned route "
+        "policy's budget: 2, on its mean retrievals; "
         "0: the plain windowed quantile)",
     )
     p.add_argument(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ragate.learning.store import FeedbackResult, FeedbackRules
     from ragate.retrieval.types import Retriever
     from ragate.state.budget import BudgetController
+    from ragate.state.route_budget import RouteBudgetController
 
 SHADOW_STEP_TOKENS = 16  # prompt tokens per step of shadow work: a request waits for no more than that
 UNCERTAIN_BAND = (
@@ -110,7 +111,7 @@ class Host(Protocol):
     spec: MethodSpec  # the method in force; the learner sets its gate when a fitted gate goes in force
     seed: int
     lm: Backend
-    budget: BudgetController | None
+    budget: BudgetController | RouteBudgetController | None
 
     def spec_for(self, method: str | None = None) -> MethodSpec: ...
 

@@ -182,6 +182,10 @@ class MethodSpec:
         """This method with its gate's threshold (a dynamic method: its trigger's) set to ``tau`` (None: as is)."""
         if tau is None:
             return self
+        if self.route is not None and self.route.policy == "learned" and self.route.model is not None:
+            if not tau >= 0:  # the learned policy's threshold is its price of one retrieval (a live route budget's)
+                raise ValueError(f"the learned route policy's threshold is lambda, 0 or more, not {tau!r}")
+            return replace(self, route=replace(self.route, model=replace(self.route.model, lam=float(tau))))
         if self.route is not None:  # one stop threshold for every stage's answer check
             stops = (float(tau),) * (len(self.route.routes) - 1)
             return replace(self, route=replace(self.route, stop_nll=stops))

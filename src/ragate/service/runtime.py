@@ -35,6 +35,7 @@ from ragate.service.guard import ApiError
 from ragate.service.metrics import ServiceMetrics
 from ragate.service.settings import ServiceSettings
 from ragate.state.budget import BudgetController
+from ragate.state.route_budget import ROUTE_UNITS, RouteBudgetController
 from ragate.version import __version__
 
 if TYPE_CHECKING:
@@ -112,8 +113,9 @@ class Runtime:
         return self.pipeline.spec
 
     @property
-    def budget(self) -> BudgetController | None:
-        """``--budget``: the served method's tau, kept at a retrieval rate."""
+    def budget(self) -> BudgetController | RouteBudgetController | None:
+        """``--budget``: the served method's tau, kept at a retrieval rate (a learned route policy's lambda, kept at
+        mean retrievals per question)."""
         return self.pipeline.budget
 
     def controls(self, method: str | None, options: AnswerOptions | None = None) -> bool:
@@ -373,6 +375,7 @@ class Runtime:
             "window": self.budget.window,
             "window_rate": self.budget.rate(),
             "next_threshold": self.budget.tau,
+            **(ROUTE_UNITS if isinstance(self.budget, RouteBudgetController) else {}),
             # the last write of the state failed (a full disk): tau lives in memory only until a write succeeds
             **({"state_write_error": self.budget.write_error} if self.budget.write_error else {}),
         }

@@ -60,7 +60,7 @@ class ServiceSettings:
     health_timeout: float = 2.0
     budget: float | None = None  # a live retrieval budget for the served method (ragate.state.budget)
     budget_window: int = 200
-    budget_gain: float = 16.0  # feedback of the windowed rate error on the quantile level (0: plain quantile)
+    budget_gain: float | None = None  # feedback of the windowed error (0: none; None: 16 for a gate, 2 for routes)
     budget_state: str | None = None  # where the controller keeps its state (default: RAGATE_HOME/service/)
     state: str | None = None  # redis://HOST:PORT/DB: the budget window replicas share (ragate.state.shared)
     fallback: str | None = None  # the gate served where the backend cannot serve the method's own

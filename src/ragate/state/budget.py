@@ -40,6 +40,7 @@ from ragate.eval.thresholds import threshold_for_budget
 from ragate.fileio import atomic_writer
 from ragate.gates.registry import gate_names, get_gate
 from ragate.methods import MethodSpec
+from ragate.methods.trace import Trace
 from ragate.state.shared import Link, SharedWindow, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,14 @@ def read_state(path: Path) -> dict[str, Any]:
     return data
 
 
-def check_state_path(path: Path) -> None:
-    """Refuse at start a state file that could not be read back or written after the first answer."""
+def check_state_path(path: Path, read: Callable[[Path], Any] = read_state) -> None:
+    """Refuse at start a state file that could not be read back (with ``read``) or written after the first
+    answer."""
     fix = "pass a --budget-state path in a folder this server can write"
     if path.is_dir():
         raise RagateError(f"--budget-state {path} is a directory; {fix}")
     if path.exists():
-        read_state(path)
+        read(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -122,9 +124,8 @@ def check_budget(budget: float, window: int, spec: MethodSpec, gain: float = DEF
         )
     if spec.route is not None:
         raise RagateError(
-            "a route method's budget is mean retrievals per question, set by its calibration file: ragate "
-            "calibrate --gate route --from-sweep RUN --budget B, then --calibration FILE (no live controller holds "
-            "a route budget yet); drop --budget"
+            "a route method's budget is mean retrievals per question, held by its own controller "
+            "(ragate.state.route_budget.open_live_budget, which Pipeline(budget=) opens)"
         )
     if not get_gate(spec.gate.kind).budget_control:
         stand_in = (
@@ -307,6 +308,10 @@ class BudgetController:
             if self.path is not None:  # under the lock: states are written in the order they were reached
                 self._save()
             return self._tau
+
+    def observe_trace(self, trace: Trace) -> float:
+        """Record one answered request from its trace: its gate's score and decision; returns the new tau."""
+        return self.observe(trace.gate.score, trace.retrieved)
 
     def _observe_shared(self, score: float | None, retrieved: bool) -> bool:
         """Push one observation to the shared window and take the fleet's window back; False where there is no

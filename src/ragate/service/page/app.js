@@ -329,7 +329,9 @@
       scoreBar(data.gate),
     );
     if (data.budget && data.controlled) {
-      col.append(el("p", "muted", `τ was set by the budget controller (target rate ${data.budget.budget}).`));
+      const knob = data.budget.threshold_name === "lambda" ? "λ (the price of a retrieval)" : "τ";
+      const target = data.budget.unit || "rate";
+      col.append(el("p", "muted", `${knob} was set by the budget controller (target ${target} ${data.budget.budget}).`));
     }
     col.append(el("h3", null, "Draft"), tokens(data.draft));
     col.append(el("h3", null, "Documents read"), documents(data.documents));
@@ -408,6 +410,14 @@
     const rate = $("budget-rate");
     rate.textContent = typeof b.window_rate === "number" ? b.window_rate.toFixed(3) : "–";
     rate.dataset.value = String(b.window_rate);
+    const route = b.threshold_name === "lambda"; // a learned route policy's budget: mean retrievals, lambda
+    $("budget-rate-name").textContent = route ? "realised mean retrievals" : "realised rate";
+    $("budget-tau-name").textContent = route ? "λ now" : "τ now";
+    if (route) {
+      $("budget-rate-caption").textContent =
+        "the mean retrievals per request over the last requests (the window), after each request; dashed: the target";
+      $("budget-tau-caption").textContent = "λ, the learned route policy's price of one retrieval, after each request";
+    }
     $("budget-count").textContent =
       `(${b.window_retrieved} of the last ${b.window_requests} requests retrieved; window ${b.window})`;
     $("budget-target").textContent = String(b.budget);
@@ -415,7 +425,8 @@
     tau.textContent = num(b.tau);
     tau.dataset.value = String(b.tau);
     const history = b.history || [];
-    chart($("budget-rate-chart"), history.map((p) => p.rate), 0, 1, (node, x, y) => {
+    const rateHigh = typeof b.rate_high === "number" ? b.rate_high : 1;
+    chart($("budget-rate-chart"), history.map((p) => p.rate), 0, rateHigh, (node, x, y) => {
       node.append(svg("line", { x1: x(0), y1: y(b.budget), x2: 354, y2: y(b.budget), class: "target" }));
     });
     const values = history.flatMap((p) => [p.tau, p.score]).filter((v) => typeof v === "number");

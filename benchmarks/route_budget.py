@@ -1,0 +1,95 @@
+"""A live route budget (issue 78), measured by replaying route runs' records: no model call.
+
+    .venv/bin/python benchmarks/route_budget.py RUN [RUN ...] [--routes wo-rag,single-rag,ircot] [--budget 0.8]
+        [--window 30] [--seed 0] [--metric em]
+
+The questions every route answered in the runs (``ragate eval --methods wo-rag,single-rag,ircot``, one run per
+dataset) are split, per dataset and seeded, in halves. The learned route policy is fitted on the first halves
+pooled, its lambda the most accurate within ``--budget`` mean retrievals per question there (what ``ragate
+calibrate --gate route --policy learned --budget B`` saves). The second halves are played as a request stream, one
+dataset after another (a mix that shifts, as traffic does), each shuffled. Each request is answered by the learned
+policy at a fixed lambda (the file's) and at the lambda the live controller sets before it
+(:class:`ragate.state.route_budget.RouteBudgetController`, at each of ``--gains``: 0, its default 2, the gate's
+16): the route taken is the one
+the policy takes at that lambda, its retrievals and score are the route's records (the first route's retrievals
+added, since the policy has run it). It prints, per policy and per phase, the mean retrievals per question and the
+accuracy, and after the first W requests the largest deviation of the windowed mean retrievals from the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ragate.methods import get_method
+from ragate.methods.route_policy import right_probabilities
+from ragate.report.routes import fit_learned, learned_x, read_route_table
+from ragate.state.route_budget import RouteBudgetController
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="eval runs of every route (one per dataset), played in order")
+    p.add_argument("--routes", default="wo-rag,single-rag,ircot")
+    p.add_argument("--budget", type=float, default=0.8, help="mean retrievals per question")
+    p.add_argument("--window", type=int, default=30)
+    p.add_argument("--metric", choices=("em", "f1", "acc"), default="em")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gains", default="0,2,16", help="the controller's gains to compare (comma-separated)")
+    args = p.parse_args(argv)
+    routes = tuple(args.routes.split(","))
+    table = read_route_table(args.runs, routes)
+    rng = np.random.default_rng(args.seed)
+    fit_rows, phases = [], []
+    for dataset in dict.fromkeys(table.datasets):
+        rows = rng.permutation([i for i, d in enumerate(table.datasets) if d == dataset])
+        fit_rows += rows[: len(rows) // 2].tolist()
+        phases.append((dataset, rows[len(rows) // 2 :]))
+    model = fit_learned(table.take(np.array(fit_rows)), args.metric, args.budget)
+    stream = np.concatenate([rows for _, rows in phases])
+    played = table.take(stream)
+    right = right_probabilities(model, learned_x(played))
+    costs = np.asarray(model.costs)
+    spent = played.costs["retrievals"]
+    spent = spent + spent[:, :1] * (np.arange(len(routes)) > 0)  # the first route has run: its retrievals count
+    scores = played.scores[args.metric]
+    base = get_method("route")
+    assert base.route is not None
+    spec = base.with_(route=replace(base.route, routes=routes, policy="learned", model=model))
+    print(f"{len(fit_rows)} questions fit the learned policy for {args.budget:g} mean retrievals per question "
+          f"(lambda {model.lam:.4f}; route costs {', '.join(f'{c:.2f}' for c in costs)}); {len(stream)} played in "
+          f"{len(phases)} phases ({', '.join(f'{d} {len(r)}' for d, r in phases)}); window {args.window}; "
+          f"{args.metric.upper()} x 100")  # fmt: skip
+    print()
+    print("| policy | " + " | ".join(f"{d}: retrievals, {args.metric.upper()}" for d, _ in phases)
+          + " | all: retrievals, EM | largest windowed deviation after the first W |")  # fmt: skip
+    print("|---" * (len(phases) + 3) + "|")
+    gains = [float(g) for g in args.gains.split(",")]
+    for name, gain in [("fixed lambda (the file's)", None), *((f"controller, gain {g:g}", g) for g in gains)]:
+        live = None if gain is None else RouteBudgetController(args.budget, args.window, spec, None, gain=gain)
+        took = []
+        for i in range(len(stream)):
+            lam = model.lam if live is None else live.tau
+            j = int((right[i] - lam * costs).argmax())
+            took.append(j)
+            if live is not None:
+                live.record(right[i].tolist(), float(spent[i, j]))
+        paid = spent[np.arange(len(stream)), took]
+        got = scores[np.arange(len(stream)), took]
+        windowed = np.convolve(paid, np.ones(args.window) / args.window, mode="valid")[args.window :]
+        cells, start = [], 0
+        for _, rows in phases:
+            end = start + len(rows)
+            cells.append(f"{paid[start:end].mean():.2f}, {100 * got[start:end].mean():.1f}")
+            start = end
+        worst = float(np.abs(windowed - args.budget).max()) if len(windowed) else float("nan")
+        print(f"| {name} | " + " | ".join(cells) + f" | {paid.mean():.2f}, {100 * got.mean():.1f} | {worst:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
