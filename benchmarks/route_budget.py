@@ -22,6 +22,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,49 @@ from ragate.methods import get_method
 from ragate.methods.route_policy import right_probabilities
 from ragate.report.routes import fit_learned, learned_x, read_route_table
 from ragate.state.route_budget import RouteBudgetController
+
+
+def replay(table: Any, routes: tuple[str, ...], args: argparse.Namespace, budget: float, seed: int) -> dict[str, Any]:
+    """One split and stream at one budget: per policy (the file's lambda, then each gain), per phase and over all,
+    the mean retrievals and the score, and the largest windowed deviation from the budget after the first W."""
+    rng = np.random.default_rng(seed)
+    fit_rows, phases = [], []
+    for dataset in dict.fromkeys(table.datasets):
+        rows = rng.permutation([i for i, d in enumerate(table.datasets) if d == dataset])
+        fit_rows += rows[: len(rows) // 2].tolist()
+        phases.append((dataset, rows[len(rows) // 2 :]))
+    model = fit_learned(table.take(np.array(fit_rows)), args.metric, budget)
+    stream = np.concatenate([rows for _, rows in phases])
+    played = table.take(stream)
+    right = right_probabilities(model, learned_x(played))
+    costs = np.asarray(model.costs)
+    spent = played.costs["retrievals"]
+    spent = spent + spent[:, :1] * (np.arange(len(routes)) > 0)  # the first route has run: its retrievals count
+    scores = played.scores[args.metric]
+    base = get_method("route")
+    assert base.route is not None
+    spec = base.with_(route=replace(base.route, routes=routes, policy="learned", model=model))
+    policies: dict[str, dict[str, Any]] = {}
+    gains = [float(g) for g in args.gains.split(",")]
+    for name, gain in [("fixed lambda (the file's)", None), *((f"controller, gain {g:g}", g) for g in gains)]:
+        live = None if gain is None else RouteBudgetController(budget, args.window, spec, None, gain=gain)
+        took = []
+        for i in range(len(stream)):
+            lam = model.lam if live is None else live.tau
+            j = int((right[i] - lam * costs).argmax())
+            took.append(j)
+            if live is not None:
+                live.record(right[i].tolist(), float(spent[i, j]))
+        paid = spent[np.arange(len(stream)), took]
+        got = scores[np.arange(len(stream)), took]
+        windowed = np.convolve(paid, np.ones(args.window) / args.window, mode="valid")[args.window :]
+        cells, at = [], 0
+        for _, rows in phases:
+            cells.append((float(paid[at : at + len(rows)].mean()), float(got[at : at + len(rows)].mean())))
+            at += len(rows)
+        worst = float(np.abs(windowed - budget).max()) if len(windowed) else float("nan")
+        policies[name] = {"phases": cells, "all": (float(paid.mean()), float(got.mean())), "worst": worst}
+    return {"fit": len(fit_rows), "model": model, "phases": [(d, len(r)) for d, r in phases], "policies": policies}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,54 +84,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", choices=("em", "f1", "acc"), default="em")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gains", default="0,2,16", help="the controller's gains to compare (comma-separated)")
+    p.add_argument("--summary", default=None, metavar="SEEDS:BUDGETS",
+                   help="e.g. 0,1,2:0.5,0.8,1.2: one row per policy over every seed and budget (mean |spent - budget|,"
+                        " mean largest windowed deviation, mean score and its difference from gain 0's)")  # fmt: skip
     args = p.parse_args(argv)
     routes = tuple(args.routes.split(","))
     table = read_route_table(args.runs, routes)
-    rng = np.random.default_rng(args.seed)
-    fit_rows, phases = [], []
-    for dataset in dict.fromkeys(table.datasets):
-        rows = rng.permutation([i for i, d in enumerate(table.datasets) if d == dataset])
-        fit_rows += rows[: len(rows) // 2].tolist()
-        phases.append((dataset, rows[len(rows) // 2 :]))
-    model = fit_learned(table.take(np.array(fit_rows)), args.metric, args.budget)
-    stream = np.concatenate([rows for _, rows in phases])
-    played = table.take(stream)
-    right = right_probabilities(model, learned_x(played))
-    costs = np.asarray(model.costs)
-    spent = played.costs["retrievals"]
-    spent = spent + spent[:, :1] * (np.arange(len(routes)) > 0)  # the first route has run: its retrievals count
-    scores = played.scores[args.metric]
-    base = get_method("route")
-    assert base.route is not None
-    spec = base.with_(route=replace(base.route, routes=routes, policy="learned", model=model))
-    print(f"{len(fit_rows)} questions fit the learned policy for {args.budget:g} mean retrievals per question "
-          f"(lambda {model.lam:.4f}; route costs {', '.join(f'{c:.2f}' for c in costs)}); {len(stream)} played in "
-          f"{len(phases)} phases ({', '.join(f'{d} {len(r)}' for d, r in phases)}); window {args.window}; "
-          f"{args.metric.upper()} x 100")  # fmt: skip
+    metric = args.metric.upper()
+    if args.summary:
+        seeds, budgets = ([float(v) for v in part.split(",")] for part in args.summary.split(":"))
+        runs = [replay(table, routes, args, b, int(s)) for s in seeds for b in budgets]
+        print(f"{len(runs)} replays (seeds {', '.join(f'{s:g}' for s in seeds)} x budgets "
+              f"{', '.join(f'{b:g}' for b in budgets)}), window {args.window}; means over them; {metric} x 100")  # fmt: skip
+        print()
+        print(f"| policy | mean retrievals minus budget, absolute | largest windowed deviation | {metric} | "
+              f"{metric} minus gain 0's |")  # fmt: skip
+        print("|---|---|---|---|---|")
+        pairs = [(b, run) for run, (_, b) in zip(runs, [(s, b) for s in seeds for b in budgets], strict=True)]
+        for name in runs[0]["policies"]:
+            off = np.mean([abs(run["policies"][name]["all"][0] - b) for b, run in pairs])
+            worst = np.mean([run["policies"][name]["worst"] for _, run in pairs])
+            score = np.mean([run["policies"][name]["all"][1] for _, run in pairs])
+            base = np.mean([run["policies"]["controller, gain 0"]["all"][1] for _, run in pairs])
+            print(f"| {name} | {off:.3f} | {worst:.2f} | {100 * score:.1f} | {100 * (score - base):+.1f} |")
+        return 0
+    run = replay(table, routes, args, args.budget, args.seed)
+    model = run["model"]
+    print(f"{run['fit']} questions fit the learned policy for {args.budget:g} mean retrievals per question "
+          f"(lambda {model.lam:.4f}; route costs {', '.join(f'{c:.2f}' for c in model.costs)}); "
+          f"{sum(n for _, n in run['phases'])} played in {len(run['phases'])} phases "
+          f"({', '.join(f'{d} {n}' for d, n in run['phases'])}); window {args.window}; {metric} x 100")  # fmt: skip
     print()
-    print("| policy | " + " | ".join(f"{d}: retrievals, {args.metric.upper()}" for d, _ in phases)
-          + " | all: retrievals, EM | largest windowed deviation after the first W |")  # fmt: skip
-    print("|---" * (len(phases) + 3) + "|")
-    gains = [float(g) for g in args.gains.split(",")]
-    for name, gain in [("fixed lambda (the file's)", None), *((f"controller, gain {g:g}", g) for g in gains)]:
-        live = None if gain is None else RouteBudgetController(args.budget, args.window, spec, None, gain=gain)
-        took = []
-        for i in range(len(stream)):
-            lam = model.lam if live is None else live.tau
-            j = int((right[i] - lam * costs).argmax())
-            took.append(j)
-            if live is not None:
-                live.record(right[i].tolist(), float(spent[i, j]))
-        paid = spent[np.arange(len(stream)), took]
-        got = scores[np.arange(len(stream)), took]
-        windowed = np.convolve(paid, np.ones(args.window) / args.window, mode="valid")[args.window :]
-        cells, start = [], 0
-        for _, rows in phases:
-            end = start + len(rows)
-            cells.append(f"{paid[start:end].mean():.2f}, {100 * got[start:end].mean():.1f}")
-            start = end
-        worst = float(np.abs(windowed - args.budget).max()) if len(windowed) else float("nan")
-        print(f"| {name} | " + " | ".join(cells) + f" | {paid.mean():.2f}, {100 * got.mean():.1f} | {worst:.2f} |")
+    print("| policy | " + " | ".join(f"{d}: retrievals, {metric}" for d, _ in run["phases"])
+          + f" | all: retrievals, {metric} | largest windowed deviation after the first W |")  # fmt: skip
+    print("|---" * (len(run["phases"]) + 3) + "|")
+    for name, row in run["policies"].items():
+        cells = " | ".join(f"{r:.2f}, {100 * e:.1f}" for r, e in row["phases"])
+        print(f"| {name} | {cells} | {row['all'][0]:.2f}, {100 * row['all'][1]:.1f} | {row['worst']:.2f} |")
     return 0
 
 

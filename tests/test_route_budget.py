@@ -404,6 +404,25 @@ def test_a_route_answer_keeps_its_routes_answers_as_the_two_paths_and_shadow_run
                 rag.learn()
 
 
+def test_a_word_on_an_answer_from_a_later_route_labels_only_a_path_that_wrote_it(tmp_path: Path) -> None:
+    """``correct=`` judges the answer's text: where a route after the one-retrieval route answered, it labels the
+    one-retrieval path only where that route wrote the same answer (it was "Lyon" and the answer "Nice": no label;
+    both "Lyon": labelled), and the stored retrieval path is that route's answer, never the later route's."""
+    question = "What is the capital of France?"
+    with open_index(demo_index()) as demo:
+        lm = ScriptedBackend([make_generation([a], [-2.0]) for a in ("Paris", "Lyon", "Nice", "Paris", "Lyon", "Lyon")])
+        with Pipeline(method="route", routes=list(ROUTES), threshold=0.5, lm=lm, retriever=demo,
+                      feedback_store=tmp_path / "f.db") as rag:  # fmt: skip
+            other = rag.answer(question)
+            assert other.trace.route is not None and other.trace.route.taken == ROUTES[2] and other.text == "Nice"
+            row = rag.learner.store.get(other.id)
+            assert (row.closed_answer, row.open_answer) == ("Paris", "Lyon")
+            assert rag.feedback(other, correct=False).labels == ()
+            same = rag.answer(question)
+            assert same.text == "Lyon" and rag.feedback(same, correct=True).labels == (("retrieved-wrong", False),)
+            assert rag.feedback(other, reference="Nice").labels == (("closed-wrong", True), ("retrieved-wrong", True))
+
+
 def test_serve_refuses_to_refit_a_gate_over_routes(tmp_path: Path) -> None:
     from ragate.service.settings import ServiceSettings
 

@@ -294,10 +294,11 @@ class Learner:
             features = answer_features(answer.question, answer.trace.draft)
             if math.isfinite(gate.score):  # the gate in force's score, which a new gate is compared with
                 features[GATE_SCORE + spec.gate.kind] = float(gate.score)
+            paths = route_answers(answer, spec) if spec.route is not None else None
             self.store.record_answer(
                 answer_id, question=answer.question, method=spec.name, prompts=spec.prompts.name,
                 answer=answer.text, retrieved=answer.retrieved, features=features, hidden=answer.trace.hidden,
-                model={"model": self._host.model_label, "engine": self._host.lm.engine},
+                model={"model": self._host.model_label, "engine": self._host.lm.engine}, paths=paths,
             )  # fmt: skip
         except Exception as err:  # noqa: BLE001 (a side channel: any failure costs a warning, not the answer)
             self._side_warning("feedback store", err)
@@ -322,15 +323,10 @@ class Learner:
         cascade again; :func:`route_job`)."""
         from ragate.learning.store import answers_agree
 
-        info = answer.trace.route
-        assert self.store is not None and spec.route is not None and info is not None
-        closed_route, opener = route_paths(spec)
-        if closed_route is None or opener is None:
+        assert self.store is not None and spec.route is not None
+        if None in route_paths(spec):
             return None
-        said = {r: (a, got) for r, a, got in zip(info.ran, info.answers, info.retrieved, strict=False)}
-        closed = said[closed_route][0] if closed_route in said else None
-        opened = said[opener][0] if opener in said and said[opener][1] else None
-        self.store.set_twin(answer_id, closed=closed, opened=opened)
+        closed, opened = route_answers(answer, spec)  # recorded as the answer's paths (keep)
         if closed is not None and opened is not None:
             self.store.add_label(answer_id, source="shadow", kind="retrieval-changed", value=not answers_agree(closed, opened),
                                  detail={"other": "both answered by the route cascade"})  # fmt: skip
@@ -480,6 +476,19 @@ def route_paths(spec: MethodSpec) -> tuple[str | None, str | None]:
     specs = route_specs(spec.route)
     closed = specs[0].name if route_cost(specs[0]) == 0 else None
     return closed, next((s.name for s in specs if route_cost(s) > 0), None)
+
+
+def route_answers(answer: Answer, spec: MethodSpec) -> tuple[str | None, str | None]:
+    """A route answer's two paths: the closed-book route's answer and the one-retrieval route's (where it ran and
+    read documents), each None where that route did not answer (a multi-step route's answer is neither)."""
+    info = answer.trace.route
+    closed_route, opener = route_paths(spec)
+    if info is None:
+        return None, None
+    said = {r: (a, got) for r, a, got in zip(info.ran, info.answers, info.retrieved, strict=False)}
+    closed = said[closed_route][0] if closed_route in said else None
+    opened = said[opener][0] if opener in said and said[opener][1] else None
+    return closed, opened
 
 
 def route_job(

@@ -137,10 +137,13 @@ class SharedFeedbackStore(FeedbackRules):
         model: Mapping[str, Any],
         corpus: Mapping[str, Any] | None = None,
         encoder: Mapping[str, Any] | None = None,
+        paths: tuple[str | None, str | None] | None = None,
     ) -> None:
-        """Keep one answer and its features (the oldest answers beyond ``max_answers`` go, with their labels)."""
+        """Keep one answer and its features (the oldest answers beyond ``max_answers`` go, with their labels);
+        ``paths``: its closed-book and retrieval paths' answers where they are not the answer itself (a route's)."""
         from ragate.version import __version__
 
+        closed, opened = paths if paths is not None else ((None, answer) if retrieved else (answer, None))
         fields = {
             "created": repr(time.time()), "question": question, "method": method, "prompts": prompts,
             "answer": answer, "retrieved": "1" if retrieved else "0",
@@ -148,8 +151,8 @@ class SharedFeedbackStore(FeedbackRules):
             "hidden": "" if hidden is None else base64.b64encode(np.asarray(hidden, dtype=np.float32).tobytes()).decode(),
             "model": json.dumps(dict(model)), "corpus": json.dumps(dict(corpus)) if corpus else "",
             "encoder": json.dumps(dict(encoder)) if encoder else "", "version": __version__,
-            "closed_answer": "" if retrieved else answer, "open_answer": answer if retrieved else "",
-            "has_closed": "0" if retrieved else "1", "has_open": "1" if retrieved else "0",
+            "closed_answer": closed or "", "open_answer": opened or "",
+            "has_closed": "0" if closed is None else "1", "has_open": "0" if opened is None else "1",
         }  # fmt: skip
         seq = self._do(lambda p: p.incr(self._key("seq")))[0]
 

@@ -196,7 +196,10 @@ class FeedbackRules:
     def record_answer(
         self, answer_id: str, *, question: str, method: str, prompts: str, answer: str, retrieved: bool,
         features: Mapping[str, float], hidden: np.ndarray | None, model: Mapping[str, Any],
+        paths: tuple[str | None, str | None] | None = None,
     ) -> None:  # fmt: skip
+        """Keep one answer; ``paths``: its closed-book and retrieval paths' answers where they are not the answer
+        itself (a route method's: the closed-book route's and the one-retrieval route's, each where it ran)."""
         raise NotImplementedError
 
     def set_twin(self, answer_id: str, *, closed: str | None = None, opened: str | None = None) -> None:
@@ -222,9 +225,11 @@ class FeedbackRules:
         self, answer_id: str, *, correct: bool | None = None, reference: str | None = None
     ) -> list[tuple[LabelKind, bool]]:
         """A user's word on an answer: ``correct`` (the answer was right or wrong) and/or a ``reference`` answer.
-        Every word labels the route the answer took at once: ``closed-wrong`` for a closed-book answer,
-        ``retrieved-wrong`` for a retrieved one; a reference also scores the other route's answer where it is known
-        (a shadow twin), which gives ``closed-wrong`` for a retrieved answer. Returns the labels made; what still
+        Every word labels the path whose answer was judged at once: ``closed-wrong`` for a closed-book answer,
+        ``retrieved-wrong`` for a retrieved one; a reference also scores the other path's answer where it is known
+        (a shadow twin), which gives ``closed-wrong`` for a retrieved answer. ``correct`` alone judges the answer's
+        text, so it labels only a path whose answer is that text (a route method's answer from a multi-step route
+        labels the one-retrieval route only where that route wrote the same). Returns the labels made; what still
         waits for the other route's answer is :func:`pending_labels`."""
         if correct is None and reference is None:
             raise RagateError("feedback needs correct (true or false) or a reference answer")
@@ -243,8 +248,8 @@ class FeedbackRules:
         detail = {"correct": correct, "reference": reference}
         labels: list[tuple[LabelKind, bool]] = []
         for kind, text, own in (
-            ("closed-wrong", row.closed_answer, not row.retrieved),
-            ("retrieved-wrong", row.open_answer, row.retrieved),
+            ("closed-wrong", row.closed_answer, row.closed_answer == row.answer),
+            ("retrieved-wrong", row.open_answer, row.open_answer == row.answer),
         ):
             if reference is not None and text is not None:
                 wrong = not answer_correct(text, reference)
@@ -344,6 +349,7 @@ class FeedbackStore(FeedbackRules):
         model: Mapping[str, Any],
         corpus: Mapping[str, Any] | None = None,
         encoder: Mapping[str, Any] | None = None,
+        paths: tuple[str | None, str | None] | None = None,
     ) -> None:
         """Keep one answer and its features (the oldest answers beyond ``max_answers`` go, with their labels)."""
         from ragate.version import __version__
@@ -359,7 +365,7 @@ class FeedbackStore(FeedbackRules):
                     answer_id, seq, time.time(), question, method, prompts, answer, int(retrieved),
                     json.dumps({k: float(v) for k, v in features.items()}), blob, json.dumps(dict(model)),
                     json.dumps(dict(corpus)) if corpus else None, json.dumps(dict(encoder)) if encoder else None,
-                    __version__, None if retrieved else answer, answer if retrieved else None,
+                    __version__, *(paths if paths is not None else ((None, answer) if retrieved else (answer, None))),
                 ),
             )  # fmt: skip
             over = db.execute("SELECT COUNT(*) FROM answers").fetchone()[0] - self.max_answers
