@@ -106,6 +106,12 @@ def register(subparsers: Any) -> None:
         help="a `ragate sweep` directory that scored this gate: its scores, no model call (with --gate route: "
         "a `ragate eval` run of every route over the same questions)",
     )
+    source.add_argument(
+        "--from-store",
+        metavar="STORE",
+        help="with --gate route --policy learned: a feedback store's route answers whose closed-book and "
+        "one-retrieval paths are both labelled (a SQLite file or redis:// URL; ragate.learning.route_traffic)",
+    )
     cal.add_argument(
         "--check",
         type=Path,
@@ -165,9 +171,11 @@ def register(subparsers: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     if args.gate == "route":
         return _calibrate_routes(args)
-    if args.routes is not None or args.with_runs or args.policy is not None or args.evidence or not args.agree:
+    if args.routes is not None or args.with_runs or args.policy is not None or args.evidence or not args.agree \
+            or args.from_store is not None:  # fmt: skip
         raise RagateError(
-            "--routes, --policy, --with, --evidence and --no-agree go with --gate route (a route method's policy)"
+            "--routes, --policy, --with, --evidence, --no-agree and --from-store go with --gate route (a route "
+            "method's policy)"
         )
     if args.objective == "budget" and args.budget is None:
         raise RagateError("--objective budget needs --budget RHO (a retrieval rate in [0, 1], e.g. 0.2)")
@@ -262,12 +270,15 @@ def _calibrate_routes(args: argparse.Namespace) -> int:
     from ragate.methods import get_method
     from ragate.report.route_budget import calibrate_routes
 
+    policy = args.policy or "cascade"
+    if args.from_store is not None:
+        return _routes_from_store(args, policy)
     if args.from_sweep is None:
         raise RagateError(
             "--gate route sets its stop thresholds from every route's answers to the same questions: run "
-            "ragate eval --methods wo-rag,single-rag,ircot --out RUN and pass --from-sweep RUN"
+            "ragate eval --methods wo-rag,single-rag,ircot --out RUN and pass --from-sweep RUN (or, for the learned "
+            "policy, --from-store STORE: labelled traffic)"
         )
-    policy = args.policy or "cascade"
     if args.budget is None and policy != "adaptive-rag":
         raise RagateError(f"--gate route --policy {policy} needs --budget B: mean retrievals per question, e.g. 0.8")
     given = [flag for flag, value in (("--objective", args.objective != "budget"), ("--confidence", args.confidence),
@@ -306,6 +317,39 @@ def _calibrate_routes(args: argparse.Namespace) -> int:
         f"route ({', '.join(result['routes'])}): {chosen}; on {result['n']} questions {spent}, "
         f"{args.metric.upper()} {100 * result['dev_score']:.1f} where it was fitted (ragate report RUN --routes ... "
         "scores the policies cross-fitted)"
+    )
+    print(f"saved {out}: ragate ask/serve --method route --calibration {out}")
+    return 0
+
+
+def _routes_from_store(args: argparse.Namespace, policy: str) -> int:
+    """The learned route policy from a feedback store's labelled route answers (ragate.learning.route_traffic)."""
+    from ragate.cli.ask import routes_argument
+    from ragate.cli.gate import _open_store
+    from ragate.fileio import atomic_writer
+    from ragate.learning.route_traffic import calibrate_routes_from_store
+    from ragate.methods.route import route_specs
+    from ragate.methods.spec import RouteSpec
+
+    if policy != "learned" or args.budget is None:
+        raise RagateError(
+            "--from-store fits the learned route policy (traffic labels its two paths): give --policy learned "
+            "--budget B (mean retrievals per question); the cascade's thresholds come from a run of every route "
+            "(--from-sweep RUN)"
+        )
+    if args.with_runs or args.evidence or not args.agree or args.metric != "em" or args.model or args.index:
+        raise RagateError("--from-store takes --policy learned, --budget, --routes and --out")
+    routes = routes_argument(args.routes) or ("no-retrieval", "standard-rag")
+    route_specs(RouteSpec(tuple(routes)))  # unknown, repeated or misordered routes: refused before reading
+    with _open_store(args.from_store) as store:
+        result = calibrate_routes_from_store(store, routes, args.budget)
+    out = args.out or Path("calibration") / f"route-learned-traffic-{args.budget:g}.json"
+    with atomic_writer(out) as f:
+        f.write(json.dumps(result, indent=2).encode())
+    print(
+        f"route ({', '.join(result['routes'])}): the learned policy, lambda {result['lambda']:.4g}, fitted on "
+        f"{result['n']} labelled route answers of {args.from_store} ({result['model']}); "
+        f"{result['dev_retrievals']:.2f} retrievals per question there, EM {100 * result['dev_score']:.1f}"
     )
     print(f"saved {out}: ragate ask/serve --method route --calibration {out}")
     return 0

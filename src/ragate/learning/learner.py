@@ -294,7 +294,12 @@ class Learner:
             features = answer_features(answer.question, answer.trace.draft)
             if math.isfinite(gate.score):  # the gate in force's score, which a new gate is compared with
                 features[GATE_SCORE + spec.gate.kind] = float(gate.score)
-            paths = route_answers(answer, spec) if spec.route is not None else None
+            paths = None
+            if spec.route is not None:  # its two paths, and what the learned route policy reads of the first answer
+                from ragate.learning.route_traffic import first_answer_features
+
+                paths = route_answers(answer, spec)
+                features |= first_answer_features(answer.trace.route, spec.route.routes[0])
             self.store.record_answer(
                 answer_id, question=answer.question, method=spec.name, prompts=spec.prompts.name,
                 answer=answer.text, retrieved=answer.retrieved, features=features, hidden=answer.trace.hidden,
@@ -436,8 +441,9 @@ class Learner:
         if use and host.spec.route is not None:
             raise RagateError(
                 "a learned gate does not steer a route method (its checks or policy choose the route): learn with "
-                "use=False to keep the gate file for a gate method, and set the routes' policy with ragate calibrate "
-                "--gate route"
+                "use=False to keep the gate file for a gate method; fit the routes' policy on these labels with "
+                "ragate calibrate --gate route --policy learned --from-store STORE --budget B "
+                "(ragate.learning.route_traffic), then serve it with --calibration FILE"
             )
         target = Path(out) if out is not None else self.store.gate_path()
         candidate = target.with_name(f"{target.stem}.candidate{target.suffix}") if use else target

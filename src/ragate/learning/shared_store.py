@@ -29,7 +29,6 @@ from ragate.errors import ArgumentTypeError, RagateError
 from ragate.learning.store import (
     ALL_KINDS,
     DEFAULT_MAX_ANSWERS,
-    LABEL_KINDS,
     FeedbackRules,
     FeedbackStore,
     LabelKind,
@@ -209,8 +208,8 @@ class SharedFeedbackStore(FeedbackRules):
     def labelled(self, kind: LabelKind, *, prompts: str | None = None) -> LabelledRows:
         """Every answer with a label of ``kind`` (its latest one), oldest first; only those of prompt set
         ``prompts`` when given."""
-        if kind not in LABEL_KINDS:
-            raise RagateError(f"unknown label kind {kind!r}: one of {', '.join(LABEL_KINDS)}")
+        if kind not in ALL_KINDS:
+            raise RagateError(f"unknown label kind {kind!r}: one of {', '.join(ALL_KINDS)}")
         ids = self._do(lambda p: p.zrange(self._key("answers"), 0, -1))[0]
         marked = set(self._do(lambda p: p.smembers(self._key("labelled")))[0])
         ids = [a for a in ids if a in marked]

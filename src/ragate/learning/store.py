@@ -427,8 +427,8 @@ class FeedbackStore(FeedbackRules):
     def labelled(self, kind: LabelKind, *, prompts: str | None = None) -> LabelledRows:
         """Every answer with a label of ``kind`` (its latest one), oldest first; only those of prompt set
         ``prompts`` when given (hidden states of different prompts are not comparable)."""
-        if kind not in LABEL_KINDS:
-            raise RagateError(f"unknown label kind {kind!r}: one of {', '.join(LABEL_KINDS)}")
+        if kind not in ALL_KINDS:
+            raise RagateError(f"unknown label kind {kind!r}: one of {', '.join(ALL_KINDS)}")
         query = (
             "SELECT a.id, a.question, a.features, a.hidden, l.value, l.source, a.model FROM answers a JOIN labels l "
             "ON l.answer_id = a.id WHERE l.kind = ? AND l.id = (SELECT MAX(id) FROM labels WHERE answer_id = a.id "

@@ -275,6 +275,7 @@ def run_route(
     info = RouteInfo(
         tuple(route.routes), taken, tuple(checks), tuple(len(t.stages) for t in traces),
         tuple(specs[i].name for i, _ in ran), tuple(t.answer for t in traces), tuple(t.retrieved for t in traces),
+        tuple(t.answer_nll for t in traces), tuple(t.tokens for t in traces),
     )  # fmt: skip
     met = [c.kind for c in checks if c.route == taken and c.stop]
     reason = f"answered by {taken}" + (f" ({' and '.join(met)} check met)" if met else "")

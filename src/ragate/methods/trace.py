@@ -111,8 +111,9 @@ class RouteCheck:
 @dataclass(frozen=True)
 class RouteInfo:
     """What a route method did: the routes it could take (cheapest first), the one whose answer it gave, each
-    check met on the way, how many of the trace's stages each route it ran made, the routes it ran, their answers
-    and whether each read documents (in the order run)."""
+    check met on the way, how many of the trace's stages each route it ran made, the routes it ran, their answers,
+    whether each read documents, and each one's answer NLL and tokens (in the order run: what the learned policy
+    reads of the first answer, and a feedback store keeps)."""
 
     routes: tuple[str, ...]
     taken: str
@@ -121,6 +122,8 @@ class RouteInfo:
     ran: tuple[str, ...] = ()
     answers: tuple[str, ...] = ()
     retrieved: tuple[bool, ...] = ()  # whether each route run read documents
+    nll: tuple[float | None, ...] = ()  # each route run's answer NLL (None: no log-probabilities)
+    tokens: tuple[int, ...] = ()  # each route run's prompt and completion tokens
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,95 @@
+"""The learned route policy fitted on labelled traffic (issue 78: labels per route from traffic), as a route
+calibration file that ``Pipeline(method="route", calibration=FILE)`` and ``ragate serve --calibration`` answer with.
+
+A feedback store keeps, with each route answer, its two paths: the closed-book route's answer and the
+one-retrieval route's (:func:`ragate.learning.learner.route_answers`), and the first route's answer NLL and tokens
+(:func:`first_answer_features`; what the learned policy reads once the first route has answered). A reference on
+the answer (``Pipeline.feedback(answer, reference=...)``, ``POST /v1/feedback``) labels both paths (``closed-wrong``,
+``retrieved-wrong``), shadow work answering the one the cascade did not run. Where both are labelled, the answer is a
+row of a route table of those two routes (:class:`ragate.report.routes.RouteTable`: scores from the labels, the
+closed-book route 0 retrievals and the one-retrieval route 1), and :func:`ragate.report.route_budget.route_calibration`
+fits the learned policy on it exactly as it does on an eval run's records (``ragate calibrate --gate route --policy
+learned --from-store FILE --budget B``; :func:`calibrate_routes_from_store`). Traffic labels no multi-step route:
+the policy routes between the two paths (a policy over more routes is fitted from a run of every route,
+``--from-sweep``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ragate.errors import RagateError
+from ragate.learning.store import FeedbackRules
+from ragate.methods.trace import RouteInfo
+from ragate.report.routes import RouteTable
+
+FIRST_NLL, FIRST_TOKENS = "route_first_nll", "route_first_tokens"  # the store's names of the first answer's features
+MIN_ROWS = 20  # answers with both paths labelled before a policy is fitted
+
+
+def first_answer_features(info: RouteInfo | None, first: str) -> dict[str, float]:
+    """The first route's answer NLL (where there is one) and tokens, as the store keeps them with a route answer;
+    none where the first route did not answer first (Adaptive-RAG's classifier may skip it)."""
+    if info is None or not info.ran or info.ran[0] != first or not info.tokens:
+        return {}
+    nll = info.nll[0] if info.nll else None
+    return {FIRST_TOKENS: float(info.tokens[0]), **({FIRST_NLL: float(nll)} if nll is not None and math.isfinite(nll) else {})}
+
+
+def traffic_route_table(store: FeedbackRules, routes: Sequence[str]) -> tuple[RouteTable, set[tuple[str, str]]]:
+    """The route table of the store's answers whose two paths are both labelled and that keep the first answer's
+    features, oldest first (``routes``: the closed-book route and the one-retrieval route, in that order), and the
+    (model, engine) pairs that answered them."""
+    closed, opened = store.labelled("closed-wrong"), store.labelled("retrieved-wrong")
+    open_wrong = dict(zip(opened.ids, opened.y.tolist(), strict=True))
+    rows, models = [], set()
+    for answer_id, question, features, wrong in zip(closed.ids, closed.questions, closed.features, closed.y.tolist(), strict=True):
+        row = store.get(answer_id) if answer_id in open_wrong and FIRST_TOKENS in features else None
+        if row is not None and row.closed_answer is not None and row.open_answer is not None:
+            rows.append((answer_id, question, features, row.closed_answer, row.open_answer, wrong, open_wrong[answer_id]))
+            models.add((str(row.model.get("model")), str(row.model.get("engine", "llama.cpp"))))
+    n = len(rows)
+    right = np.array([[not r[5], not r[6]] for r in rows], dtype=float).reshape(n, 2)
+    tokens = np.array([[r[2][FIRST_TOKENS], math.nan] for r in rows], dtype=float).reshape(n, 2)
+    table = RouteTable(
+        tuple(routes), tuple(r[0] for r in rows), tuple(r[1] for r in rows), ("traffic",) * n,
+        tuple((r[3], r[4]) for r in rows), {"em": right, "f1": right, "acc": right},
+        {"retrievals": np.tile([0.0, 1.0], (n, 1)), "lm_calls": np.full((n, 2), math.nan), "tokens": tokens,
+         "seconds": np.full((n, 2), math.nan)},
+        np.array([[r[2].get(FIRST_NLL, math.nan), math.nan] for r in rows], dtype=float).reshape(n, 2),
+        np.full((n, 2), math.nan),
+    )  # fmt: skip
+    return table, models
+
+
+def calibrate_routes_from_store(store: FeedbackRules, routes: Sequence[str], budget: float) -> dict[str, Any]:
+    """The learned route policy's calibration over the store's labelled route answers (see the module docstring),
+    for ``budget`` mean retrievals per question, as a calibration of the model that answered them; refused, naming
+    the fix, below :data:`MIN_ROWS` labelled answers or where several models answered them."""
+    from ragate.report.route_budget import route_calibration
+
+    if len(routes) != 2:
+        raise RagateError(
+            f"traffic labels two routes, the closed-book route's answer and the one-retrieval route's: give those two "
+            f"(--routes CLOSED,ONE-RETRIEVAL), not {len(routes)}; a policy over more routes is fitted from a run of "
+            "every route (--from-sweep RUN)"
+        )
+    table, models = traffic_route_table(store, routes)
+    if len(table) < MIN_ROWS:
+        raise RagateError(
+            f"{store.name} holds {len(table)} route answers with both paths labelled; the route policy needs "
+            f"{MIN_ROWS} (give {MIN_ROWS - len(table)} more references: Pipeline.feedback(answer, reference=...) or "
+            "POST /v1/feedback on route answers, with shadow work on so the path not run is answered)"
+        )
+    if len(models) > 1:
+        raise RagateError(
+            f"{store.name}'s labelled route answers come from several models ({', '.join(f'{m} on {e}' for m, e in sorted(models))}): "
+            "a route policy belongs to one model; learn from a store of one model's answers"
+        )
+    model, engine = models.pop()
+    found = route_calibration(table, budget, "em", policy="learned")
+    return found | {"source": "traffic", "dev": store.name, "model": model, "engine": engine}
