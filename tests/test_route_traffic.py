@@ -111,3 +111,22 @@ def test_too_few_labels_other_policies_and_more_routes_are_refused_naming_the_fi
     assert main(["calibrate", "--gate", "targ-margin", "--from-store", str(store), "--budget", "0.5"]) == 2
     assert main(["calibrate", "--gate", "route", "--policy", "learned", "--from-store", str(tmp_path / "none.db"),
                  "--budget", "0.5"]) == 2  # fmt: skip
+
+
+def test_a_route_pipeline_learns_its_policy_from_its_own_store(tmp_path: Path) -> None:
+    """``Pipeline.learn_routes(budget)`` on the pipeline that kept the answers: the same file as the command's,
+    written beside the store; a pipeline of a gate method, or without a store, is refused naming the fix."""
+    store = tmp_path / "f.db"
+    _traffic(store, MIN_ROWS, seed=2)
+    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=store) as rag:
+        found = rag.learn_routes(0.5)
+    assert Path(found["path"]) == tmp_path / "route-learned-0.5.json"
+    assert json.loads(Path(found["path"]).read_text())["lambda"] == found["lambda"]
+    with FeedbackStore(store) as opened:
+        assert calibrate_routes_from_store(opened, ROUTES, 0.5)["lambda"] == found["lambda"]
+    with Pipeline(method="dtr", lm=ScriptedBackend([]), feedback_store=tmp_path / "g.db") as rag, \
+            pytest.raises(RagateError, match="fits a route method's policy"):  # fmt: skip
+        rag.learn_routes(0.5)
+    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([])) as rag, \
+            pytest.raises(RagateError, match="keeps no labels"):  # fmt: skip
+        rag.learn_routes(0.5)

@@ -539,10 +539,8 @@ class Pipeline:
         self, answer: Answer | str, *, correct: bool | None = None, reference: str | None = None
     ) -> FeedbackResult:
         """A user's word on an answer (an :class:`ragate.Answer` this pipeline gave, or its ``id``): ``correct`` and/or
-        the ``reference`` answer. Every word labels the route the answer took at once; a reference on an answer whose
-        other route is not known yet also queues that route's answer with the reference attached, ahead of other
-        shadow work, and its label is pending until it is done. Returns :class:`ragate.learning.store.FeedbackResult`
-        (the labels made and those pending)."""
+        the ``reference``; each labels the path whose answer it judged, and a reference on an answer whose other path is
+        unknown queues that path's answer (its label pending until then). Returns its labels made and pending."""
         return self.learner.feedback(answer, correct=correct, reference=reference)
 
     def learn(
@@ -550,16 +548,17 @@ class Pipeline:
         hidden: bool = True, use: bool = True,
     ) -> Learned:  # fmt: skip
         """Fit the learned gate on the store's labels of ``label`` (``closed-wrong``: gold; ``retrieval-changed``:
-        shadow's silver; None: the one the store can fit, gold first) for this pipeline's prompts and compare it
-        with the gate in force on the same labels (:func:`ragate.learning.fit.compare_with_gate`). With ``use``, the
-        new gate goes in force only when it ranks the labels at least as well (or no comparison can be made yet):
-        it is written to ``out`` (default: beside the store) and decides at the threshold that keeps this
-        traffic's retrieval rate (the budget's, else the rate of the last answers). A gate that ranks worse stays a
-        candidate file beside ``out`` and the gate in force stays. Without ``use`` it is written to ``out``.
-        ``cascade``: the share of questions whose TARG draft the cascade may pay (None: the cheap gate alone).
-        Returns :class:`ragate.learning.fit.Learned` (the file, the cross-fitted report, the comparison). Refuses,
-        naming how many more labels it needs, while a class has fewer than 10."""
+        silver; None: gold first) for this pipeline's prompts, compared with the gate in force on them, and write it
+        to ``out`` (default: beside the store). With ``use`` it goes in force (at the threshold keeping this traffic's
+        retrieval rate) only if it ranks them at least as well or no comparison can be made yet, else it stays a
+        candidate beside ``out``. ``cascade``: the share of questions whose TARG draft it may pay. Returns
+        :class:`Learned`; refuses, naming how many more labels it needs, while a class has fewer than 10."""
         return self.learner.learn(out, label=label, cascade=cascade, hidden=hidden, use=use)
+
+    def learn_routes(self, budget: float, out: str | Path | None = None) -> dict[str, Any]:
+        """A route pipeline's learned policy for ``budget`` retrievals per question from its store's labelled route
+        answers (:mod:`ragate.learning.route_traffic`), saved at ``out`` (default: beside the store) for calibration=."""
+        return self.learner.learn_routes(budget, out)
 
     # -- lifetime -----------------------------------------------------------------------------------------------
     def close(self, *, wait: float | None = None) -> None:

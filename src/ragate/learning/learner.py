@@ -461,6 +461,28 @@ class Learner:
             self.gate_file = str(target)
         return learned
 
+    def learn_routes(self, budget: float, out: str | Path | None) -> dict[str, Any]:
+        """See :meth:`ragate.Pipeline.learn_routes`."""
+        import json
+
+        from ragate.fileio import atomic_writer
+        from ragate.learning.route_traffic import calibrate_routes_from_store
+
+        spec = self._host.spec
+        if self.store is None:
+            raise RagateError("this pipeline keeps no labels: make it with feedback_store= (and shadow=)")
+        if spec.route is None:
+            raise RagateError(f"learn_routes() fits a route method's policy; this pipeline answers with {spec.name!r}")
+        paths = route_paths(spec)
+        if None in paths:
+            raise RagateError(f"the routes {', '.join(spec.route.routes)} have no closed-book and one-retrieval route "
+                              "for traffic to label")  # fmt: skip
+        found = calibrate_routes_from_store(self.store, [p for p in paths if p is not None], budget)
+        target = Path(out) if out is not None else self.store.gate_path().with_name(f"route-learned-{budget:g}.json")
+        with atomic_writer(target) as f:
+            f.write(json.dumps(found, indent=2).encode())
+        return found | {"path": str(target)}
+
     def _traffic_tau(self, probabilities: Sequence[float] | np.ndarray) -> float | None:
         """The threshold at which a new gate retrieves at this traffic's rate: the live budget's, else the rate of
         the last answers (None where neither is known: the gate's own default)."""
