@@ -313,7 +313,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=float,
         default=None,
         help="keep the share of requests that retrieve at this rate, e.g. 0.3: the served method's threshold "
-        "follows the quantile of its last --window gate scores (docs/service.md)",
+        "follows the quantile of its last --window gate scores; with --method route and a learned policy's "
+        "--calibration, mean retrievals per question, e.g. 0.8 (docs/service.md)",
     )
     p.add_argument(
         "--window",
