@@ -13,7 +13,8 @@ policy at a fixed lambda (the file's) and at the lambda the live controller sets
 16): the route taken is the one
 the policy takes at that lambda, its retrievals and score are the route's records (the first route's retrievals
 added, since the policy has run it). It prints, per policy and per phase, the mean retrievals per question and the
-accuracy, and after the first W requests the largest deviation of the windowed mean retrievals from the budget.
+accuracy, and the largest deviation from the budget of the mean retrievals over a window of W requests, over
+the windows that begin after the first W requests.
 """
 
 from __future__ import annotations

@@ -105,12 +105,29 @@ def test_too_few_labels_other_policies_and_more_routes_are_refused_naming_the_fi
             calibrate_routes_from_store(opened, ROUTES, 0.5)
         with pytest.raises(RagateError, match="traffic labels two routes"):
             calibrate_routes_from_store(opened, (*ROUTES, "standard-rag-pairs-prompts"), 0.5)
+        with pytest.raises(RagateError, match="are not \\(e.g. --routes no-retrieval,standard-rag"):
+            calibrate_routes_from_store(opened, ("wo-rag", "ircot"), 0.5)  # a multi-step route is not the second path
     base = ["calibrate", "--gate", "route", "--from-store", str(store)]
     assert main([*base, "--budget", "0.5"]) == 2  # the cascade's thresholds come from a run
     assert main([*base, "--policy", "learned"]) == 2  # no budget
     assert main(["calibrate", "--gate", "targ-margin", "--from-store", str(store), "--budget", "0.5"]) == 2
     assert main(["calibrate", "--gate", "route", "--policy", "learned", "--from-store", str(tmp_path / "none.db"),
                  "--budget", "0.5"]) == 2  # fmt: skip
+
+
+def test_a_reference_on_an_answer_whose_retrieval_path_did_not_run_waits_for_it() -> None:
+    """A policy that went straight past the one-retrieval route (closed-book answer known, no retrieval answer,
+    retrieved) leaves that path's label pending on a reference, so the route alone is run to label it; a plain
+    answer's pending label is its other path's, as before."""
+    from ragate.learning.store import StoredAnswer, pending_labels
+
+    def row(retrieved: bool, closed: str | None, opened: str | None) -> StoredAnswer:
+        return StoredAnswer("a", "q", "route", "dtr", "x", retrieved, {}, None, {}, closed, opened)
+
+    assert pending_labels(row(True, "Paris", None), "Paris") == ("retrieved-wrong",)
+    assert pending_labels(row(True, None, "x"), "Paris") == ("closed-wrong",)
+    assert pending_labels(row(False, "x", None), "Paris") == ("retrieved-wrong",)
+    assert pending_labels(row(True, "Paris", "x"), "Paris") == () and pending_labels(row(True, None, None), None) == ()
 
 
 def test_a_route_pipeline_learns_its_policy_from_its_own_store(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ the answer (``Pipeline.feedback(answer, reference=...)``, ``POST /v1/feedback``)
 ``retrieved-wrong``), shadow work answering the one the cascade did not run. Where both are labelled, the answer is a
 row of a route table of those two routes (:class:`ragate.report.routes.RouteTable`: scores from the labels, the
 closed-book route 0 retrievals and the one-retrieval route 1), and :func:`ragate.report.route_budget.route_calibration`
-fits the learned policy on it exactly as it does on an eval run's records (``ragate calibrate --gate route --policy
+fits the learned policy on it exactly as it does on an eval run's records. The store does not record which routes
+answered: it is the store of one route pipeline, whose routes are the ones given here (``ragate calibrate --gate route --policy
 learned --from-store FILE --budget B``; :func:`calibrate_routes_from_store`). Traffic labels no multi-step route:
 the policy routes between the two paths (a policy over more routes is fitted from a run of every route,
 ``--from-sweep``).
@@ -77,6 +78,14 @@ def calibrate_routes_from_store(store: FeedbackRules, routes: Sequence[str], bud
             f"traffic labels two routes, the closed-book route's answer and the one-retrieval route's: give those two "
             f"(--routes CLOSED,ONE-RETRIEVAL), not {len(routes)}; a policy over more routes is fitted from a run of "
             "every route (--from-sweep RUN)"
+        )
+    from ragate.methods.route import route_cost, route_specs
+    from ragate.methods.spec import RouteSpec
+
+    if [route_cost(s) for s in route_specs(RouteSpec(tuple(routes)))] != [0, 1]:
+        raise RagateError(
+            f"the store's two paths are a closed-book route's answer and a one-retrieval route's: {', '.join(routes)} "
+            "are not (e.g. --routes no-retrieval,standard-rag or wo-rag,single-rag)"
         )
     table, models = traffic_route_table(store, routes)
     if len(table) < MIN_ROWS:

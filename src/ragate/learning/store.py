@@ -265,14 +265,17 @@ class FeedbackRules:
 
 
 def pending_labels(row: StoredAnswer, reference: str | None) -> tuple[LabelKind, ...]:
-    """The labels a reference on ``row`` leaves waiting for the other route's answer (not yet computed)."""
+    """The labels a reference on ``row`` leaves waiting for a path's answer not yet computed (a plain answer's other
+    path; a route answer's path whose route did not run, e.g. the one-retrieval route where a policy went straight
+    to a multi-step route)."""
     if reference is None:
         return ()
-    if row.retrieved and row.closed_answer is None:
-        return ("closed-wrong",)
-    if not row.retrieved and row.open_answer is None:
-        return ("retrieved-wrong",)
-    return ()
+    missing: tuple[LabelKind, ...] = ()
+    if row.closed_answer is None:
+        missing += ("closed-wrong",)
+    if row.open_answer is None:
+        missing += ("retrieved-wrong",)
+    return missing
 
 
 class FeedbackStore(FeedbackRules):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
+from ragate.errors import RagateError
 from ragate.gates.spec import GateSpec
 from ragate.methods.prompts import DTR, PromptSet
 from ragate.selection.ais import AISScore
@@ -184,7 +185,7 @@ class MethodSpec:
             return self
         if self.route is not None and self.route.policy == "learned" and self.route.model is not None:
             if not tau >= 0:  # the learned policy's threshold is its price of one retrieval (a live route budget's)
-                raise ValueError(f"the learned route policy's threshold is lambda, 0 or more, not {tau!r}")
+                raise RagateError(f"the learned route policy's threshold is lambda, 0 or more, not {tau!r}")
             return replace(self, route=replace(self.route, model=replace(self.route.model, lam=float(tau))))
         if self.route is not None:  # one stop threshold for every stage's answer check
             stops = (float(tau),) * (len(self.route.routes) - 1)

@@ -21,7 +21,8 @@ Exposed at ``GET /metrics``:
 - ``ragate_gate_file_refusals_total``: versions of the served learned gate file that were refused (half-written,
   damaged, deleted, learned on another model) while the last good gate stayed in force (``/healthz`` says why)
 - with ``--budget``: ``ragate_budget_target_ratio``, ``ragate_budget_realised_ratio`` (the retrieval rate over the
-  controller's window) and ``ragate_budget_threshold`` (the tau it sets now)
+  controller's window) and ``ragate_budget_threshold`` (the tau it sets now); a route budget's are mean retrievals
+  per question (which may pass 1) and the learned policy's lambda
 """
 
 from __future__ import annotations
@@ -125,12 +126,16 @@ class ServiceMetrics:
                 "ragate_requests_in_progress", "requests holding a concurrency slot", registry=r
             ),
             budget=Gauge(
-                "ragate_budget_target_ratio", "the retrieval budget: target share of answers that retrieve",
+                "ragate_budget_target_ratio",
+                "the retrieval budget: target share of answers that retrieve (a route budget: mean retrievals)",
                 registry=r,
             ),
-            budget_tau=Gauge("ragate_budget_threshold", "the gate threshold the budget sets now", registry=r),
+            budget_tau=Gauge(
+                "ragate_budget_threshold", "the gate threshold the budget sets now (a route budget: lambda)", registry=r
+            ),
             budget_rate=Gauge(
-                "ragate_budget_realised_ratio", "retrieval rate over the budget's window of requests", registry=r
+                "ragate_budget_realised_ratio",
+                "retrieval rate over the budget's window of requests (a route budget: mean retrievals)", registry=r,
             ),
             decisions=Counter(
                 "ragate_gate_decisions", "the gate's decisions (retrieve or skip)", ["method", "decision"],

@@ -18,12 +18,11 @@ The expected cost is each route's mean retrievals from the fit (the file's ``cos
 retrievals vary with the question, so the feedback term corrects the level by the error in what was spent, as the
 gate controller's corrects its quantile level by the rate error. Its default gain is 2, not the gate's 16: one
 request's retrievals range over 0 to 3 or more where a gate's decision is 0 or 1, so the windowed mean is noisier
-and a gain of 16 swings the level from one end to the other, spending on the wrong questions (replayed on the
-HotpotQA and NQ route runs, gain 16 held the mean within the budget but cost up to 6 points of EM against no
-feedback; gain 2 held it about as well at the EM of no feedback: ``benchmarks/route_budget.py --gains``, three
-seeds and budgets 0.5, 0.8 and 1.2; docs/methods.md, "A live route budget").
+and a high gain swings the level from one end to the other, spending on the wrong questions (replayed on the
+HotpotQA and NQ route runs by ``benchmarks/route_budget.py --summary``: docs/methods.md, "A live route budget").
 Before the window holds MIN_WINDOW requests, lambda is the file's. The state (the window and lambda, with the
-digest of the fit its probabilities came from) is written atomically after every answer and read back on start.
+digest of the fit its probabilities came from) is written atomically after every answer and read back on start
+(a state of a refitted file is left: its window starts anew).
 """
 
 from __future__ import annotations
@@ -76,8 +75,8 @@ def route_model(spec: MethodSpec) -> RoutePolicyModel:
                f"--policy {route.policy} --budget B (--calibration FILE serves them)")  # fmt: skip
     raise RagateError(
         f"a live route budget moves the learned policy's price of a retrieval (lambda), and {why}; to hold a budget "
-        "live, serve a learned policy: ragate calibrate --gate route --policy learned --from-sweep RUN --budget B, "
-        "then --calibration FILE --budget B"
+        "live, serve a learned policy: ragate calibrate --gate route --policy learned --from-sweep RUN (or "
+        "--from-store STORE) --budget B, then --calibration FILE --budget B"
     )
 
 
@@ -98,23 +97,29 @@ def check_route_budget(budget: Any, window: int, spec: MethodSpec, gain: float =
 
 
 def price_for(rows: np.ndarray, costs: np.ndarray, level: float) -> float:
-    """The smallest lambda >= 0 at which the mean over ``rows`` (each request's P(right) per route) of the cost of
-    the route maximising P - lambda * cost is at most ``level``. That mean only falls as lambda grows, and changes
-    only where two routes tie on a row, (P_i - P_j) / (c_i - c_j); ties go to the cheaper route (routes come
-    cheapest first), so the smallest candidate whose mean is within the level is the answer (a large enough
-    lambda takes the first route, cost 0, everywhere)."""
+    """The smallest lambda >= 0 (to a relative 1e-9) at which the mean over ``rows`` (each request's P(right) per
+    route) of the cost of the route maximising P - lambda * cost is at most ``level``. That mean only falls as lambda
+    grows (the chosen route's cost never rises with its price), and changes only where two routes tie on a row,
+    (P_i - P_j) / (c_i - c_j): each such candidate is taken a hair above itself, where the tie goes to the cheaper
+    route whatever the routes' order, and the first candidate within the level is found by bisection (a large
+    enough lambda takes a cost-0 route everywhere)."""
     dp = rows[:, :, None] - rows[:, None, :]
     dc = costs[None, :, None] - costs[None, None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         ties = np.where(np.broadcast_to(dc, dp.shape) != 0, dp / dc, np.nan)
-    candidates = np.unique(np.concatenate([[0.0], ties[np.isfinite(ties) & (ties > 0)]]))
-    spent = np.empty(len(candidates))
-    for start in range(0, len(candidates), 256):  # bounded memory: 256 candidates x W rows x routes at a time
-        lam = candidates[start : start + 256]
-        values = rows[None, :, :] - lam[:, None, None] * costs[None, None, :]
-        spent[start : start + 256] = costs[values.argmax(axis=2)].mean(axis=1)
-    within = np.flatnonzero(spent <= level + 1e-12)
-    return float(candidates[within[0]]) if len(within) else float(candidates[-1])
+    candidates = np.unique(np.concatenate([[0.0], ties[np.isfinite(ties) & (ties > 0)]])) * (1 + 1e-9) + 1e-12
+
+    def spent(lam: float) -> float:
+        return float(costs[(rows - lam * costs).argmax(axis=1)].mean())
+
+    low, high = 0, len(candidates) - 1  # the answer's index lies in [low, high]
+    while low < high:
+        mid = (low + high) // 2
+        if spent(float(candidates[mid])) <= level + 1e-12:
+            high = mid
+        else:
+            low = mid + 1
+    return float(candidates[low])
 
 
 def fit_digest(model: RoutePolicyModel) -> str:
@@ -175,12 +180,15 @@ class RouteBudgetController:
 
     def _load(self, path: Path) -> None:
         data = read_route_state(path, len(self.costs))
-        for key, mine in (("method", self.method), ("model", self.model), ("fit", self.digest)):
+        for key, mine in (("method", self.method), ("model", self.model)):
             if data.get(key) != mine:
                 raise RagateError(
                     f"{path} holds the route budget state of {key} {data.get(key)!r}, not {mine!r}: its "
                     "probabilities are not this server's policy's; pass another --budget-state file (or delete it)"
                 )
+        if data.get("fit") != self.digest:  # a refitted file: its probabilities differ, so the window starts anew
+            log.warning("%s was kept for another fit of the route policy: lambda starts from the file's", path)
+            return
         self._rows.extend(tuple(map(float, r)) for r in data["rows"][-self.window :])
         self._spent.extend(float(s) for s in data["spent"][-self.window :])
         self._lam = float(data["lambda"])
