@@ -171,14 +171,14 @@ def test_serve_holds_a_route_budget_and_reports_it_over_http(smollm2_path: Path,
     proc, url = _serve(["--method", "route", "--calibration", str(cal), "--budget", "0.5", "--window", "10",
                         "--budget-state", str(state)], tmp_path / "serve.log")  # fmt: skip
     try:
-        for question in ("Who wrote Hamlet?", "What is the capital of France?"):
-            r = httpx.post(f"{url}/v1/answer", json={"question": question, "options": {"max_tokens": 8}}, timeout=120)
-            assert r.status_code == 200, r.text
-            body = r.json()
-            assert body["route"]["checks"][0]["kind"] == "learned"
-            assert body["budget"]["unit"] == "mean retrievals per question" and body["budget"]["budget"] == 0.5
+        r = httpx.post(f"{url}/v1/answer", json={"question": "Who wrote Hamlet?", "options": {"max_tokens": 4}},
+                       timeout=120)  # fmt: skip
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["route"]["checks"][0]["kind"] == "learned"
+        assert body["budget"]["unit"] == "mean retrievals per question" and body["budget"]["budget"] == 0.5
         b = httpx.get(f"{url}/v1/budget", timeout=30).json()
-        assert b["enabled"] and b["threshold_name"] == "lambda" and b["observed"] == 2 and b["window_requests"] == 2
+        assert b["enabled"] and b["threshold_name"] == "lambda" and b["observed"] == 1 and b["window_requests"] == 1
         assert b["window_rate"] == pytest.approx(np.mean([p["retrievals"] for p in b["history"]]))
         assert math.isfinite(b["tau"]) and json.loads(state.read_text())["fit"]
     finally:
