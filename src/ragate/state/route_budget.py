@@ -216,14 +216,19 @@ class RouteBudgetController:
 
     last_tau = tau
 
+    def _mean(self) -> float | None:
+        """The mean retrievals per request over the window (None while it is empty); the lock held."""
+        return sum(self._spent) / len(self._spent) if self._spent else None
+
     def rate(self) -> float | None:
         """The mean retrievals per request over the last W answered (None before the first)."""
         with self._lock:
-            return sum(self._spent) / len(self._spent) if self._spent else None
+            return self._mean()
 
     def level(self) -> float:
         """The expected cost lambda is set for: the budget corrected by ``gain`` times the error in what was spent."""
-        spent = sum(self._spent) / len(self._spent) if self._spent else self.budget
+        spent = self._mean()
+        spent = self.budget if spent is None else spent
         return min(float(self.costs.max()), max(0.0, self.budget + self.gain * (self.budget - spent)))
 
     def observe_trace(self, trace: Trace) -> float:
@@ -243,9 +248,8 @@ class RouteBudgetController:
                 if len(self._rows) >= MIN_WINDOW:
                     self._lam = price_for(np.array(self._rows), self.costs, self.level())
             self._observed += 1
-            mean = sum(self._spent) / len(self._spent) if self._spent else None
             self._history.append({"n": self._observed, "time": time.time(), "score": None, "tau": self._lam,
-                                  "retrievals": retrievals, "retrieved": retrievals > 0, "rate": mean})  # fmt: skip
+                                  "retrievals": retrievals, "retrieved": retrievals > 0, "rate": self._mean()})  # fmt: skip
             if self.path is not None:
                 self._save()
             return self._lam
@@ -258,11 +262,10 @@ class RouteBudgetController:
         """What the controller holds now, in the gate controller's fields (``window_rate``: mean retrievals per
         request; ``tau``: lambda), with ``unit`` saying so, for ``GET /v1/budget`` and the page."""
         with self._lock:
-            n = len(self._spent)
             return {
                 "budget": self.budget, "window": self.window, "gain": self.gain, "tau": self._lam,
                 **ROUTE_UNITS, "rate_high": float(self.costs.max()),
-                "window_rate": sum(self._spent) / n if n else None, "window_requests": n,
+                "window_rate": self._mean(), "window_requests": len(self._spent),
                 "window_retrieved": sum(1 for s in self._spent if s > 0), "observed": self._observed,
                 "history": list(self._history),
                 **({"state_write_error": self.write_error} if self.write_error else {}),
