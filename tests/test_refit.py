@@ -34,6 +34,7 @@ class _Store:
 class _Pipeline:
     def __init__(self) -> None:
         self.learner, self.fitted = SimpleNamespace(store=_Store()), []
+        self.spec = SimpleNamespace(route=None)  # a gate method: the refit learns its gate
 
     def learn(self, out: Any, *, label: str | None, cascade: Any, use: bool) -> Any:
         self.fitted.append(label)

@@ -423,13 +423,6 @@ def test_a_word_on_an_answer_from_a_later_route_labels_only_a_path_that_wrote_it
             assert rag.feedback(other, reference="Nice").labels == (("closed-wrong", True), ("retrieved-wrong", True))
 
 
-def test_serve_refuses_to_refit_a_gate_over_routes(tmp_path: Path) -> None:
-    from ragate.service.settings import ServiceSettings
-
-    with pytest.raises(ValueError, match="--refit-every learns a gate, which does not steer the route method"):
-        ServiceSettings(method="route", refit_every=5, feedback_store=str(tmp_path / "feedback.db"))
-
-
 def test_feedback_on_an_unsampled_route_answer_runs_the_missing_route_alone(tmp_path: Path) -> None:
     """A route answer shadow work did not sample: a reference on it settles the missing path by running the
     one-retrieval route alone (one call: its retrieval prompt), not the cascade again; routes with no retrieving

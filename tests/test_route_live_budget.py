@@ -183,3 +183,23 @@ def test_serve_holds_a_route_budget_and_reports_it_over_http(smollm2_path: Path,
         assert math.isfinite(b["tau"]) and json.loads(state.read_text())["fit"]
     finally:
         _stop(proc)
+
+
+def test_a_policy_put_in_force_starts_the_window_anew(tmp_path: Path) -> None:
+    """``refit`` (a traffic-fitted policy went in force): the window held the old fit's probabilities, so it is
+    emptied, lambda is the new fit's, and the state file says the new fit's digest."""
+    traces, table, ids = _stream()
+    _, first = _learned(table, 0.5, tmp_path)
+    _, second = _learned(table.take(np.arange(60)), 1.0, tmp_path)
+    state = tmp_path / "route-state.json"
+    controller = RouteBudgetController(0.5, 20, first, state)
+    for qid in ids[:15]:
+        controller.observe_trace(_answer(first, controller.tau, traces[qid][ROUTES[0]].question, traces[qid]))
+    assert controller.snapshot()["window_requests"] == 15
+    controller.refit(second)
+    assert second.route is not None and second.route.model is not None
+    assert controller.tau == second.route.model.lam and controller.snapshot()["window_requests"] == 0
+    saved = json.loads(state.read_text())
+    assert saved["rows"] == [] and saved["lambda"] == second.route.model.lam
+    assert saved["fit"] != RouteBudgetController(0.5, 20, first, None).digest
+    assert RouteBudgetController(0.5, 20, second, state).snapshot()["window_requests"] == 0  # its own state reads back

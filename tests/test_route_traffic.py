@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ragate.backends.base import Generation
 from ragate.backends.scripted import ScriptedBackend, make_generation
 from ragate.cli.main import main
 from ragate.errors import RagateError
@@ -147,3 +148,133 @@ def test_a_route_pipeline_learns_its_policy_from_its_own_store(tmp_path: Path) -
     with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([])) as rag, \
             pytest.raises(RagateError, match="keeps no labels"):  # fmt: skip
         rag.learn_routes(0.5)
+
+
+def _mixed_traffic(store: Path, n: int, seed: int) -> None:
+    """``n`` answers of a closed-book / one-retrieval cascade that stops where the closed-book answer's NLL is at
+    most 1, each labelled by a reference "Paris": the closed-book answer is right more often where its NLL is
+    low, the retrieval answer on 60% of questions; where the cascade stopped, shadow work answers the retrieval
+    route alone (waited for, so the scripted calls stay in order)."""
+    rng = random.Random(seed)
+    with open_index(demo_index()) as demo:
+        queue: list[Generation] = []
+        lm = ScriptedBackend(lambda _: queue.pop(0))
+        with Pipeline(method="route", routes=list(ROUTES), threshold=1.0, lm=lm, retriever=demo,
+                      feedback_store=store, shadow=1e-12) as rag:  # fmt: skip
+            for i in range(n):
+                nll = rng.uniform(0.05, 2.0)
+                closed = "Paris" if rng.random() < 1.0 - nll / 2.0 else "Nice"
+                opened = "Paris" if rng.random() < 0.6 else "Lyon"
+                queue[:] = [make_generation([closed], [-nll], prompt_tokens=40 + i), make_generation([opened], [-1.0])]
+                ans = rag.answer(f"{QUESTIONS[i % len(QUESTIONS)]} ({i})")
+                rag.feedback(ans, reference="Paris")
+                assert rag.learner.shadow is not None and rag.learner.shadow.wait(60)
+
+
+def test_the_comparison_with_the_policy_in_force_says_which_picks_better(tmp_path: Path) -> None:
+    """At the in-force policy's own number of closed-book stops: against the oracle's stops (the closed-book answer
+    right) the new policy picks worse; against the reverse, better; with too few stops, no comparison."""
+    from ragate.learning.route_traffic import compare_with_in_force
+
+    store = tmp_path / "f.db"
+    _traffic(store, 40, seed=3)
+    with FeedbackStore(store) as opened:
+        table, _ = traffic_route_table(opened, ROUTES)
+    closed_right = table.scores["em"][:, 0] > 0
+    assert 3 <= closed_right.sum() <= len(table) - 3
+    best = compare_with_in_force(table, closed_right)
+    assert best is not None and not best.earns and best.gap[0] < 0 and best.in_force == closed_right.mean()
+    assert best.stopped == int(closed_right.sum()) and "the policy in force stays" in best.summary()
+    worst = compare_with_in_force(table, ~closed_right)
+    assert worst is not None and worst.earns and worst.gap[1] > 0 and worst.in_force == 0.0
+    assert "higher" in worst.summary() and worst.as_dict()["earns"] is True
+    assert compare_with_in_force(table, np.arange(len(table)) < 2) is None
+
+
+@pytest.mark.parametrize("seed", [0, 2])  # seed 0: it picks worse (a candidate); 2: it earns its place
+def test_a_route_policy_learned_with_use_goes_in_force_only_where_it_picks_as_well(tmp_path: Path, seed: int) -> None:
+    """``learn_routes(use=True)`` on the cascade's own labelled traffic: the comparison with the cascade's stops on
+    those answers decides; in force, the pipeline answers with the learned policy's checks, else the fit stays a
+    candidate file beside the store and the cascade answers on."""
+    store = tmp_path / "f.db"
+    _mixed_traffic(store, 36, seed)
+    lm = ScriptedBackend([make_generation(["Paris"], [-0.05], prompt_tokens=40), make_generation(["Paris"], [-1.0])])
+    with open_index(demo_index()) as demo, Pipeline(
+        method="route", routes=list(ROUTES), threshold=1.0, lm=lm, retriever=demo, feedback_store=store
+    ) as rag:  # fmt: skip
+        found = rag.learn_routes(0.5, use=True)
+        compared = found["compared"]
+        assert compared["n"] == 36 and 3 <= compared["stopped"] <= 33 and "gap" in compared
+        assert found["in_force"] is compared["earns"]
+        written = json.loads(Path(found["path"]).read_text())
+        assert written["compared"] == compared and written["lambda"] == found["lambda"]
+        route = rag.spec.route
+        assert route is not None
+        assert compared["earns"] is (seed == 2)  # both ways are tested
+        if compared["earns"]:
+            assert Path(found["path"]).name == "route-learned-0.5.json" and route.policy == "learned"
+            assert rag.calibration is not None and rag.calibration["lambda"] == found["lambda"]
+            info = rag.answer("Who wrote Hamlet? (0)").trace.route
+            assert info is not None and info.checks[0].kind == "learned"
+        else:
+            assert Path(found["path"]).name == "route-learned-0.5.candidate.json" and route.policy == "cascade"
+            assert "the policy in force stays" in compared["summary"]
+
+
+def test_a_first_route_policy_goes_in_force_and_what_cannot_be_learned_is_refused(tmp_path: Path) -> None:
+    """Traffic the cascade never stopped closed-book gives no comparison: the first fit goes in force (as a
+    first learned gate does), saying so. Refused, naming the fix: use= on more routes than traffic labels, and no
+    budget where the pipeline holds neither a live route budget nor a calibration file with one."""
+    store = tmp_path / "f.db"
+    _traffic(store, MIN_ROWS, seed=2)
+    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=store) as rag:
+        with pytest.raises(RagateError, match="give the budget a route policy is fitted for"):
+            rag.learn_routes(use=True)
+        found = rag.learn_routes(0.5, use=True)
+        assert found["in_force"] and found["compared"]["stopped"] == 0 and "it goes in force" in found["compared"]["summary"]
+        assert rag.spec.route is not None and rag.spec.route.policy == "learned"
+        assert rag.learn_routes(use=False)["budget"] == 0.5  # now the calibration in force has one
+    with Pipeline(method="route", routes=[*ROUTES, "standard-rag-pairs-prompts"], lm=ScriptedBackend([]), feedback_store=store) as rag, \
+            pytest.raises(RagateError, match="this pipeline routes among no-retrieval, standard-rag, standard-rag-pairs-prompts"):  # fmt: skip
+        rag.learn_routes(0.5, use=True)
+
+
+def test_the_service_refit_learns_a_route_policy_and_refuses_routes_it_cannot(tmp_path: Path) -> None:
+    """``ragate serve --refit-every N --method route``: the refit fits the route policy from the store (the first
+    one goes in force, /healthz's summary says why); a route server whose policy traffic cannot learn (more routes
+    than the two it labels, or no budget) is refused when it is made, naming the fix."""
+    from ragate.service.refit import Refit
+
+    store = tmp_path / "f.db"
+    _traffic(store, MIN_ROWS, seed=2)
+    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=store) as rag, \
+            pytest.raises(RagateError, match="give the budget a route policy is fitted for"):  # fmt: skip
+        Refit(rag, 5, None)
+    cal = tmp_path / "cascade.json"  # a cascade calibration with a budget: the refit fits for it
+    cal.write_text(json.dumps({"method": "route", "policy": "cascade", "routes": list(ROUTES), "stops": [None],
+                               "budget": 0.5, "model": "smollm2-135m", "engine": "llama.cpp"}))  # fmt: skip
+    with Pipeline(method="route", calibration=cal, lm=ScriptedBackend([]), feedback_store=store) as rag:
+        refit = Refit(rag, 5, None)
+        refit.last_fit_labels -= 5  # as if five labels came since
+        refit.check()
+        refit.wait(60)
+        said = refit.describe()
+        assert said["fits"] == 1 and said["last_error"] is None and said["last_in_force"] is True, said
+        assert "route policy" in said["last_summary"] and "it goes in force" in said["last_summary"]
+        assert rag.spec.route is not None and rag.spec.route.policy == "learned"
+    with Pipeline(method="route", routes=[*ROUTES, "standard-rag-pairs-prompts"], lm=ScriptedBackend([]),
+                  feedback_store=store) as rag, pytest.raises(RagateError, match="learn with use=False"):  # fmt: skip
+        Refit(rag, 5, None)
+
+
+def test_a_route_server_whose_policy_traffic_cannot_learn_is_refused_when_made(tmp_path: Path) -> None:
+    """``ragate serve --method route --refit-every N`` without a budget to fit for: refused as the app is made,
+    naming the fix, before any model call."""
+    from ragate.service.app import create_app
+    from ragate.service.settings import ServiceSettings
+
+    settings = ServiceSettings(method="route", routes=ROUTES, refit_every=5, feedback_store=str(tmp_path / "f.db"))
+    lm = ScriptedBackend([])
+    with open_index(demo_index()) as demo, pytest.raises(RagateError, match="give the budget a route policy is fitted"):
+        create_app(settings, lm, demo)
+    assert lm.calls == []

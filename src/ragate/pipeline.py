@@ -555,10 +555,11 @@ class Pipeline:
         :class:`Learned`; refuses, naming how many more labels it needs, while a class has fewer than 10."""
         return self.learner.learn(out, label=label, cascade=cascade, hidden=hidden, use=use)
 
-    def learn_routes(self, budget: float, out: str | Path | None = None) -> dict[str, Any]:
-        """A route pipeline's learned policy for ``budget`` retrievals per question from its store's labelled route
-        answers (:mod:`ragate.learning.route_traffic`), saved at ``out`` (default: beside the store) for calibration=."""
-        return self.learner.learn_routes(budget, out)
+    def learn_routes(self, budget: float | None = None, out: str | Path | None = None, *, use: bool = False) -> dict[str, Any]:
+        """A route pipeline's learned policy for ``budget`` retrievals per question (None: the live budget's, else the
+        calibration file's) from its store's labelled route answers (:mod:`ragate.learning.route_traffic`), saved at
+        ``out`` (default: beside the store); ``use``: put in force if it picks as well as the policy in force on them."""
+        return self.learner.learn_routes(budget, out, use=use)
 
     # -- lifetime -----------------------------------------------------------------------------------------------
     def close(self, *, wait: float | None = None) -> None:

@@ -392,7 +392,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )  # fmt: skip
     p.add_argument(
         "--refit-every", type=int, default=0, metavar="N",
-        help="learn the gate again after every N new labels and put it in force (0: never; default)",
+        help="learn the gate again after every N new labels and put it in force where it ranks them at least as "
+        "well as the gate in force (with --method route over a closed-book and a one-retrieval route: the learned "
+        "route policy, for --budget or the --calibration file's; 0: never; default)",
     )  # fmt: skip
     p.add_argument(
         "--refit-cascade", type=float, default=None, metavar="SHARE",

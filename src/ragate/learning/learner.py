@@ -3,7 +3,8 @@ model between requests and shadow work, the feedback store each answer and its f
 that runs the path the gate did not take, a user's feedback, and the learned gate fitted and put in force
 (:mod:`ragate.learning.store`, :mod:`ragate.learning.shadow`, :mod:`ragate.learning.fit`,
 :mod:`ragate.gates.learned`). The learner reads its pipeline through :class:`Host`; the one thing it changes there
-is the method's gate, when a fitted gate goes in force."""
+is the method in force: its gate, when a fitted gate goes in force, or its route policy, when one fitted on the
+store's route answers does."""
 
 from __future__ import annotations
 
@@ -112,6 +113,7 @@ class Host(Protocol):
     seed: int
     lm: Backend
     budget: BudgetController | RouteBudgetController | None
+    calibration: dict[str, Any] | None  # the calibration file in force; a route policy that goes in force replaces it
 
     def spec_for(self, method: str | None = None) -> MethodSpec: ...
 
@@ -441,9 +443,8 @@ class Learner:
         if use and host.spec.route is not None:
             raise RagateError(
                 "a learned gate does not steer a route method (its checks or policy choose the route): learn with "
-                "use=False to keep the gate file for a gate method; fit the routes' policy on these labels with "
-                "ragate calibrate --gate route --policy learned --from-store STORE --budget B "
-                "(ragate.learning.route_traffic), then serve it with --calibration FILE"
+                "use=False to keep the gate file for a gate method; fit the routes' policy on these labels and put "
+                "it in force with learn_routes(budget, use=True) (ragate.learning.route_traffic)"
             )
         target = Path(out) if out is not None else self.store.gate_path()
         candidate = target.with_name(f"{target.stem}.candidate{target.suffix}") if use else target
@@ -461,12 +462,11 @@ class Learner:
             self.gate_file = str(target)
         return learned
 
-    def learn_routes(self, budget: float, out: str | Path | None) -> dict[str, Any]:
-        """See :meth:`ragate.Pipeline.learn_routes`."""
-        import json
-
-        from ragate.fileio import atomic_writer
-        from ragate.learning.route_traffic import calibrate_routes_from_store
+    def route_plan(self, budget: float | None, *, use: bool) -> tuple[list[str], float]:
+        """The two routes traffic labels and the budget a route policy is fitted for, refused naming the fix where
+        this pipeline cannot learn one (no store, not a route method, no such routes, no budget; with ``use``, more
+        routes than those two). ``ragate serve --refit-every`` asks this before it serves."""
+        from ragate.learning.route_traffic import budget_for
 
         spec = self._host.spec
         if self.store is None:
@@ -477,11 +477,52 @@ class Learner:
         if None in paths:
             raise RagateError(f"the routes {', '.join(spec.route.routes)} have no closed-book and one-retrieval route "
                               "for traffic to label")  # fmt: skip
-        found = calibrate_routes_from_store(self.store, [p for p in paths if p is not None], budget)
+        routes = [p for p in paths if p is not None]
+        if use and list(spec.route.routes) != routes:
+            raise RagateError(
+                f"traffic labels two routes ({', '.join(routes)}), so a policy fitted on it routes between those two; "
+                f"this pipeline routes among {', '.join(spec.route.routes)}: learn with use=False and serve the file "
+                f"on a pipeline of those two routes (routes={routes!r}), or fit a policy over every route from a "
+                "run of each (ragate calibrate --gate route --policy learned --from-sweep RUN)"
+            )
+        return routes, budget_for(budget, self._host.budget, self._host.calibration)
+
+    def learn_routes(self, budget: float | None, out: str | Path | None, *, use: bool = False) -> dict[str, Any]:
+        """See :meth:`ragate.Pipeline.learn_routes`; a policy that goes in force becomes the host's route policy
+        (and the live route budget's, whose window starts anew: its probabilities were the old fit's)."""
+        import json
+
+        from ragate.fileio import atomic_writer
+        from ragate.learning.route_traffic import (
+            calibrate_routes_from_store,
+            compare_store_with_in_force,
+        )
+        from ragate.state.route_budget import RouteBudgetController
+
+        host = self._host
+        routes, budget = self.route_plan(budget, use=use)
+        assert self.store is not None
+        found = calibrate_routes_from_store(self.store, routes, budget)
         target = Path(out) if out is not None else self.store.gate_path().with_name(f"route-learned-{budget:g}.json")
+        if use:
+            from ragate.eval.thresholds import check_calibration
+
+            check_calibration(found, target, "route", host.model_label, host.lm.engine)  # this model's answers
+            compared = compare_store_with_in_force(self.store, routes)
+            found |= {"compared": compared}
+            if not compared["earns"]:
+                target, use = target.with_name(f"{target.stem}.candidate{target.suffix}"), False
         with atomic_writer(target) as f:
             f.write(json.dumps(found, indent=2).encode())
-        return found | {"path": str(target)}
+        if use:
+            from ragate.methods.route import with_calibration
+
+            with self._lock:
+                host.spec = with_calibration(host.spec, found, target, routes_given=True)
+                host.calibration = found
+                if isinstance(host.budget, RouteBudgetController):
+                    host.budget.refit(host.spec)
+        return found | {"path": str(target), "in_force": use}
 
     def _traffic_tau(self, probabilities: Sequence[float] | np.ndarray) -> float | None:
         """The threshold at which a new gate retrieves at this traffic's rate: the live budget's, else the rate of

@@ -13,12 +13,21 @@ answered: it is the store of one route pipeline, whose routes are the ones given
 learned --from-store FILE --budget B``; :func:`calibrate_routes_from_store`). Traffic labels no multi-step route:
 the policy routes between the two paths (a policy over more routes is fitted from a run of every route,
 ``--from-sweep``).
+
+Put in force by the pipeline that kept the answers (``Pipeline.learn_routes(use=True)``, ``ragate serve
+--refit-every N`` on a route method), a new fit is first compared with the decisions the route method made when it
+answered those same labelled answers (:func:`compare_with_in_force`), as a learned gate is compared with the gate
+in force (:class:`ragate.learning.fit.Comparison`): the policy in force stopped some answers at the closed-book
+route; the new policy, cross-fitted on the other half of the answers, stops as many (those where its P(right) of
+the closed-book route most exceeds the one-retrieval route's), and the two are scored by the paths they end on.
+Stopping as many, the two spend the same retrievals, so the paired difference in EM says which picks better.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -102,3 +111,97 @@ def calibrate_routes_from_store(store: FeedbackRules, routes: Sequence[str], bud
     model, engine = models.pop()
     found = route_calibration(table, budget, "em", policy="learned")
     return found | {"source": "traffic", "dev": store.name, "model": model, "engine": engine}
+
+
+@dataclass(frozen=True)
+class RouteComparison:
+    """A traffic-fitted route policy against the decisions of the route method in force on the same ``n`` labelled
+    answers, ``stopped`` of which it stopped at the closed-book route: each one's EM over the paths it ends on
+    (the new policy cross-fitted and stopping as many) and the paired difference (new minus in force) with its
+    bootstrap 95% interval. The new policy earns its place when the difference is not below 0."""
+
+    n: int
+    stopped: int
+    learned: float
+    in_force: float
+    gap: tuple[float, float, float]
+
+    @property
+    def earns(self) -> bool:
+        return self.gap[0] >= 0.0
+
+    def summary(self) -> str:
+        verdict = "higher" if self.gap[1] > 0 else "lower" if self.gap[2] < 0 else "not established either way"
+        head = "it earns its place" if self.earns else "it picks worse: the policy in force stays"
+        return (
+            f"against the route policy in force on {self.n} labelled answers ({self.stopped} stopped closed-book by "
+            f"each): EM {100 * self.learned:.1f} vs {100 * self.in_force:.1f}, paired {100 * self.gap[0]:+.1f} "
+            f"[{100 * self.gap[1]:+.1f}, {100 * self.gap[2]:+.1f}] points ({verdict}): {head}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n, "stopped": self.stopped, "learned_em": round(self.learned, 4),
+            "in_force_em": round(self.in_force, 4), "gap": [round(v, 4) for v in self.gap], "earns": self.earns,
+        }  # fmt: skip
+
+
+def compare_with_in_force(table: RouteTable, stopped: np.ndarray, *, seed: int = 0) -> RouteComparison | None:
+    """The learned policy fitted on one half of ``table``'s answers (:func:`ragate.report.routes.fit_learned`)
+    stopping, on the other half and then the reverse, the answers where P(closed-book right) - P(one retrieval
+    right) is highest, as many in all as the policy in force stopped (``stopped``, one flag per row), against the
+    policy in force's own stops; None where it stopped, or went on for, fewer than
+    :data:`ragate.learning.fit.MIN_COMPARED` answers (no rate at which to compare them)."""
+    from ragate.eval.metrics import paired_bootstrap_diff
+    from ragate.learning.fit import MIN_COMPARED
+    from ragate.methods.route_policy import right_probabilities
+    from ragate.report.routes import fit_learned, halves, learned_x
+
+    stops = np.asarray(stopped, dtype=bool)
+    n, k = len(table), int(stops.sum())
+    if min(k, n - k) < MIN_COMPARED:
+        return None
+    x, right = learned_x(table), table.scores["em"] > 0
+    margin = np.zeros(n)
+    for scored, trained in halves(n, seed):
+        p = right_probabilities(fit_learned(table.take(trained), "em", 1.0), x[scored])
+        margin[scored] = p[:, 0] - p[:, 1]
+    mine = np.zeros(n, dtype=bool)
+    mine[np.argsort(-margin, kind="stable")[:k]] = True
+    ours = np.where(mine, right[:, 0], right[:, 1]).astype(float)
+    theirs = np.where(stops, right[:, 0], right[:, 1]).astype(float)
+    low, high = paired_bootstrap_diff(ours.tolist(), theirs.tolist(), seed=seed)
+    return RouteComparison(n, k, float(ours.mean()), float(theirs.mean()), (float((ours - theirs).mean()), low, high))
+
+
+def compare_store_with_in_force(store: FeedbackRules, routes: Sequence[str]) -> dict[str, Any]:
+    """:func:`compare_with_in_force` over the store's labelled route answers (the policy in force stopped those it
+    answered without retrieving), as a calibration file keeps it: the comparison, ``earns`` and a ``summary``;
+    where no comparison can be made yet, ``earns`` (a first policy goes in force) and why."""
+    table, _ = traffic_route_table(store, routes)
+    rows = [store.get(answer_id) for answer_id in table.ids]
+    stopped = np.array([row is not None and not row.retrieved for row in rows], dtype=bool)
+    compared = compare_with_in_force(table, stopped) if None not in rows else None
+    if compared is None:
+        return {"n": len(table), "stopped": int(stopped.sum()), "earns": True, "summary": (
+            f"no comparison with the route policy in force yet (it stopped {int(stopped.sum())} of {len(table)} "
+            "labelled answers closed-book; a comparison needs 3 stopped and 3 not): it goes in force")}  # fmt: skip
+    return compared.as_dict() | {"summary": compared.summary()}
+
+
+def budget_for(budget: float | None, live: object, calibration: dict[str, Any] | None) -> float:
+    """The budget a route policy is fitted for: ``budget``, else the live route budget's (``live``, a pipeline's
+    budget controller), else the calibration file's in force; refused, naming the fix, where there is none."""
+    from ragate.eval.records import is_number
+    from ragate.state.route_budget import RouteBudgetController
+
+    if budget is not None:
+        return budget
+    if isinstance(live, RouteBudgetController):
+        return float(live.budget)
+    if calibration is not None and is_number(calibration.get("budget")):
+        return float(calibration["budget"])
+    raise RagateError(
+        "give the budget a route policy is fitted for (mean retrievals per question, e.g. learn_routes(0.5) or "
+        "serve --budget 0.5): this pipeline holds no live route budget and serves no calibration file with one"
+    )

@@ -227,15 +227,17 @@ def create_app(
         raise ValueError("give both lm and retriever, or neither")
     pipeline, index_name, closers = load_pipeline(settings, lm, retriever)
     answer_log = None
-    if settings.answer_log is not None:
-        try:
+    try:
+        refit = _refit(settings, pipeline)  # a route pipeline that cannot learn its policy is refused here
+        if settings.answer_log is not None:
             answer_log = AnswerLog(settings.answer_log, required=settings.answer_log_required)
-        except BaseException:
-            for closer in closers:
-                closer()
-            if owned:
-                pipeline.close()
-            raise
+    except BaseException:
+        for closer in closers:
+            closer()
+        if owned:
+            pipeline.close()
+        raise
+    if answer_log is not None:
         closers = (*closers, answer_log.close)
     metrics = ServiceMetrics.create()
     runtime = Runtime(
@@ -252,7 +254,7 @@ def create_app(
         started=time.time(),
         closers=closers,
         answer_log=answer_log,
-        refit=_refit(settings, pipeline),
+        refit=refit,
     )
     if runtime.budget is not None:
         metrics.observe_budget(runtime.budget.budget, runtime.budget.tau, runtime.budget.rate())

@@ -5,7 +5,12 @@ force only when it ranks the store's labels at least as well as the gate in forc
 file is written atomically, then the pipeline's gate is swapped under its lock, so a request is decided wholly by
 the old gate or wholly by the new; a new gate that ranks worse stays a candidate file and ``/healthz`` says why). A
 fit that cannot be made yet (too few labels of a class) is reported in ``/healthz`` and tried again after the next
-N labels."""
+N labels.
+
+On a route method (``--method route`` over a closed-book and a one-retrieval route) the refit fits the learned route
+policy on the store's labelled route answers instead (``Pipeline.learn_routes(use=True)``, for the live route
+budget's B, else the calibration file's), in force only when it picks at least as well as the policy in force on
+them (:func:`ragate.learning.route_traffic.compare_with_in_force`)."""
 
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ class Refit:
     ) -> None:
         if pipeline.learner.store is None:
             raise RagateError("a refit learns from a feedback store: give the pipeline feedback_store= (serve --feedback-store)")
+        if every and pipeline.spec.route is not None:
+            pipeline.learner.route_plan(None, use=True)  # refused now, naming the fix, rather than at every refit
         self.pipeline, self.store, self.every, self.cascade = pipeline, pipeline.learner.store, every, cascade
         self.out = Path(out) if out is not None else None
         self._lock = threading.Lock()
@@ -88,11 +95,15 @@ class Refit:
 
     def _fit(self) -> None:
         try:
-            learned = self.pipeline.learn(self.out, label=None, cascade=self.cascade, use=True)
+            if self.pipeline.spec.route is not None:  # the route policy (see the module docstring)
+                found = self.pipeline.learn_routes(None, self.out, use=True)
+                in_force, summary = bool(found["in_force"]), f"route policy {found['path']}: {found['compared']['summary']}"
+            else:
+                learned = self.pipeline.learn(self.out, label=None, cascade=self.cascade, use=True)
+                in_force = learned.comparison is None or learned.comparison.earns
+                summary = learned.summary()
             self.fits += 1
-            compared = learned.comparison
-            self.last_in_force = compared is None or compared.earns
-            self.last_error, self.last_summary = None, learned.summary()
+            self.last_in_force, self.last_error, self.last_summary = in_force, None, summary
         except Exception as err:  # noqa: BLE001  # reported in /healthz; answers go on with the gate in force
             self.last_error = f"{type(err).__name__}: {err}"[:500]
         self.last_at = time.time()

@@ -153,11 +153,6 @@ class ServiceSettings:
             raise ValueError(f"--refit-every is a number of new labels (0: never), not {self.refit_every}")
         if self.refit_cascade is not None and not 0.0 <= self.refit_cascade <= 1.0:
             raise ValueError(f"--refit-cascade is a share of questions in [0, 1], not {self.refit_cascade}")
-        if self.refit_every and self.method == "route":
-            raise ValueError(
-                "--refit-every learns a gate, which does not steer the route method: set the routes' policy with "
-                "ragate calibrate --gate route (its labels are still kept with --feedback-store)"
-            )
         if self.refit_every and self.feedback_store is None and self.shadow == 0:
             raise ValueError("--refit-every learns from the labels of --feedback-store or --shadow: give one of them")
         if self.api_key is not None and not self.api_key.strip():

@@ -22,7 +22,8 @@ and a high gain swings the level from one end to the other, spending on the wron
 HotpotQA and NQ route runs by ``benchmarks/route_budget.py --summary``: docs/methods.md, "A live route budget").
 Before the window holds MIN_WINDOW requests, lambda is the file's. The state (the window and lambda, with the
 digest of the fit its probabilities came from) is written atomically after every answer and read back on start
-(a state of a refitted file is left: its window starts anew).
+(a state of a refitted file is left: its window starts anew, as it does when a policy fitted on the server's own
+labelled traffic goes in force, :meth:`RouteBudgetController.refit`).
 """
 
 from __future__ import annotations
@@ -253,6 +254,18 @@ class RouteBudgetController:
             if self.path is not None:
                 self._save()
             return self._lam
+
+    def refit(self, spec: MethodSpec) -> None:
+        """The route policy of ``spec`` went in force (``Pipeline.learn_routes(use=True)``): the window held the old
+        fit's probabilities, so it starts anew from the new fit's lambda (the history of what was spent is kept)."""
+        policy = route_model(spec)
+        with self._lock:
+            self.policy, self.costs, self.digest = policy, np.asarray(policy.costs, dtype=float), fit_digest(policy)
+            self._rows.clear()
+            self._spent.clear()
+            self._lam = policy.lam
+            if self.path is not None:
+                self._save()
 
     def observe(self, score: float | None, retrieved: bool) -> float:
         """A route method has no decision before its answer to count (``Pipeline.decide`` refuses it first)."""
