@@ -122,7 +122,7 @@ def record_for(
         "answers": list(example.answers),
         **answer_fields(trace, example),
         "retrieved": trace.retrieved,
-        "retrievals": sum(1 for s in trace.stages if s.name == "retrieve"),
+        "retrievals": trace.retrievals,
         "gate_score": trace.gate.score,
         "threshold": trace.gate.threshold,
         "prompt_tokens": sum(s.prompt_tokens for s in trace.stages),

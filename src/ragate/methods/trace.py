@@ -190,6 +190,11 @@ class Trace:
     def tokens(self) -> int:
         return sum(s.prompt_tokens + s.completion_tokens for s in self.stages)
 
+    @property
+    def retrievals(self) -> int:
+        """The searches the method made (its "retrieve" stages): what eval records and a route budget spends."""
+        return sum(1 for s in self.stages if s.name == "retrieve")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "method": self.method,

@@ -104,9 +104,10 @@ def controlled_gates() -> list[str]:
     return [g for g in gate_names() if get_gate(g).budget_control]
 
 
-def control_level(budget: float, rate: float, gain: float) -> float:
-    """The quantile level for the next request: the budget corrected by ``gain`` times the windowed rate error."""
-    low, high = LEVEL_BOUNDS
+def control_level(budget: float, rate: float, gain: float, bounds: tuple[float, float] = LEVEL_BOUNDS) -> float:
+    """The level for the next request: the budget corrected by ``gain`` times the windowed error in what was spent,
+    clipped to ``bounds`` (a gate's quantile level by default; a route budget's, 0 to the dearest route's cost)."""
+    low, high = bounds
     return min(high, max(low, budget + gain * (budget - rate)))
 
 

@@ -53,6 +53,7 @@ from ragate.state.budget import (
     BudgetController,
     check_budget_places,
     check_state_path,
+    control_level,
     open_budget,
 )
 
@@ -229,14 +230,13 @@ class RouteBudgetController:
     def level(self) -> float:
         """The expected cost lambda is set for: the budget corrected by ``gain`` times the error in what was spent."""
         spent = self._mean()
-        spent = self.budget if spent is None else spent
-        return min(float(self.costs.max()), max(0.0, self.budget + self.gain * (self.budget - spent)))
+        return control_level(self.budget, self.budget if spent is None else spent, self.gain, (0.0, float(self.costs.max())))
 
     def observe_trace(self, trace: Trace) -> float:
         """Record one answered request from its trace: each route's P(right) (its "learned" checks) and the
         retrievals it made; returns the new lambda."""
         right = [c.score for c in trace.route.checks if c.kind == "learned"] if trace.route is not None else []
-        return self.record(right, sum(1 for s in trace.stages if s.name == "retrieve"))
+        return self.record(right, trace.retrievals)
 
     def record(self, right: list[float | None], retrievals: float) -> float:
         """Record one answered request: each route's P(right) as the policy read it, and the retrievals it made
