@@ -146,12 +146,15 @@ class RouteComparison:
         }  # fmt: skip
 
 
-def compare_with_in_force(table: RouteTable, stopped: np.ndarray, *, seed: int = 0) -> RouteComparison | None:
+def compare_with_in_force(
+    table: RouteTable, stopped: np.ndarray, *, seed: int = 0, samples: int = 1000, interval_seed: int | None = None
+) -> RouteComparison | None:
     """The learned policy fitted on one half of ``table``'s answers (:func:`ragate.report.routes.fit_learned`)
     stopping, on the other half and then the reverse, the answers where P(closed-book right) - P(one retrieval
     right) is highest, as many in all as the policy in force stopped (``stopped``, one flag per row), against the
     policy in force's own stops; None where it stopped, or went on for, fewer than
-    :data:`ragate.learning.fit.MIN_COMPARED` answers (no rate at which to compare them)."""
+    :data:`ragate.learning.fit.MIN_COMPARED` answers (no rate at which to compare them). ``seed`` splits the halves
+    and, unless ``interval_seed`` is given, seeds the bootstrap of ``samples`` resamples."""
     from ragate.eval.metrics import paired_bootstrap_diff
     from ragate.learning.fit import MIN_COMPARED
     from ragate.methods.route_policy import right_probabilities
@@ -170,7 +173,9 @@ def compare_with_in_force(table: RouteTable, stopped: np.ndarray, *, seed: int =
     mine[np.argsort(-margin, kind="stable")[:k]] = True
     ours = np.where(mine, right[:, 0], right[:, 1]).astype(float)
     theirs = np.where(stops, right[:, 0], right[:, 1]).astype(float)
-    low, high = paired_bootstrap_diff(ours.tolist(), theirs.tolist(), seed=seed)
+    low, high = paired_bootstrap_diff(
+        ours.tolist(), theirs.tolist(), samples=samples, seed=seed if interval_seed is None else interval_seed
+    )
     return RouteComparison(n, k, float(ours.mean()), float(theirs.mean()), (float((ours - theirs).mean()), low, high))
 
 
