@@ -22,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ragate.learning.fit import gap_verdict
 from ragate.learning.route_traffic import compare_with_in_force
 from ragate.report.routes import cascade, halves, read_route_table, tune_stops
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             went += 1
             continue
         g = compared.gap
-        verdict = "higher" if g[1] > 0 else "lower" if g[2] < 0 else "not established"
+        verdict = gap_verdict(g).replace(" either way", "")
         went += compared.earns
         print(f"| {seed} | {compared.n} | {compared.stopped} | {100 * compared.in_force:.1f} | "
               f"{100 * compared.learned:.1f} | {100 * g[0]:+.1f} [{100 * g[1]:+.1f}, {100 * g[2]:+.1f}] ({verdict}) | "

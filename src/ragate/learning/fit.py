@@ -37,13 +37,17 @@ if TYPE_CHECKING:
 TEXT_FEATURES = tuple(n for n in QUESTION_FEATURES if n != "rarity")
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """A new gate against the gate in force, on the store's own labelled answers that the gate in force scored
-    when it answered them: each one's cross-fitted AUROC and the paired difference (new minus in force) with its
-    bootstrap 95% interval. The new gate earns its place when the difference is not below 0."""
+def gap_verdict(gap: tuple[float, float, float]) -> str:
+    """How a paired difference (point, low, high) reads: higher, lower, or not established either way."""
+    return "higher" if gap[1] > 0 else "lower" if gap[2] < 0 else "not established either way"
 
-    gate: str
+
+@dataclass(frozen=True)
+class Paired:
+    """Something new against what is in force on the same ``n`` labelled answers: each one's score and the paired
+    difference (new minus in force: point, low, high of its bootstrap 95% interval). The new one earns its place
+    when the difference is not below 0."""
+
     n: int
     learned: float
     in_force: float
@@ -53,10 +57,16 @@ class Comparison:
     def earns(self) -> bool:
         return self.gap[0] >= 0.0
 
+
+@dataclass(frozen=True)
+class Comparison(Paired):
+    """A new gate against the gate in force (``gate``), on the store's own labelled answers that the gate in force
+    scored when it answered them: each one's cross-fitted AUROC and the paired difference."""
+
+    gate: str = ""
+
     def summary(self) -> str:
-        verdict = (
-            "higher" if self.gap[1] > 0 else "lower" if self.gap[2] < 0 else "not established either way"
-        )
+        verdict = gap_verdict(self.gap)
         head = "it earns its place" if self.earns else f"it ranks worse: {self.gate} stays in force"
         return (
             f"against the gate in force ({self.gate}) on {self.n} labelled answers it scored: AUROC "
@@ -135,7 +145,7 @@ def compare_with_gate(
     learned_auc = auroc(list(map(float, mine)), list(map(bool, yy)))
     in_force = auroc(list(map(float, theirs)), list(map(bool, yy)))
     assert learned_auc is not None and in_force is not None
-    return Comparison(gate, len(keep), float(learned_auc), float(in_force), gap)
+    return Comparison(len(keep), float(learned_auc), float(in_force), gap, gate=gate)
 
 
 def answer_features(question: str, draft: Any = None) -> dict[str, float]:

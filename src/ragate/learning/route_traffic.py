@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ragate.errors import RagateError
+from ragate.learning.fit import MIN_COMPARED, Paired, gap_verdict
 from ragate.learning.store import FeedbackRules
 from ragate.methods.trace import RouteInfo
 from ragate.report.routes import RouteTable
@@ -114,29 +115,19 @@ def calibrate_routes_from_store(store: FeedbackRules, routes: Sequence[str], bud
 
 
 @dataclass(frozen=True)
-class RouteComparison:
-    """A traffic-fitted route policy against the decisions of the route method in force on the same ``n`` labelled
+class RouteComparison(Paired):
+    """A traffic-fitted route policy against the decisions of the route method in force on the same labelled
     answers, ``stopped`` of which it stopped at the closed-book route: each one's EM over the paths it ends on
-    (the new policy cross-fitted and stopping as many) and the paired difference (new minus in force) with its
-    bootstrap 95% interval. The new policy earns its place when the difference is not below 0."""
+    (the new policy cross-fitted and stopping as many) and the paired difference (:class:`ragate.learning.fit.Paired`)."""
 
-    n: int
-    stopped: int
-    learned: float
-    in_force: float
-    gap: tuple[float, float, float]
-
-    @property
-    def earns(self) -> bool:
-        return self.gap[0] >= 0.0
+    stopped: int = 0
 
     def summary(self) -> str:
-        verdict = "higher" if self.gap[1] > 0 else "lower" if self.gap[2] < 0 else "not established either way"
         head = "it earns its place" if self.earns else "it picks worse: the policy in force stays"
         return (
             f"against the route policy in force on {self.n} labelled answers ({self.stopped} stopped closed-book by "
             f"each): EM {100 * self.learned:.1f} vs {100 * self.in_force:.1f}, paired {100 * self.gap[0]:+.1f} "
-            f"[{100 * self.gap[1]:+.1f}, {100 * self.gap[2]:+.1f}] points ({verdict}): {head}"
+            f"[{100 * self.gap[1]:+.1f}, {100 * self.gap[2]:+.1f}] points ({gap_verdict(self.gap)}): {head}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -156,7 +147,6 @@ def compare_with_in_force(
     :data:`ragate.learning.fit.MIN_COMPARED` answers (no rate at which to compare them). ``seed`` splits the halves
     and, unless ``interval_seed`` is given, seeds the bootstrap of ``samples`` resamples."""
     from ragate.eval.metrics import paired_bootstrap_diff
-    from ragate.learning.fit import MIN_COMPARED
     from ragate.methods.route_policy import right_probabilities
     from ragate.report.routes import fit_learned, halves, learned_x
 
@@ -176,7 +166,7 @@ def compare_with_in_force(
     low, high = paired_bootstrap_diff(
         ours.tolist(), theirs.tolist(), samples=samples, seed=seed if interval_seed is None else interval_seed
     )
-    return RouteComparison(n, k, float(ours.mean()), float(theirs.mean()), (float((ours - theirs).mean()), low, high))
+    return RouteComparison(n, float(ours.mean()), float(theirs.mean()), (float((ours - theirs).mean()), low, high), stopped=k)
 
 
 def compare_store_with_in_force(store: FeedbackRules, routes: Sequence[str]) -> dict[str, Any]:
