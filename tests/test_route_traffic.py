@@ -9,6 +9,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -278,3 +279,65 @@ def test_a_route_server_whose_policy_traffic_cannot_learn_is_refused_when_made(t
     with open_index(demo_index()) as demo, pytest.raises(RagateError, match="give the budget a route policy is fitted"):
         create_app(settings, lm, demo)
     assert lm.calls == []
+
+
+def test_a_real_route_server_learns_its_policy_from_references_and_puts_it_in_force(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """A real ``ragate serve --method route --feedback-store F --refit-every N`` on 127.0.0.1 with SmolLM2, serving
+    a cascade file that never stops closed-book. The store already holds earlier labelled route answers of this
+    model (written through the store, as the server writes them: its first answer's row gives the model and the
+    features' shape); a user's reference on a new answer brings N labels, the refit fits the learned route policy,
+    /healthz says it went in force (no comparison: the cascade stopped none) and the next answer is chosen by its
+    learned checks."""
+    import time
+
+    import httpx
+    from test_service import _serve, _stop
+
+    from ragate.learning.route_traffic import FIRST_NLL, FIRST_TOKENS
+
+    cal = tmp_path / "cascade.json"
+    cal.write_text(json.dumps({"method": "route", "policy": "cascade", "routes": list(ROUTES), "stops": [None],
+                               "agree": True, "budget": 0.5, "model": "smollm2-135m"}))  # fmt: skip
+    store = tmp_path / "feedback.db"
+    proc, url = _serve(["--method", "route", "--calibration", str(cal), "--feedback-store", str(store),
+                        "--refit-every", "5"], tmp_path / "serve.log")  # fmt: skip
+
+    def ask(question: str) -> dict[str, Any]:
+        r = httpx.post(f"{url}/v1/answer", json={"question": question, "options": {"max_tokens": 4}}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    try:
+        first = ask("Who wrote Hamlet?")
+        assert first["route"]["ran"] == list(ROUTES), first["route"]
+        rng = random.Random(0)
+        with FeedbackStore(store) as kept:
+            row = kept.get(first["id"])
+            assert row is not None and {FIRST_NLL, FIRST_TOKENS} <= set(row.features)
+            for i in range(MIN_ROWS - 1):  # earlier traffic: both paths answered and labelled by a reference
+                closed, opened = rng.choice(["Paris", "Nice"]), rng.choice(["Paris", "Lyon"])
+                kept.record_answer(
+                    f"earlier{i}", question=f"{QUESTIONS[i % len(QUESTIONS)]} ({i})", method=row.method,
+                    prompts=row.prompts, answer=opened, retrieved=True, hidden=None, model=row.model,
+                    features={FIRST_NLL: rng.uniform(0.1, 2.0), FIRST_TOKENS: float(rng.randint(30, 60))},
+                    paths=(closed, opened),
+                )  # fmt: skip
+                kept.add_label(f"earlier{i}", source="feedback", kind="closed-wrong", value=closed != "Paris")
+                kept.add_label(f"earlier{i}", source="feedback", kind="retrieved-wrong", value=opened != "Paris")
+        f = httpx.post(f"{url}/v1/feedback", json={"id": first["id"], "reference": first["answer"]}, timeout=60)
+        assert f.status_code == 200, f.text
+        deadline = time.monotonic() + 120
+        while True:
+            refit = httpx.get(f"{url}/healthz", timeout=30).json()["learning"]["refit"]
+            if refit["fits"] or refit["last_error"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert refit["fits"] == 1 and refit["last_error"] is None and refit["last_in_force"] is True, refit
+        assert "route policy" in refit["last_summary"] and "it goes in force" in refit["last_summary"]
+        learned = json.loads((tmp_path / "route-learned-0.5.json").read_text())
+        assert learned["source"] == "traffic" and learned["n"] == MIN_ROWS
+        assert ask("When did the war end?")["route"]["checks"][0]["kind"] == "learned"
+    finally:
+        _stop(proc)
