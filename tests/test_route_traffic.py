@@ -20,6 +20,7 @@ from ragate.cli.main import main
 from ragate.errors import RagateError
 from ragate.learning.route_traffic import MIN_ROWS, calibrate_routes_from_store, traffic_route_table
 from ragate.learning.store import FeedbackStore
+from ragate.methods import run_method
 from ragate.methods.route_policy import answer_vector, question_vector
 from ragate.pipeline import Pipeline
 from ragate.report.routes import learned_x
@@ -63,7 +64,8 @@ def _traffic(store: Path, n: int, seed: int = 0) -> list[tuple[str, list[float]]
 def test_the_traffic_table_holds_the_features_the_live_policy_reads(tmp_path: Path) -> None:
     seen = _traffic(tmp_path / "f.db", 12)
     with FeedbackStore(tmp_path / "f.db") as store:
-        table, models = traffic_route_table(store, ROUTES)
+        traffic = traffic_route_table(store, ROUTES)
+    table, models = traffic.table, traffic.models
     assert len(models) == 1 and next(iter(models))[0] == "scripted"  # the model that answered, from each row
     assert table.questions == tuple(q for q, _ in seen)
     np.testing.assert_allclose(learned_x(table), np.array([x for _, x in seen]), rtol=0, atol=1e-12)
@@ -180,7 +182,7 @@ def test_the_comparison_with_the_policy_in_force_says_which_picks_better(tmp_pat
     store = tmp_path / "f.db"
     _traffic(store, 40, seed=3)
     with FeedbackStore(store) as opened:
-        table, _ = traffic_route_table(opened, ROUTES)
+        table = traffic_route_table(opened, ROUTES).table
     closed_right = table.scores["em"][:, 0] > 0
     assert 3 <= closed_right.sum() <= len(table) - 3
     best = compare_with_in_force(table, closed_right)
@@ -201,7 +203,7 @@ def test_a_route_policy_learned_with_use_goes_in_force_only_where_it_picks_as_we
     _mixed_traffic(store, 36, seed)
     lm = ScriptedBackend([make_generation(["Paris"], [-0.05], prompt_tokens=40), make_generation(["Paris"], [-1.0])])
     with open_index(demo_index()) as demo, Pipeline(
-        method="route", routes=list(ROUTES), threshold=1.0, lm=lm, retriever=demo, feedback_store=store
+        method="route", routes=list(ROUTES), threshold=1.0, lm=lm, retriever=demo, feedback_store=store, shadow=1e-12
     ) as rag:  # fmt: skip
         found = rag.learn_routes(0.5, use=True)
         compared = found["compared"]
@@ -224,20 +226,63 @@ def test_a_route_policy_learned_with_use_goes_in_force_only_where_it_picks_as_we
 
 def test_a_first_route_policy_goes_in_force_and_what_cannot_be_learned_is_refused(tmp_path: Path) -> None:
     """Traffic the cascade never stopped closed-book gives no comparison: the first fit goes in force (as a
-    first learned gate does), saying so. Refused, naming the fix: use= on more routes than traffic labels, and no
-    budget where the pipeline holds neither a live route budget nor a calibration file with one."""
+    first learned gate does), saying so; a later fit with no comparison against that fitted policy's own
+    decisions stays a candidate. Refused, naming the fix: no shadow work (the answers stopped closed-book would
+    never get both labels), use= on more routes than traffic labels, and no budget where the pipeline holds
+    neither a live route budget nor a calibration file with one."""
     store = tmp_path / "f.db"
     _traffic(store, MIN_ROWS, seed=2)
-    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=store) as rag:
+    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=store) as rag, \
+            pytest.raises(RagateError, match="give shadow="):  # fmt: skip
+        rag.learn_routes(0.5, use=True)
+    with Pipeline(method="route", routes=list(ROUTES), threshold=-1.0, lm=ScriptedBackend([]), feedback_store=store,
+                  shadow=1e-12) as rag:  # the policy that answered the traffic
         with pytest.raises(RagateError, match="give the budget a route policy is fitted for"):
             rag.learn_routes(use=True)
         found = rag.learn_routes(0.5, use=True)
-        assert found["in_force"] and found["compared"]["stopped"] == 0 and "it goes in force" in found["compared"]["summary"]
+        compared = found["compared"]
+        assert found["in_force"] and compared["n"] == MIN_ROWS and compared["stopped"] == 0
+        assert "it goes in force, the first policy fitted on traffic" in compared["summary"]
         assert rag.spec.route is not None and rag.spec.route.policy == "learned"
-        assert rag.learn_routes(use=False)["budget"] == 0.5  # now the calibration in force has one
+        again = rag.learn_routes(use=True)  # the budget now the calibration's in force; none of its decisions labelled
+        assert not again["in_force"] and again["compared"]["n"] == 0 and "it stays a candidate" in again["compared"]["summary"]
+        assert again["path"].endswith("route-learned-0.5.candidate.json")
+        assert rag.calibration is not None and rag.calibration["lambda"] == found["lambda"]  # the first stays
     with Pipeline(method="route", routes=[*ROUTES, "standard-rag-pairs-prompts"], lm=ScriptedBackend([]), feedback_store=store) as rag, \
             pytest.raises(RagateError, match="this pipeline routes among no-retrieval, standard-rag, standard-rag-pairs-prompts"):  # fmt: skip
         rag.learn_routes(0.5, use=True)
+
+
+def test_a_live_route_budget_takes_the_policy_put_in_force_and_its_window_starts_anew(tmp_path: Path) -> None:
+    """A pipeline holding a live route budget: a fit for another budget is refused; one for the live budget that
+    goes in force becomes the controller's policy (its window emptied, lambda the new fit's), and an answer the old
+    policy gave after that is left out of the window."""
+    store, elsewhere = tmp_path / "f.db", tmp_path / "elsewhere.db"
+    _mixed_traffic(store, 36, seed=2)
+    _mixed_traffic(elsewhere, 36, seed=1)  # the policy in force is fitted on other answers
+    first = tmp_path / "first.json"
+    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=elsewhere) as rag:
+        fitted = {k: v for k, v in rag.learn_routes(0.5).items() if k not in ("source", "path")}  # as from a sweep
+        first.write_text(json.dumps(fitted | {"model": "smollm2-135m", "engine": "llama.cpp"}))
+    lm = ScriptedBackend([make_generation(["Paris"], [-0.05], prompt_tokens=40), make_generation(["Paris"], [-1.0])] * 4)
+    with open_index(demo_index()) as demo, Pipeline(
+        method="route", calibration=first, budget=0.5, lm=lm, retriever=demo, feedback_store=store, shadow=1e-12
+    ) as rag:  # fmt: skip
+        with pytest.raises(RagateError, match="the live route budget holds 0.5 retrievals per question"):
+            rag.learn_routes(0.8, use=True)
+        old = rag.spec
+        rag.answer("Who wrote Hamlet? (0)")
+        assert rag.budget is not None and rag.budget.snapshot()["window_requests"] == 1
+        found = rag.learn_routes(use=True)
+        assert found["budget"] == 0.5 and found["in_force"] is found["compared"]["earns"]
+    assert found["compared"]["n"] == 0  # the file's policy decided none of the labelled answers: no comparison
+    assert found["in_force"]  # the first fitted on traffic (the file in force was fitted elsewhere)
+    assert rag.spec.route is not None and rag.spec.route.model is not None
+    assert rag.budget.snapshot()["window_requests"] == 0 and rag.budget.tau == rag.spec.route.model.lam
+    with open_index(demo_index()) as demo:
+        trace = run_method(old, "Who wrote Hamlet? (1)", lm, demo)
+    rag.budget.observe_trace(trace, old)  # answered by the old policy after the swap: not the new window's
+    assert rag.budget.snapshot()["window_requests"] == 0 and rag.budget.snapshot()["observed"] == 2
 
 
 def test_the_service_refit_learns_a_route_policy_and_refuses_routes_it_cannot(tmp_path: Path) -> None:
@@ -248,13 +293,13 @@ def test_the_service_refit_learns_a_route_policy_and_refuses_routes_it_cannot(tm
 
     store = tmp_path / "f.db"
     _traffic(store, MIN_ROWS, seed=2)
-    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=store) as rag, \
-            pytest.raises(RagateError, match="give the budget a route policy is fitted for"):  # fmt: skip
+    with Pipeline(method="route", routes=list(ROUTES), lm=ScriptedBackend([]), feedback_store=store,
+                  shadow=1e-12) as rag, pytest.raises(RagateError, match="give the budget a route policy is fitted for"):  # fmt: skip
         Refit(rag, 5, None)
     cal = tmp_path / "cascade.json"  # a cascade calibration with a budget: the refit fits for it
     cal.write_text(json.dumps({"method": "route", "policy": "cascade", "routes": list(ROUTES), "stops": [None],
                                "budget": 0.5, "model": "smollm2-135m", "engine": "llama.cpp"}))  # fmt: skip
-    with Pipeline(method="route", calibration=cal, lm=ScriptedBackend([]), feedback_store=store) as rag:
+    with Pipeline(method="route", calibration=cal, lm=ScriptedBackend([]), feedback_store=store, shadow=1e-12) as rag:
         refit = Refit(rag, 5, None)
         refit.last_fit_labels -= 5  # as if five labels came since
         refit.check()
@@ -274,11 +319,14 @@ def test_a_route_server_whose_policy_traffic_cannot_learn_is_refused_when_made(t
     from ragate.service.app import create_app
     from ragate.service.settings import ServiceSettings
 
-    settings = ServiceSettings(method="route", routes=ROUTES, refit_every=5, feedback_store=str(tmp_path / "f.db"))
+    settings = ServiceSettings(method="route", routes=ROUTES, refit_every=5, feedback_store=str(tmp_path / "f.db"),
+                               shadow=1e-12)  # fmt: skip
     lm = ScriptedBackend([])
     with open_index(demo_index()) as demo, pytest.raises(RagateError, match="give the budget a route policy is fitted"):
         create_app(settings, lm, demo)
     assert lm.calls == []
+    with pytest.raises(ValueError, match="--refit-cascade makes the refit's learned gate a cascade"):
+        ServiceSettings(method="route", refit_every=5, refit_cascade=0.3, shadow=1e-12)
 
 
 def test_a_real_route_server_learns_its_policy_from_references_and_puts_it_in_force(
@@ -302,7 +350,7 @@ def test_a_real_route_server_learns_its_policy_from_references_and_puts_it_in_fo
                                "agree": True, "budget": 0.5, "model": "smollm2-135m"}))  # fmt: skip
     store = tmp_path / "feedback.db"
     proc, url = _serve(["--method", "route", "--calibration", str(cal), "--feedback-store", str(store),
-                        "--refit-every", "5"], tmp_path / "serve.log")  # fmt: skip
+                        "--shadow", "1e-12", "--refit-every", "5"], tmp_path / "serve.log")  # fmt: skip
 
     def ask(question: str) -> dict[str, Any]:
         r = httpx.post(f"{url}/v1/answer", json={"question": question, "options": {"max_tokens": 4}}, timeout=120)

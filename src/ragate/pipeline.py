@@ -361,7 +361,7 @@ class Pipeline:
                 )  # fmt: skip
             self.tracing.finish(span, trace, model=model, engine=engine)
         if self.controls(method, threshold) and self.budget is not None:
-            self.budget.observe_trace(trace)
+            self.budget.observe_trace(trace, spec)
         answer = Answer.of(trace)
         if self.learner.store is not None and spec.dynamic is None:
             answer = self.learner.keep(answer, spec, method)
@@ -405,7 +405,7 @@ class Pipeline:
                 raise
             raise RagateError(str(err)) from None
         if self.controls(method, threshold) and self.budget is not None:
-            self.budget.observe_trace(trace)
+            self.budget.observe_trace(trace, spec)
         return Retrieval.of(trace)
 
     def complete(

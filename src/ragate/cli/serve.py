@@ -403,7 +403,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )  # fmt: skip
     p.add_argument(
         "--learned-gate", type=Path, default=None, metavar="FILE",
-        help="where --refit-every writes the learned gate (default: beside the feedback store)",
+        help="where --refit-every writes the learned gate, or with --method route the learned route policy "
+        "(default: beside the feedback store)",
     )  # fmt: skip
     trace_options(p)
     p.set_defaults(run=run)

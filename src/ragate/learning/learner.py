@@ -298,10 +298,11 @@ class Learner:
                 features[GATE_SCORE + spec.gate.kind] = float(gate.score)
             paths = None
             if spec.route is not None:  # its two paths, and what the learned route policy reads of the first answer
-                from ragate.learning.route_traffic import first_answer_features
+                from ragate.learning.route_traffic import DECIDED_BY, first_answer_features, policy_digest
 
                 paths = route_answers(answer, spec)
                 features |= first_answer_features(answer.trace.route, spec.route.routes[0])
+                features[DECIDED_BY + policy_digest(spec.route)] = 1.0  # which policy chose (not a feature)
             self.store.record_answer(
                 answer_id, question=answer.question, method=spec.name, prompts=spec.prompts.name,
                 answer=answer.text, retrieved=answer.retrieved, features=features, hidden=answer.trace.hidden,
@@ -465,8 +466,9 @@ class Learner:
     def route_plan(self, budget: float | None, *, use: bool) -> tuple[list[str], float]:
         """The two routes traffic labels and the budget a route policy is fitted for, refused naming the fix where
         this pipeline cannot learn one (no store, not a route method, no such routes, no budget; with ``use``, more
-        routes than those two). ``ragate serve --refit-every`` asks this before it serves."""
-        from ragate.learning.route_traffic import budget_for
+        routes than those two, no shadow work, a budget other than the live one). ``ragate serve --refit-every``
+        asks this before it serves."""
+        from ragate.learning.route_traffic import budget_for, check_in_force
 
         spec = self._host.spec
         if self.store is None:
@@ -485,6 +487,8 @@ class Learner:
                 f"on a pipeline of those two routes (routes={routes!r}), or fit a policy over every route from a "
                 "run of each (ragate calibrate --gate route --policy learned --from-sweep RUN)"
             )
+        if use:
+            check_in_force(self.shadow is not None, budget, self._host.budget)
         return routes, budget_for(budget, self._host.budget, self._host.calibration)
 
     def learn_routes(self, budget: float | None, out: str | Path | None, *, use: bool = False) -> dict[str, Any]:
@@ -495,33 +499,35 @@ class Learner:
         from ragate.fileio import atomic_writer
         from ragate.learning.route_traffic import (
             calibrate_routes_from_store,
-            compare_store_with_in_force,
+            learn_from_traffic,
+            policy_digest,
         )
         from ragate.state.route_budget import RouteBudgetController
 
         host = self._host
         routes, budget = self.route_plan(budget, use=use)
-        assert self.store is not None
-        found = calibrate_routes_from_store(self.store, routes, budget)
+        assert self.store is not None and host.spec.route is not None
         target = Path(out) if out is not None else self.store.gate_path().with_name(f"route-learned-{budget:g}.json")
-        if use:
+        if not use:
+            found = calibrate_routes_from_store(self.store, routes, budget)
+        else:
             from ragate.eval.thresholds import check_calibration
 
+            first = host.calibration is None or host.calibration.get("source") != "traffic"
+            found = learn_from_traffic(self.store, routes, budget, in_force=policy_digest(host.spec.route), first=first)
             check_calibration(found, target, "route", host.model_label, host.lm.engine)  # this model's answers
-            compared = compare_store_with_in_force(self.store, routes)
-            found |= {"compared": compared}
-            if not compared["earns"]:
+            if not found["compared"]["earns"]:
                 target, use = target.with_name(f"{target.stem}.candidate{target.suffix}"), False
         with atomic_writer(target) as f:
             f.write(json.dumps(found, indent=2).encode())
         if use:
             from ragate.methods.route import with_calibration
 
-            with self._lock:
-                host.spec = with_calibration(host.spec, found, target, routes_given=True)
-                host.calibration = found
+            spec = with_calibration(host.spec, found, target, routes_given=True)
+            with self._lock:  # the live budget's window first: a request between the two is dropped from it
                 if isinstance(host.budget, RouteBudgetController):
-                    host.budget.refit(host.spec)
+                    host.budget.refit(spec)
+                host.spec, host.calibration = spec, found
         return found | {"path": str(target), "in_force": use}
 
     def _traffic_tau(self, probabilities: Sequence[float] | np.ndarray) -> float | None:

@@ -15,16 +15,20 @@ the policy routes between the two paths (a policy over more routes is fitted fro
 ``--from-sweep``).
 
 Put in force by the pipeline that kept the answers (``Pipeline.learn_routes(use=True)``, ``ragate serve
---refit-every N`` on a route method), a new fit is first compared with the decisions the route method made when it
-answered those same labelled answers (:func:`compare_with_in_force`), as a learned gate is compared with the gate
-in force (:class:`ragate.learning.fit.Comparison`): the policy in force stopped some answers at the closed-book
-route; the new policy, cross-fitted on the other half of the answers, stops as many (those where its P(right) of
-the closed-book route most exceeds the one-retrieval route's), and the two are scored by the paths they end on.
-Stopping as many, the two spend the same retrievals, so the paired difference in EM says which picks better.
+--refit-every N`` on a route method; shadow work on, so that the answers stopped closed-book get both labels), a
+new fit is first compared with the decisions the policy in force made on the labelled answers it decided (each
+answer keeps its policy's digest, :func:`policy_digest`), as a learned gate is compared with the gate in force
+(:class:`ragate.learning.fit.Comparison`): the policy in force stopped some answers at the closed-book route; the
+new policy, cross-fitted on halves of those answers, stops as many (those where its P(right) of the closed-book
+route most exceeds the one-retrieval route's), and the two are scored by the paths they end on. Stopping as many,
+the two spend the same retrievals, so the paired difference in EM says which picks better
+(:func:`learn_from_traffic`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,11 +39,36 @@ import numpy as np
 from ragate.errors import RagateError
 from ragate.learning.fit import MIN_COMPARED, Paired, gap_verdict
 from ragate.learning.store import FeedbackRules
+from ragate.methods.spec import RouteSpec
 from ragate.methods.trace import RouteInfo
 from ragate.report.routes import RouteTable
 
 FIRST_NLL, FIRST_TOKENS = "route_first_nll", "route_first_tokens"  # the store's names of the first answer's features
+DECIDED_BY = "route_policy:"  # an answer's features keep "route_policy:DIGEST" of the policy that chose its route
 MIN_ROWS = 20  # answers with both paths labelled before a policy is fitted
+
+
+def policy_digest(route: RouteSpec) -> str:
+    """The digest of a route policy's decisions: its routes, policy, stop thresholds, checks and fitted model
+    (not the learned policy's lambda, which a live budget moves); kept with each answer (:data:`DECIDED_BY`) so a
+    new fit is compared with the decisions of the policy in force only."""
+    stops = None if route.stop_nll is None else [s if math.isfinite(s) else str(s) for s in route.stop_nll]
+    model = None if route.model is None else {k: v for k, v in route.model.to_json().items() if k != "lambda"}
+    fit = {"routes": list(route.routes), "policy": route.policy, "stops": stops, "agree": route.agree,
+           "evidence": route.evidence, "model": model}  # fmt: skip
+    return hashlib.sha256(json.dumps(fit, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The store's labelled route answers as a route table (oldest first), the (model, engine) pairs that answered
+    them, and for each one whether the policy that answered it stopped closed-book and that policy's digest (None
+    where the store did not keep it)."""
+
+    table: RouteTable
+    models: set[tuple[str, str]]
+    stopped: np.ndarray
+    decided_by: tuple[str | None, ...]
 
 
 def first_answer_features(info: RouteInfo | None, first: str) -> dict[str, float]:
@@ -51,18 +80,20 @@ def first_answer_features(info: RouteInfo | None, first: str) -> dict[str, float
     return {FIRST_TOKENS: float(info.tokens[0]), **({FIRST_NLL: float(nll)} if nll is not None and math.isfinite(nll) else {})}
 
 
-def traffic_route_table(store: FeedbackRules, routes: Sequence[str]) -> tuple[RouteTable, set[tuple[str, str]]]:
+def traffic_route_table(store: FeedbackRules, routes: Sequence[str]) -> Traffic:
     """The route table of the store's answers whose two paths are both labelled and that keep the first answer's
-    features, oldest first (``routes``: the closed-book route and the one-retrieval route, in that order), and the
-    (model, engine) pairs that answered them."""
+    features, oldest first (``routes``: the closed-book route and the one-retrieval route, in that order), with
+    what answered them (:class:`Traffic`), read once."""
     closed, opened = store.labelled("closed-wrong"), store.labelled("retrieved-wrong")
     open_wrong = dict(zip(opened.ids, opened.y.tolist(), strict=True))
-    rows, models = [], set()
+    rows, models, stopped, decided_by = [], set(), [], []
     for answer_id, question, features, wrong in zip(closed.ids, closed.questions, closed.features, closed.y.tolist(), strict=True):
         row = store.get(answer_id) if answer_id in open_wrong and FIRST_TOKENS in features else None
         if row is not None and row.closed_answer is not None and row.open_answer is not None:
             rows.append((answer_id, question, features, row.closed_answer, row.open_answer, wrong, open_wrong[answer_id]))
             models.add((str(row.model.get("model")), str(row.model.get("engine", "llama.cpp"))))
+            stopped.append(not row.retrieved)
+            decided_by.append(next((k[len(DECIDED_BY) :] for k in row.features if k.startswith(DECIDED_BY)), None))
     n = len(rows)
     right = np.array([[not r[5], not r[6]] for r in rows], dtype=float).reshape(n, 2)
     tokens = np.array([[r[2][FIRST_TOKENS], math.nan] for r in rows], dtype=float).reshape(n, 2)
@@ -74,15 +105,43 @@ def traffic_route_table(store: FeedbackRules, routes: Sequence[str]) -> tuple[Ro
         np.array([[r[2].get(FIRST_NLL, math.nan), math.nan] for r in rows], dtype=float).reshape(n, 2),
         np.full((n, 2), math.nan),
     )  # fmt: skip
-    return table, models
+    return Traffic(table, models, np.array(stopped, dtype=bool), tuple(decided_by))
 
 
 def calibrate_routes_from_store(store: FeedbackRules, routes: Sequence[str], budget: float) -> dict[str, Any]:
     """The learned route policy's calibration over the store's labelled route answers (see the module docstring),
     for ``budget`` mean retrievals per question, as a calibration of the model that answered them; refused, naming
     the fix, below :data:`MIN_ROWS` labelled answers or where several models answered them."""
-    from ragate.report.route_budget import route_calibration
+    check_traffic_routes(routes)
+    return _fit(traffic_route_table(store, routes), store.name, budget)
 
+
+def learn_from_traffic(
+    store: FeedbackRules, routes: Sequence[str], budget: float, *, in_force: str, first: bool
+) -> dict[str, Any]:
+    """:func:`calibrate_routes_from_store`, read once, with its comparison (``compared``) with the policy in force
+    (``in_force``: its :func:`policy_digest`) over the labelled answers that policy decided
+    (:func:`compare_with_in_force`): the comparison, ``earns`` and a ``summary``. Where none can be made (that policy
+    stopped, or went on for, fewer than 3 of them), it earns its place only as the ``first`` policy fitted on
+    traffic: a fitted policy in force is replaced only by one shown to pick as well."""
+    check_traffic_routes(routes)
+    traffic = traffic_route_table(store, routes)
+    found = _fit(traffic, store.name, budget)
+    mine = np.array([d == in_force for d in traffic.decided_by], dtype=bool)
+    rows = np.flatnonzero(mine)
+    compared = compare_with_in_force(traffic.table.take(rows), traffic.stopped[rows]) if len(rows) else None
+    if compared is not None:
+        return found | {"compared": compared.as_dict() | {"summary": compared.summary()}}
+    stopped = int(traffic.stopped[rows].sum())
+    head = "it goes in force, the first policy fitted on traffic" if first else (
+        "it stays a candidate: the policy fitted on traffic in force is replaced only by one shown to pick as well")
+    return found | {"compared": {"n": len(rows), "stopped": stopped, "earns": first, "summary": (
+        f"no comparison with the route policy in force yet (of these labelled answers it decided {len(rows)}, "
+        f"{stopped} stopped closed-book; a comparison needs 3 stopped and 3 not): {head}")}}  # fmt: skip
+
+
+def check_traffic_routes(routes: Sequence[str]) -> None:
+    """Traffic labels two paths: the routes must be a closed-book route and a one-retrieval route, in that order."""
     if len(routes) != 2:
         raise RagateError(
             f"traffic labels two routes, the closed-book route's answer and the one-retrieval route's: give those two "
@@ -90,28 +149,32 @@ def calibrate_routes_from_store(store: FeedbackRules, routes: Sequence[str], bud
             "every route (--from-sweep RUN)"
         )
     from ragate.methods.route import route_cost, route_specs
-    from ragate.methods.spec import RouteSpec
 
     if [route_cost(s) for s in route_specs(RouteSpec(tuple(routes)))] != [0, 1]:
         raise RagateError(
             f"the store's two paths are a closed-book route's answer and a one-retrieval route's: {', '.join(routes)} "
             "are not (e.g. --routes no-retrieval,standard-rag or wo-rag,single-rag)"
         )
-    table, models = traffic_route_table(store, routes)
+
+
+def _fit(traffic: Traffic, name: str, budget: float) -> dict[str, Any]:
+    from ragate.report.route_budget import route_calibration
+
+    table, models = traffic.table, set(traffic.models)
     if len(table) < MIN_ROWS:
         raise RagateError(
-            f"{store.name} holds {len(table)} route answers with both paths labelled; the route policy needs "
+            f"{name} holds {len(table)} route answers with both paths labelled; the route policy needs "
             f"{MIN_ROWS} (give {MIN_ROWS - len(table)} more references: Pipeline.feedback(answer, reference=...) or "
             "POST /v1/feedback on route answers, with shadow work on so the path not run is answered)"
         )
     if len(models) > 1:
         raise RagateError(
-            f"{store.name}'s labelled route answers come from several models ({', '.join(f'{m} on {e}' for m, e in sorted(models))}): "
+            f"{name}'s labelled route answers come from several models ({', '.join(f'{m} on {e}' for m, e in sorted(models))}): "
             "a route policy belongs to one model; learn from a store of one model's answers"
         )
     model, engine = models.pop()
     found = route_calibration(table, budget, "em", policy="learned")
-    return found | {"source": "traffic", "dev": store.name, "model": model, "engine": engine}
+    return found | {"source": "traffic", "dev": name, "model": model, "engine": engine}
 
 
 @dataclass(frozen=True)
@@ -169,21 +232,6 @@ def compare_with_in_force(
     return RouteComparison(n, float(ours.mean()), float(theirs.mean()), (float((ours - theirs).mean()), low, high), stopped=k)
 
 
-def compare_store_with_in_force(store: FeedbackRules, routes: Sequence[str]) -> dict[str, Any]:
-    """:func:`compare_with_in_force` over the store's labelled route answers (the policy in force stopped those it
-    answered without retrieving), as a calibration file keeps it: the comparison, ``earns`` and a ``summary``;
-    where no comparison can be made yet, ``earns`` (a first policy goes in force) and why."""
-    table, _ = traffic_route_table(store, routes)
-    rows = [store.get(answer_id) for answer_id in table.ids]
-    stopped = np.array([row is not None and not row.retrieved for row in rows], dtype=bool)
-    compared = compare_with_in_force(table, stopped) if None not in rows else None
-    if compared is None:
-        return {"n": len(table), "stopped": int(stopped.sum()), "earns": True, "summary": (
-            f"no comparison with the route policy in force yet (it stopped {int(stopped.sum())} of {len(table)} "
-            "labelled answers closed-book; a comparison needs 3 stopped and 3 not): it goes in force")}  # fmt: skip
-    return compared.as_dict() | {"summary": compared.summary()}
-
-
 def budget_for(budget: float | None, live: object, calibration: dict[str, Any] | None) -> float:
     """The budget a route policy is fitted for: ``budget``, else the live route budget's (``live``, a pipeline's
     budget controller), else the calibration file's in force; refused, naming the fix, where there is none."""
@@ -197,6 +245,26 @@ def budget_for(budget: float | None, live: object, calibration: dict[str, Any] |
     if calibration is not None and is_number(calibration.get("budget")):
         return float(calibration["budget"])
     raise RagateError(
-        "give the budget a route policy is fitted for (mean retrievals per question, e.g. learn_routes(0.5) or "
-        "serve --budget 0.5): this pipeline holds no live route budget and serves no calibration file with one"
+        "give the budget a route policy is fitted for (mean retrievals per question): learn_routes(0.5), or serve a "
+        "--calibration file that has one (ragate calibrate --gate route --from-sweep RUN --budget 0.5); this "
+        "pipeline holds no live route budget and serves no calibration file with one"
     )
+
+
+def check_in_force(shadow: bool, budget: float | None, live: object) -> None:
+    """What putting a traffic-fitted policy in force needs: shadow work (``shadow``), and no budget other than the
+    live route budget's (``live``, a pipeline's budget controller); refused naming the fix."""
+    from ragate.state.route_budget import RouteBudgetController
+
+    if not shadow:
+        raise RagateError(
+            "an answer the policy in force stops closed-book gets its one-retrieval answer, and so both labels, "
+            "from shadow work only: without it the policy would be fitted and compared on the answers it sent "
+            "on alone; give shadow= (serve --shadow SHARE, e.g. 0.05: references settle the missing path first)"
+        )
+    if budget is not None and isinstance(live, RouteBudgetController) and budget != live.budget:
+        raise RagateError(
+            f"the live route budget holds {live.budget:g} retrievals per question; a policy put in force is fitted "
+            f"for it, not {budget:g}: learn_routes(use=True) without a budget (or use=False to keep a file for "
+            f"{budget:g})"
+        )

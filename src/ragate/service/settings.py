@@ -153,6 +153,11 @@ class ServiceSettings:
             raise ValueError(f"--refit-every is a number of new labels (0: never), not {self.refit_every}")
         if self.refit_cascade is not None and not 0.0 <= self.refit_cascade <= 1.0:
             raise ValueError(f"--refit-cascade is a share of questions in [0, 1], not {self.refit_cascade}")
+        if self.refit_cascade is not None and self.method == "route":
+            raise ValueError(
+                "--refit-cascade makes the refit's learned gate a cascade; with --method route the refit learns the "
+                "route policy, which has no such cascade: drop --refit-cascade"
+            )
         if self.refit_every and self.feedback_store is None and self.shadow == 0:
             raise ValueError("--refit-every learns from the labels of --feedback-store or --shadow: give one of them")
         if self.api_key is not None and not self.api_key.strip():

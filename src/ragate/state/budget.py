@@ -310,8 +310,9 @@ class BudgetController:
                 self._save()
             return self._tau
 
-    def observe_trace(self, trace: Trace) -> float:
-        """Record one answered request from its trace: its gate's score and decision; returns the new tau."""
+    def observe_trace(self, trace: Trace, spec: MethodSpec | None = None) -> float:
+        """Record one answered request from its trace (``spec``: the method that answered it; a gate's score is
+        the gate's whatever its file): its gate's score and decision; returns the new tau."""
         return self.observe(trace.gate.score, trace.retrieved)
 
     def _observe_shared(self, score: float | None, retrieved: bool) -> bool:

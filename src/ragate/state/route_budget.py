@@ -232,10 +232,15 @@ class RouteBudgetController:
         spent = self._mean()
         return control_level(self.budget, self.budget if spent is None else spent, self.gain, (0.0, float(self.costs.max())))
 
-    def observe_trace(self, trace: Trace) -> float:
+    def observe_trace(self, trace: Trace, spec: MethodSpec | None = None) -> float:
         """Record one answered request from its trace: each route's P(right) (its "learned" checks) and the
-        retrievals it made; returns the new lambda."""
+        retrievals it made; returns the new lambda. ``spec``: the method that answered it; probabilities of
+        another fit than the controller's (a request in flight while a new policy went in force, :meth:`refit`)
+        are left out of the window."""
         right = [c.score for c in trace.route.checks if c.kind == "learned"] if trace.route is not None else []
+        model = spec.route.model if spec is not None and spec.route is not None else None
+        if model is not None and fit_digest(model) != self.digest:
+            right = []
         return self.record(right, trace.retrievals)
 
     def record(self, right: list[float | None], retrievals: float) -> float:
