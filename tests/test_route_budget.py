@@ -65,6 +65,17 @@ def table() -> Any:
     return route_table(_records(90), ROUTES)
 
 
+def test_records_pooled_over_datasets_keep_questions_that_share_an_id() -> None:
+    """2WikiMultihopQA and MuSiQue both number their questions 0, 1, ...: pooled, each dataset's question is its
+    own row (a question is its dataset and id), in the order of the first route's records."""
+    two = _records(5, seed=1)
+    pooled = [r | {"dataset": "2wikimultihopqa"} for r in two] + [r | {"dataset": "musique"} for r in _records(5, seed=2)]
+    table = route_table(pooled, ROUTES)
+    assert len(table) == 10 and table.datasets == ("2wikimultihopqa",) * 5 + ("musique",) * 5
+    assert table.ids == tuple(f"q{i}" for i in range(5)) * 2
+    assert table.scores["em"][:5].tolist() == route_table(two, ROUTES).scores["em"].tolist()
+
+
 def test_the_thresholds_keep_the_cascade_within_the_budget_and_the_reach_is_what_cascades_spend(table: Any) -> None:
     low, high = reach(table)
     every = outcome(table, "", cascade(table, (-math.inf, -math.inf)), "em", pays="every")

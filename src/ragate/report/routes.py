@@ -141,20 +141,22 @@ def _supported(record: Mapping[str, Any]) -> float:
 
 def route_table(records: Iterable[Mapping[str, Any]], routes: Sequence[str]) -> RouteTable:
     """The questions every route answered, in the order of the first route's records (a question a route
-    answered twice: its first record)."""
-    by_route: dict[str, dict[str, Mapping[str, Any]]] = {r: {} for r in routes}
+    answered twice: its first record). A question is its dataset and its id: datasets number their questions
+    alike (2WikiMultihopQA's and MuSiQue's ids are both 0, 1, ...), so records pooled over datasets keep each."""
+    by_route: dict[str, dict[tuple[str, str], Mapping[str, Any]]] = {r: {} for r in routes}
     for r in records:
         if r.get("method") in by_route and "error" not in r:
-            by_route[r["method"]].setdefault(str(r["id"]), r)
+            by_route[r["method"]].setdefault((str(r.get("dataset", "")), str(r["id"])), r)
     if missing := [r for r in routes if not by_route[r]]:
         raise RagateError(
             f"the run has no answered records of route {missing[0]!r}: run every route over the same questions "
             f"(ragate eval --methods {','.join(routes)})"
         )
-    ids = tuple(i for i in by_route[routes[0]] if all(i in by_route[r] for r in routes))
-    if not ids:
+    keys = tuple(k for k in by_route[routes[0]] if all(k in by_route[r] for r in routes))
+    if not keys:
         raise RagateError(f"no question was answered by every route of {', '.join(routes)}")
-    rows = [[by_route[r][i] for r in routes] for i in ids]
+    rows = [[by_route[r][k] for r in routes] for k in keys]
+    ids = tuple(i for _, i in keys)
     scores = {m: np.array([[float(x["scores"][m]) for x in row] for row in rows]) for m in METRICS}
     cost = np.array([[_cost(x) for x in row] for row in rows])  # (n, routes, 4)
     nll = np.array([[math.nan if (v := record_nll(x)) is None else v for x in row] for row in rows])
