@@ -52,11 +52,12 @@ def policy_digest(route: RouteSpec) -> str:
     """The digest of a route policy's decisions: its routes, policy, stop thresholds, checks and fitted model
     (not the learned policy's lambda, which a live budget moves); kept with each answer (:data:`DECIDED_BY`) so a
     new fit is compared with the decisions of the policy in force only."""
+    from ragate.state.route_budget import fit_digest
+
     stops = None if route.stop_nll is None else [s if math.isfinite(s) else str(s) for s in route.stop_nll]
-    model = None if route.model is None else {k: v for k, v in route.model.to_json().items() if k != "lambda"}
     fit = {"routes": list(route.routes), "policy": route.policy, "stops": stops, "agree": route.agree,
-           "evidence": route.evidence, "model": model}  # fmt: skip
-    return hashlib.sha256(json.dumps(fit, sort_keys=True, default=str).encode()).hexdigest()[:16]
+           "evidence": route.evidence, "model": None if route.model is None else fit_digest(route.model)}  # fmt: skip
+    return hashlib.sha256(json.dumps(fit, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
