@@ -297,6 +297,27 @@ def test_runs_over_two_datasets_get_the_pooled_table_one_per_dataset_and_a_figur
     em = [float(next(line for line in t.splitlines() if line.startswith("| always no-retrieval")).split(" | ")[1])
           for t in tables]  # fmt: skip
     assert em[0] == pytest.approx((em[1] + em[2]) / 2, abs=0.06)  # the pooled mean of two halves of 40
+    patterns = text.split("Which routes are right (EM > 0), question by question, pooled and per dataset:\n\n")[1]
+    lines = patterns.split("\n\n")[0].splitlines()
+    assert lines[0] == f"| {' | '.join(ROUTES)} | questions | share | hotpotqa | nq-open |"
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    counts = [(int(c[3]), int(c[5]), int(c[6])) for c in cells]  # pooled, hotpotqa, nq-open
+    assert sum(c[0] for c in counts) == 80 and all(c[0] == c[1] + c[2] for c in counts)
+
+
+def test_each_question_has_one_pattern_of_routes_right() -> None:
+    """The patterns of routes right partition the questions, each row holding exactly the questions whose routes
+    are right and wrong as it says."""
+    from ragate.report.route_report import right_patterns
+
+    _, records = _scenario(60, seed=3)
+    table = route_table(records, ROUTES)
+    patterns = right_patterns(table, "em")
+    assert sorted(i for rows in patterns.values() for i in rows) == list(range(60))
+    right = table.scores["em"] > 0
+    for pattern, rows in patterns.items():
+        assert len(rows) and all(tuple(right[i]) == pattern for i in rows)
+    assert list(patterns) == sorted(patterns, reverse=True)  # the cheapest route right first
 
 
 def test_the_targets_are_computed_from_the_rows_with_their_intervals() -> None:

@@ -1,6 +1,7 @@
 """The routes' frontier as ``ragate report RUN --routes ...`` prints it: the pooled table, one per dataset where the
-records span several, the figure's data where one is drawn, and each stop check's AUROC
-(:mod:`ragate.report.routes` replays the policies, :mod:`ragate.report.route_plot` draws them)."""
+records span several, the figure's data where one is drawn, the targets, which routes are right on which questions,
+and each stop check's AUROC (:mod:`ragate.report.routes` replays the policies, :mod:`ragate.report.route_plot` draws
+them)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,36 @@ from ragate.report.route_plot import by_dataset, plot_routes
 from ragate.report.route_targets import targets_markdown
 from ragate.report.routes import (
     DEFAULT_TARGETS,
+    RouteTable,
     checks_markdown,
     frontier_markdown,
     read_route_table,
 )
+
+
+def right_patterns(table: RouteTable, metric: str) -> dict[tuple[bool, ...], np.ndarray]:
+    """Each pattern of routes right (score > 0) that some question has, cheapest route first, with the questions
+    (row indices) that have it: what any policy over these routes can gain or lose by sending a question on."""
+    right = table.scores[metric] > 0
+    out: dict[tuple[bool, ...], np.ndarray] = {}
+    for pattern in sorted({tuple(bool(v) for v in row) for row in right}, reverse=True):
+        out[pattern] = np.flatnonzero((right == np.array(pattern)).all(axis=1))
+    return out
+
+
+def patterns_markdown(table: RouteTable, metric: str) -> str:
+    """The questions of each pattern of routes right (:func:`right_patterns`), pooled and, where the table spans
+    several datasets, per dataset: where only the cheap route is right, a policy gains by stopping; where the dear
+    route alone is, by sending on; where all or none are, the route chosen changes nothing but the cost."""
+    names = sorted(set(table.datasets)) if len(set(table.datasets)) > 1 else []
+    datasets = np.array(table.datasets)
+    head = "| " + " | ".join(table.routes) + " | questions | share |" + "".join(f" {d} |" for d in names)
+    lines = [head, "|" + "---|" * (len(table.routes) + 2 + len(names))]
+    for pattern, rows in right_patterns(table, metric).items():
+        marks = " | ".join("right" if ok else "wrong" for ok in pattern)
+        per = "".join(f" {int((datasets[rows] == d).sum())} |" for d in names)
+        lines.append(f"| {marks} | {len(rows)} | {len(rows) / len(table):.1%} |{per}")
+    return "\n".join(lines)
 
 
 def routes_report(
@@ -62,6 +89,10 @@ def routes_report(
     text += (
         "\nThe targets (issue 78), each with its paired 95% interval"
         + (", pooled" if parts else "") + ":\n\n" + targets_markdown(table, rows, metric, seed=seed, samples=samples) + "\n"
+    )
+    text += (
+        f"\nWhich routes are right ({metric.upper()} > 0), question by question"
+        + (", pooled and per dataset" if parts else "") + ":\n\n" + patterns_markdown(table, metric) + "\n"
     )
     return (
         text + "\nEach stop check on its own, for the question it would stop on:\n\n"

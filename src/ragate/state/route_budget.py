@@ -162,15 +162,12 @@ class RouteBudgetController:
         gain: float = ROUTE_GAIN,
     ) -> None:  # fmt: skip
         check_route_budget(budget, window, spec, gain)
-        self.policy = route_model(spec)
         self.budget, self.window, self.method, self.path, self.model, self.gain = (
             budget, window, spec.name, state, model, gain,
         )  # fmt: skip
-        self.costs = np.asarray(self.policy.costs, dtype=float)
-        self.digest = fit_digest(self.policy)
+        self._take(route_model(spec))
         self._rows: deque[tuple[float, ...]] = deque(maxlen=window)
         self._spent: deque[float] = deque(maxlen=window)
-        self._lam = self.policy.lam
         self._lock = threading.Lock()
         self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._observed = 0
@@ -179,6 +176,11 @@ class RouteBudgetController:
             check_state_path(state, read=lambda path: read_route_state(path, len(self.costs)))
             if state.exists():
                 self._load(state)
+
+    def _take(self, policy: RoutePolicyModel) -> None:
+        """Hold ``policy``: its costs, its fit's digest and its lambda as the level to start from."""
+        self.policy, self.costs, self.digest = policy, np.asarray(policy.costs, dtype=float), fit_digest(policy)
+        self._lam = policy.lam
 
     def _load(self, path: Path) -> None:
         data = read_route_state(path, len(self.costs))
@@ -265,10 +267,9 @@ class RouteBudgetController:
         fit's probabilities, so it starts anew from the new fit's lambda (the history of what was spent is kept)."""
         policy = route_model(spec)
         with self._lock:
-            self.policy, self.costs, self.digest = policy, np.asarray(policy.costs, dtype=float), fit_digest(policy)
+            self._take(policy)
             self._rows.clear()
             self._spent.clear()
-            self._lam = policy.lam
             if self.path is not None:
                 self._save()
 
