@@ -1,10 +1,11 @@
 """Evaluation throughput (issue G): questions per hour of `ragate eval` before and after the call cache and workers.
 
     .venv/bin/python benchmarks/eval_throughput.py [--questions 20] [--model qwen2.5-coder-1.5b] \
-        [--dataset nq-open-oracle] [--index ~/.cache/ragate/indexes/pooled-dense] [--out DIR]
+        [--dataset nq-open-oracle] [--index ~/.cache/ragate/indexes/pooled-dense] [--out DIR] [--methods M1,M2]
 
-Runs the 17 single-shot methods of docs/results.md on the first ``--questions`` questions three times, one arm
-after the other, each a real ``ragate eval`` process with its own fresh call store:
+Runs the 17 single-shot methods of docs/results.md (or ``--methods``: the routes ``wo-rag,single-rag,ircot``, whose
+dynamic loops start each question's first prompt from a kept state since 2026-12-06) on the first ``--questions``
+questions three times, one arm after the other, each a real ``ragate eval`` process with its own fresh call store:
 
 - ``before``: ``--no-call-cache``, one process (the engine on every core): every call a method makes is computed;
 - ``after-1``: the call cache, one process: each distinct call computed once and charged to every method making it,
@@ -58,8 +59,9 @@ def run_arm(name: str, flags: list[str], args: argparse.Namespace, out: Path) ->
         else:
             stale.unlink(missing_ok=True)
     cmd = [
-        str(Path(sys.executable).with_name("ragate")), "eval", "--dataset", args.dataset, "--methods", METHODS,
+        str(Path(sys.executable).with_name("ragate")), "eval", "--dataset", args.dataset,
         "--model", args.model, "--index", str(args.index), "--limit", str(args.questions), "--out", str(run_dir),
+        "--methods", args.methods,
         "--call-cache", str(store), *flags,
     ]  # fmt: skip
     print(f"[{name}] {' '.join(cmd)}", file=sys.stderr, flush=True)
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=Path, default=Path("~/.cache/ragate/indexes/pooled-dense").expanduser())
     p.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"which arms, of {','.join(ARMS)}")
+    p.add_argument("--methods", default=METHODS, help="the methods each arm runs (default: the 17 single-shot ones)")
     args = p.parse_args(argv)
     if not (args.index / "manifest.json").is_file():
         print(
@@ -117,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "dataset": args.dataset,
         "index": str(args.index),
+        **({"methods": args.methods} if args.methods != METHODS else {}),  # earlier timings.json files have none
     }
     if timings.get("setup") not in (None, setup):
         print(f"{out} holds runs of another setup {timings['setup']}: use another --out", file=sys.stderr)
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(timings, indent=2).encode())
 
     reference = answers(out / "before") if "before" in timings.get("arms", {}) else None
-    print(f"\n{args.questions} {args.dataset} questions x 17 single-shot methods, {args.model} ({out})\n")
+    named = "17 single-shot methods" if args.methods == METHODS else f"methods {args.methods}"
+    print(f"\n{args.questions} {args.dataset} questions x {named}, {args.model} ({out})\n")
     print(
         "| arm | wall s | questions/hour | vs before | LM CPU s paid | vs before | LM CPU s charged | LM calls "
         "charged | computed | prompt tokens computed | of them from a kept state | predictions differing |"

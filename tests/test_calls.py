@@ -241,6 +241,41 @@ def test_turning_the_cache_off_changes_no_prediction(llama_backend: Any, tmp_pat
     assert runs["on"]["dataset_files"][0]["sha256"] == dataset_files("demo")[0]["sha256"]
 
 
+def test_a_dynamic_method_in_eval_starts_from_kept_states_and_answers_the_same(llama_backend: Any, tmp_path: Path) -> None:
+    """The dynamic loop calls the engine itself; in ``ragate eval`` (call store on) its first prompt starts from the
+    kept state of the instruction and exemplars an earlier answer evaluated, as through a Pipeline: the same records
+    as computing every prompt whole (``cache=False``), fewer tokens evaluated, and each record charged what its
+    reused tokens took when first evaluated."""
+    from ragate.retrieval.demo import demo_index
+    from ragate.retrieval.index import open_index
+
+    examples = load_dataset(DEMO_QUESTIONS, limit=2)
+    config = EvalConfig("demo", ("wo-rag",), limit=2)  # the two questions' prompts share the exemplars
+    llama_backend.drop_prompt_states()  # the session's backend: earlier tests' prompts are not this test's
+    records, evaluated = {}, {}
+    with open_index(demo_index()) as index:
+        for name, cache in (("off", False), ("on", True)):
+            before = llama_backend.evaluated_tokens
+            run_eval(
+                config, tmp_path / name, lm=llama_backend, retriever=index, examples=examples, progress=False,
+                call_cache=tmp_path / "calls.sqlite", cache=cache,
+            )  # fmt: skip
+            evaluated[name] = llama_backend.evaluated_tokens - before
+            records[name] = {r["id"]: r for r in read_records(tmp_path / name / "questions.jsonl")}
+
+    def seen(r: dict[str, Any]) -> tuple[Any, ...]:
+        stages = [(s["name"], s["prompt_tokens"], s["completion_tokens"], s.get("logprob")) for s in r["trace"]["stages"]]
+        return r["prediction"], r["doc_ids"], r["prompt_tokens"], r["completion_tokens"], stages
+
+    assert {m: seen(r) for m, r in records["on"].items()} == {m: seen(r) for m, r in records["off"].items()}
+    assert evaluated["on"] < evaluated["off"]
+    assert all(r["paid"]["reused_prompt_tokens"] == 0 for r in records["off"].values())
+    reused = [r for r in records["on"].values() if r["paid"]["reused_prompt_tokens"] > 0]
+    assert reused  # the second question started from the first one's instruction and exemplars
+    for r in reused:
+        assert r["seconds"] > r["paid"]["seconds"] and r["charged"]["cpu_seconds"] > r["paid"]["cpu_seconds"]
+
+
 def _passages_request(question: str, n: int) -> GenerationRequest:
     texts = [json.loads(line)["text"] for line in (demo_dir() / "passages.jsonl").open()][:n]
     body = "Passages:\n" + "\n".join(texts) + f"\nQuestion: {question}"

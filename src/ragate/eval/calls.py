@@ -395,10 +395,19 @@ class CallCache(Backend):
             self.store.put(key, value)
         return gens[0]
 
+    @contextmanager
+    def prefix_reuse(self) -> Iterator[PrefixReuse]:
+        """The engine's exact prefix reuse where this cache turns it on, else a block that reuses nothing: a dynamic
+        loop, which calls the engine itself, answers inside it in ``ragate eval``, so that each question's first
+        prompt starts from the kept state of the instruction and exemplars (or of the same prompt another route
+        evaluated) as it does through :class:`ragate.Pipeline`. The block's count says what was reused."""
+        with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
+            yield reused
+
     def _computed(self, compute: Callable[[], list[Generation]]) -> tuple[list[Generation], Cost]:
         """Run ``compute`` (inside the engine's exact prefix reuse, where on), count it, and return its generations
         and what it is charged: what it measured plus what its reused prompt tokens took when first evaluated."""
-        with self._reuse() if self._reuse is not None else nullcontext(PrefixReuse()) as reused:
+        with self.prefix_reuse() as reused:
             clock = time.thread_time if self.engine == "openai" else time.process_time  # see below
             wall, cpu = time.perf_counter(), clock()
             gens = compute()

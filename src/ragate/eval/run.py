@@ -25,12 +25,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Self
 
 from tqdm.auto import tqdm
 
 from ragate.backends.base import Backend
+from ragate.backends.prompt_states import PrefixReuse
 from ragate.errors import CallCacheError, RagateError
 from ragate.eval.calls import CallCache, CallStore, Cost, Tally, check_call_cache
 from ragate.eval.config import (
@@ -89,28 +91,35 @@ def record_for(
     *,
     cpu_seconds: float | None = None,
     tally: Tally | None = None,
+    reused: PrefixReuse | None = None,
 ) -> dict[str, Any]:
     """The JSON line of one (question, method): scores on the extracted answer, retrieval facts and costs.
 
     With a call-cache ``tally``, ``seconds`` and ``cpu_seconds`` are *charged*: what was measured, with each LM
     call at the cost measured when it was computed (a call answered from the store is charged its original cost);
-    ``charged`` and ``paid`` give the LM calls' share of both."""
+    ``charged`` and ``paid`` give the LM calls' share of both. A dynamic method computes every call; its prompt
+    tokens taken from kept states (``reused``) are charged what they took when first evaluated, so a record costs
+    the same whether or not an earlier answer left the state."""
     if tally is not None:
         seconds = seconds - tally.paid.seconds + tally.charged.seconds
         if cpu_seconds is not None:
             cpu_seconds = cpu_seconds - tally.paid.cpu_seconds + tally.charged.cpu_seconds
-        charged, paid, hits, reused = tally.charged, tally.paid, tally.hits, tally.reused_tokens
-    else:  # every call computed here (dynamic methods): charged is paid
+        charged, paid, hits, reused_tokens = tally.charged, tally.paid, tally.hits, tally.reused_tokens
+    else:  # every call computed here (dynamic methods): charged is paid, and what came from kept states
         lm_stages = [s for s in trace.stages if s.prompt_tokens or s.completion_tokens]
-        charged = paid = Cost(
+        paid = Cost(
             sum(s.seconds for s in lm_stages),
             cpu_seconds or 0.0,  # the method's CPU time: its LM calls are nearly all of it
             sum(s.prompt_tokens for s in lm_stages),
             sum(s.completion_tokens for s in lm_stages),
             len(lm_stages),
         )
-        hits = reused = 0
-    paid_json = paid.to_json() | {"cached_calls": hits, "reused_prompt_tokens": reused}
+        from_states = Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds) if reused is not None else Cost()
+        charged, hits, reused_tokens = paid + from_states, 0, reused.tokens if reused is not None else 0
+        seconds += from_states.seconds
+        if cpu_seconds is not None:
+            cpu_seconds += from_states.cpu_seconds
+    paid_json = paid.to_json() | {"cached_calls": hits, "reused_prompt_tokens": reused_tokens}
     costs: dict[str, Any] = {"charged": charged.to_json(), "paid": paid_json}
     if cpu_seconds is not None:
         costs["cpu_seconds"] = cpu_seconds
@@ -401,10 +410,11 @@ class Answering(Opened):
                 self._warm = True
         spec = self.specs[method]
         # single-shot calls are computed once each; the dynamic loop keeps the engine's prefix reuse
+        # (its first prompt started from a kept state where the call cache turns exact reuse on, as a Pipeline does)
         target: Backend = self.calls if spec.dynamic is None else self.lm
         self.lm.clear_cache()
         try:
-            with self.calls.tally() as tally:
+            with self.calls.tally() as tally, self.calls.prefix_reuse() if target is self.lm else nullcontext() as reused:
                 start, cpu = time.perf_counter(), self.clock()
                 trace = run_method(
                     spec, ex.question, target, self.retriever, seed=self.config.seed + i, dataset=ex.dataset,
@@ -412,7 +422,7 @@ class Answering(Opened):
                 )  # fmt: skip
                 wall, cpu = time.perf_counter() - start, self.clock() - cpu
             counted = tally if target is self.calls else None
-            return record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted)
+            return record_for(ex, trace, wall, cpu_seconds=cpu, tally=counted, reused=reused)
         except CallCacheError:
             raise  # the run's store, not this question: stop (answers so far are kept; --resume)
         except (RagateError, ValueError) as err:
