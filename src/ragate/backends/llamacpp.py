@@ -226,13 +226,14 @@ class LlamaCppBackend(Backend):
         starts from the kept state of the earlier such prompt sharing the longest aligned prefix, and its own state
         is kept: the logits are those of evaluating it all, bit for bit, so a call's output does not depend on the
         calls before it. The block's :class:`PrefixReuse` counts the tokens not evaluated again and what they
-        took when they were."""
-        reuse = PrefixReuse()
+        took when they were. A block inside another counts its own tokens, and the outer block's reuse goes on
+        after it."""
+        reuse, outer = PrefixReuse(), self._reuse
         self._reuse = reuse
         try:
             yield reuse
         finally:
-            self._reuse = None
+            self._reuse = outer
 
     def drop_prompt_states(self) -> None:
         """Forget the prompt states kept for :meth:`exact_prefix_reuse` (their memory is freed)."""

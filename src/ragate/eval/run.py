@@ -414,7 +414,8 @@ class Answering(Opened):
         target: Backend = self.calls if spec.dynamic is None else self.lm
         self.lm.clear_cache()
         try:
-            with self.calls.tally() as tally, self.calls.prefix_reuse() if target is self.lm else nullcontext() as reused:
+            reuse = self.calls.prefix_reuse() if target is self.lm else nullcontext()
+            with self.calls.tally() as tally, reuse as reused:
                 start, cpu = time.perf_counter(), self.clock()
                 trace = run_method(
                     spec, ex.question, target, self.retriever, seed=self.config.seed + i, dataset=ex.dataset,
