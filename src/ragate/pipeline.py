@@ -13,7 +13,8 @@ A local llama.cpp model computes each call as ``ragate eval`` does (:class:`raga
 store): from a cleared cache, its prompt started from the kept state of the earlier prompt sharing the longest
 aligned prefix (the gate's draft prompt for the reading prompt after it; the instruction and exemplars of a dynamic
 method), which gives the same logits bit for bit (:mod:`ragate.backends.prompt_states`). So an answer does not
-depend on the questions before it and equals ``ragate eval``'s. The kept states are bounded in bytes:
+depend on the questions before it and equals ``ragate eval``'s (a dynamic method's log-probabilities but for the
+last digits: eval continues the engine's cache between a question's calls). The kept states are bounded in bytes:
 ``backend_options={"prompt_state_bytes": N}`` (0 keeps none; ``ragate serve --prompt-state-mb``).
 """
 
@@ -152,8 +153,7 @@ class Pipeline:
             budget_gain=budget_gain, max_tokens=max_tokens, k=k, seed=seed, max_question_chars=max_question_chars,
             gate=gate, selector=selector, fallback=fallback, prompts=prompts,
         )  # fmt: skip
-        self._closed = False
-        self.early_exit = bool(early_exit)
+        self._closed, self.early_exit = False, bool(early_exit)
         if model_of is not None:  # share another pipeline's loaded model, one call at a time over both
             if not isinstance(model_of, Pipeline):
                 raise RagateError(f"model_of= takes a ragate.Pipeline, not {type(model_of).__name__}")
