@@ -415,7 +415,7 @@ class CallCache(Backend):
             # calling thread alone, and other questions' threads must not be charged to this call
             wall, cpu = time.perf_counter() - wall, clock() - cpu
         paid = _cost(gens, cpu, wall)
-        charged = paid + Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds)
+        charged = paid + reuse_cost(reused)
         self._count(charged, paid=paid, reused=reused.tokens)
         return gens, charged
 
@@ -439,6 +439,12 @@ class CallCache(Backend):
 
     def close(self) -> None:
         """The wrapped backend and the store belong to the caller."""
+
+
+def reuse_cost(reused: PrefixReuse) -> Cost:
+    """What the prompt tokens a block took from kept states took when first evaluated: charged on top of what the
+    calls that reused them paid, so a call costs what it would alone."""
+    return Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds)
 
 
 def _cost(gens: Sequence[Generation], cpu_seconds: float, wall: float) -> Cost:

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ragate.backends.base import Backend
 from ragate.backends.prompt_states import PrefixReuse
 from ragate.errors import CallCacheError, RagateError
-from ragate.eval.calls import CallCache, CallStore, Cost, Tally, check_call_cache
+from ragate.eval.calls import CallCache, CallStore, Cost, Tally, check_call_cache, reuse_cost
 from ragate.eval.config import (
     EvalConfig,
     _urls,
@@ -114,8 +114,9 @@ def record_for(
             sum(s.completion_tokens for s in lm_stages),
             len(lm_stages),
         )
-        from_states = Cost(seconds=reused.seconds, cpu_seconds=reused.cpu_seconds) if reused is not None else Cost()
-        charged, hits, reused_tokens = paid + from_states, 0, reused.tokens if reused is not None else 0
+        reused = reused if reused is not None else PrefixReuse()
+        from_states = reuse_cost(reused)
+        charged, hits, reused_tokens = paid + from_states, 0, reused.tokens
         seconds += from_states.seconds
         if cpu_seconds is not None:
             cpu_seconds += from_states.cpu_seconds
