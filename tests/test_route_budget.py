@@ -318,6 +318,31 @@ def test_a_fitted_policy_chooses_live_the_route_it_chose_in_the_replay(
         assert live.answer == traces[qid][ROUTES[replayed[i]]].answer
 
 
+def _served(data: dict[str, Any], tmp_path: Path) -> Any:
+    """The route method a calibration file serves (Pipeline's path)."""
+    from ragate.methods import get_method
+    from ragate.methods.configure import calibrated
+
+    path = tmp_path / "served.json"
+    path.write_text(json.dumps(data))
+    return calibrated(get_method("route"), read_calibration(path), path, routes_given=False)[0]
+
+
+def test_a_calibrated_cascade_with_no_thresholds_within_the_budget_stops_at_every_stage_once_saved(
+    table: Any, tmp_path: Path
+) -> None:
+    """Nothing within the target: every stage stops (the cheapest cascade), written as a threshold a probability
+    always meets, not as a null that reads back as never stopping."""
+    from ragate.report.route_fit import checked, fit_calibrated, stage_p
+
+    model = fit_calibrated(table, "em", -1.0)
+    assert model.stops == (0.0, 0.0)
+    assert (checked(stage_p(table, list(model.right)), model.stops, 2) == 0).all()
+    data = {"method": "route", "policy": "calibrated", "routes": list(ROUTES), **model.to_json()}
+    served = _served(data, tmp_path)
+    assert served.route.model.stops == (0.0, 0.0)
+
+
 def test_a_fitted_policy_file_with_bad_numbers_is_refused(table: Any, tmp_path: Path) -> None:
     learned = route_calibration(table, 0.8, policy="learned")
     adaptive = route_calibration(table, None, policy="adaptive-rag")
@@ -342,11 +367,27 @@ def test_a_fitted_policy_file_with_bad_numbers_is_refused(table: Any, tmp_path: 
     cases.append((adaptive | {"classifier": classifier | {"classes": [0, 0, 2][: len(classifier["classes"])]}},
                   "names a route twice"))  # fmt: skip
     cases.append((adaptive | {"classifier": 7}, "'classifier' names route 7 of 3"))
+
+    def narrow(fit: dict[str, Any]) -> dict[str, Any]:  # a fit that agrees with itself, over 3 features
+        return fit | {"mean": fit["mean"][:3], "scale": fit["scale"][:3], "coef": [r[:3] for r in fit["coef"]]}
+
+    assert all(isinstance(f, dict) for f in (*learned["right"], *calibrated["right"]))
+    cases += [
+        (adaptive | {"classifier": narrow(classifier)}, "a fitted model reads 3 features, and the adaptive-rag"),
+        (learned | {"right": [learned["right"][0], narrow(learned["right"][1]), learned["right"][2]]},
+         "a fitted model reads 3 features, and the learned policy's are 18"),
+        (calibrated | {"right": [narrow(calibrated["right"][0]), calibrated["right"][1]]},
+         "a fitted model reads 3 features, and the calibrated policy's are 7"),
+    ]  # fmt: skip
     for data, words in cases:
         path = tmp_path / "bad.json"
         path.write_text(json.dumps(data))
         with pytest.raises(RagateError, match=words):
             read_calibration(path)
+    with pytest.raises(RagateError, match="adaptive-rag chooses the route from the question alone"):
+        _served(adaptive, tmp_path).with_threshold(0.5)
+    served = _served(calibrated, tmp_path).with_threshold(0.25)  # each stage's P(right) to stop at
+    assert served.route is not None and served.route.model is not None and served.route.model.stops == (0.25, 0.25)
     with pytest.raises(RagateError, match="adaptive-rag has no budget"):
         route_calibration(table, 0.8, policy="adaptive-rag")
     high = learned["reach"][1]

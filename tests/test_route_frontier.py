@@ -189,6 +189,45 @@ def test_routes_a_run_does_not_hold_are_named() -> None:
         routes_report([RUN.parent], ["wo-rag", "ircot"])
 
 
+def test_the_report_refuses_what_a_route_method_refuses_and_damaged_records_naming_the_line(tmp_path: Path) -> None:
+    """Routes out of cost order or in two answer formats would replay a cascade no route method runs; a record
+    whose stage or scores the table cannot read is refused naming its line, through the command too (no
+    traceback); a seed or resample count numpy cannot take is refused by name."""
+    from test_route_budget import _records  # records as ragate eval writes them
+
+    from ragate.cli.main import main
+
+    with pytest.raises(RagateError, match="routes go cheapest first: 'single-rag'"):
+        routes_report([RUN], ["wo-rag", "ircot", "single-rag"])
+    with pytest.raises(RagateError, match="routes answer in one format"):
+        routes_report([RUN], ["no-retrieval", "ircot"])
+    with pytest.raises(RagateError, match=r"the seed \(--seed\) is a whole number, 0 or more, not -1"):
+        routes_report([RUN], ["wo-rag", "ircot"], seed=-1)
+    with pytest.raises(RagateError, match=r"resamples \(--resamples\) are a whole number, 1 or more, not 0"):
+        routes_report([RUN], ["wo-rag", "ircot"], samples=0)
+    records = _records(6)
+    stage = records[4]["trace"]["stages"][0]
+    damaged = [
+        ({"stages": [{"name": "answer", "prompt_tokens": 3}]}, "trace"),
+        ({"stages": [stage | {"completion_tokens": "5"}]}, "trace"),
+        ({"stages": [stage | {"logprob": "x"}]}, "trace"),
+    ]
+    for trace, field in damaged:
+        run = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        run.mkdir()
+        bad = [r if k != 4 else r | {"trace": r["trace"] | trace} for k, r in enumerate(records)]
+        (run / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+        with pytest.raises(RagateError, match=rf"questions.jsonl, line 5: \"{field}\" must be an object"):
+            routes_report([run], ROUTES)
+    run = tmp_path / "no-scores"
+    run.mkdir()
+    bare = [r if k != 4 else {"id": r["id"], "method": r["method"]} for k, r in enumerate(records)]
+    (run / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare))
+    with pytest.raises(RagateError, match='line 5: no "scores" in this answer'):
+        routes_report([run], ROUTES)
+    assert main(["report", str(run), "--routes", ",".join(ROUTES)]) == 2
+
+
 def test_report_prints_the_frontier_of_a_committed_run(capsys: pytest.CaptureFixture[str]) -> None:
     """The run of HotpotQA's first 300 questions (no log-probabilities in its records): the oracle is the one the
     routes issue quotes, 37.7 EM at 0.24 retrievals per question; the cascade on agreement alone pays for more

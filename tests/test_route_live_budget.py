@@ -146,9 +146,16 @@ def test_settings_the_route_budget_cannot_honour_are_refused_before_the_model_lo
         ({"calibration": learned, "window": 3}, "--window 3 is too short"),
         ({"calibration": learned, "state": "redis://127.0.0.1:1/0"}, "a route budget keeps its own window"),
     ]
+    # a first route that retrieves: the policy prices only the routes after it, so no lambda holds B
+    _, records = _policy_scenario(60, seed=3)
+    retrieving = tmp_path / "retrieving-first.json"
+    retrieving.write_text(json.dumps(route_calibration(route_table(records, ROUTES[1:]), 1.5, policy="learned")))
+    cases.append(({"calibration": retrieving, "budget": 1.5}, "the first route 'standard-rag' may retrieve too"))
     for given, words in cases:
         with pytest.raises(RagateError, match=words):
             Pipeline(method="route", lm=lm, **({"budget": 0.5} | given))
+    with Pipeline(method="route", calibration=retrieving, lm=lm) as rag:  # without a live budget it serves
+        assert rag.spec.route is not None and rag.spec.route.routes == ROUTES[1:]
     with Pipeline(method="route", calibration=learned, budget=0.5, lm=lm) as rag:
         assert isinstance(rag.budget, RouteBudgetController) and rag.budget.budget == 0.5
         with pytest.raises(ValueError, match="routes each question by checking its routes. answers"):

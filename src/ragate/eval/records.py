@@ -144,9 +144,28 @@ def _costs(value: Any) -> bool:
 
 def _trace(value: Any) -> bool:
     stages = value.get("stages", []) if isinstance(value, dict) else None
-    return isinstance(stages, list) and all(isinstance(s, dict) for s in stages)
+    return isinstance(stages, list) and all(_stage(s) for s in stages)
 
 
+def _stage(value: Any) -> bool:
+    """A trace's stage as the readers rebuild it (``ragate.methods.trace.Stage``: what the route report's NLL and
+    costs read): a name, its token counts and seconds, and its log-probability a number or null where held."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("name"), str)
+        and is_count(value.get("prompt_tokens"))
+        and is_count(value.get("completion_tokens"))
+        and is_number(value.get("seconds"))
+        and _float_or_none(value.get("logprob"))
+    )
+
+
+def _float_or_none(value: Any) -> bool:
+    return value is None or is_number(value)
+
+
+_TRACE = ("an object (its stages a list of objects, each with a name, its prompt_tokens, completion_tokens and "
+          "seconds, and a logprob that is a number or null)")
 # the fields an eval record may hold, each with what it must be
 _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "method": (lambda v: isinstance(v, str) and bool(v), "a method name"),
@@ -164,7 +183,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **dict.fromkeys(("seconds", "cpu_seconds"), (is_number, "a finite number")),
     **dict.fromkeys(("gate_score", "threshold"), (_number_or_none, "a number or null")),
     **dict.fromkeys(("charged", "paid"), (_costs, f"an object of finite numbers {', '.join(COST_KEYS)}")),
-    "trace": (_trace, "an object (its stages a list of objects)"),
+    "trace": (_trace, _TRACE),
 }
 
 

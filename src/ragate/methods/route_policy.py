@@ -148,10 +148,10 @@ class RoutePolicyModel:
                 if not 0 <= found < routes:
                     raise RagateError(f"{where}: 'classifier' names route {found} of {routes}")
                 return cls(kind, choose=found)
-            model = Linear.from_json(found, f"{where}, 'classifier'")
-            if any(not 0 <= c < routes for c in model.classes):
+            classifier = Linear.from_json(found, f"{where}, 'classifier'")
+            if any(not 0 <= c < routes for c in classifier.classes):
                 raise RagateError(f"{where}: the classifier's classes name routes beyond the {routes} routes")
-            return cls(kind, choose=model)
+            return cls(kind, choose=classifier)._checked(where)
         if kind not in ("learned", "calibrated"):
             raise RagateError(f"{where}: unknown route policy {kind!r}: {POLICY_NAMES}")
         right, costs, lam = data.get("right"), data.get("costs"), data.get("lambda")
@@ -164,14 +164,27 @@ class RoutePolicyModel:
             if not isinstance(stops, list) or len(stops) != fitted or not all(s is None or _finite(s) for s in stops):
                 raise RagateError(f"{where}: 'stops' must hold {fitted} thresholds (a number, or null: never stops)")
             return cls(kind, right=_right_fits(right, where),
-                       stops=tuple(math.inf if s is None else float(s) for s in stops))  # fmt: skip
+                       stops=tuple(math.inf if s is None else float(s) for s in stops))._checked(where)  # fmt: skip
         if not isinstance(costs, list) or len(costs) != routes or not all(_finite(c) and c >= 0 for c in costs):
             raise RagateError(f"{where}: 'costs' must hold each route's mean retrievals ({routes} numbers, 0 or more)")
         if costs[0] != 0:
             raise RagateError(f"{where}: 'costs' starts with 0 (the first route has run when the policy chooses)")
         if not _finite(lam) or float(lam) < 0:  # type: ignore[arg-type]
             raise RagateError(f"{where}: 'lambda' must be a number, 0 or more, not {lam!r}")
-        return cls(kind, right=_right_fits(right, where), costs=tuple(map(float, costs)), lam=float(lam))  # type: ignore[arg-type]
+        model = cls(kind, right=_right_fits(right, where), costs=tuple(map(float, costs)), lam=float(lam))  # type: ignore[arg-type]
+        return model._checked(where)
+
+    def _checked(self, where: str) -> RoutePolicyModel:
+        """This policy, refused naming ``where`` where a fitted model reads another number of features than the
+        policy's names list (each :class:`Linear` is checked only in itself when read)."""
+        width = len(feature_names(self.kind))
+        for fit in (self.choose, *self.right):
+            if isinstance(fit, Linear) and len(fit.mean) != width:
+                raise RagateError(
+                    f"{where}: a fitted model reads {len(fit.mean)} features, and the {self.kind} policy's are "
+                    f"{width} (the file's 'features'): the file is damaged"
+                )
+        return self
 
 
 def _right_fits(right: list[Any], where: str) -> tuple[Linear | float, ...]:

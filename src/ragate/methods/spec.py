@@ -180,15 +180,21 @@ class MethodSpec:
         return spec
 
     def with_threshold(self, tau: float | None) -> MethodSpec:
-        """This method with its gate's threshold (a dynamic method: its trigger's) set to ``tau`` (None: as is)."""
+        """This method with its gate's threshold (a dynamic method: its trigger's; a route method: its policy's, the
+        learned policy's lambda, each stage's NLL or, for the calibrated cascade, P(right) to stop at; adaptive-rag
+        has none) set to ``tau`` (None: as is)."""
         if tau is None:
             return self
         if self.route is not None and self.route.policy == "learned" and self.route.model is not None:
             if not tau >= 0:  # the learned policy's threshold is its price of one retrieval (a live route budget's)
                 raise RagateError(f"the learned route policy's threshold is lambda, 0 or more, not {tau!r}")
             return replace(self, route=replace(self.route, model=replace(self.route.model, lam=float(tau))))
+        if self.route is not None and self.route.policy == "adaptive-rag":
+            raise RagateError("adaptive-rag chooses the route from the question alone: it has no threshold to set")
         if self.route is not None:  # one stop threshold for every stage's answer check
             stops = (float(tau),) * (len(self.route.routes) - 1)
+            if self.route.policy == "calibrated" and self.route.model is not None:  # each stage's P(right) to stop
+                return replace(self, route=replace(self.route, model=replace(self.route.model, stops=stops)))
             return replace(self, route=replace(self.route, stop_nll=stops))
         if self.dynamic is not None:
             return replace(self, dynamic=replace(self.dynamic, threshold=tau))

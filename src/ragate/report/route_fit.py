@@ -65,12 +65,13 @@ def checked(p: np.ndarray, stops: tuple[float, ...], last: int) -> np.ndarray:
 
 def tune(table: RouteTable, p: np.ndarray, target: float, metric: str) -> tuple[float, ...]:
     """The thresholds whose cascade on ``table`` is the most accurate with mean retrievals at most ``target``
-    (ties: fewer retrievals); inf: that stage never stops. Nothing within: stop at every stage."""
+    (ties: fewer retrievals); inf: that stage never stops. Nothing within: stop at every stage (0: a probability
+    is at least 0; -inf would be written as null, which reads as never stopping)."""
     grids = [[math.inf, *sorted({float(np.quantile(p[:, j], q)) for q in GRID})] for j in range(p.shape[1])]
     last = len(table.routes) - 1
     best = most_accurate_within(table, combinations(grids), lambda stops: checked(p, stops, last), target, metric,
                                 pays="every")  # fmt: skip
-    return best if best is not None else (-math.inf,) * p.shape[1]
+    return best if best is not None else (0.0,) * p.shape[1]
 
 
 def fit_calibrated(table: RouteTable, metric: str, target: float) -> RoutePolicyModel:

@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from ragate.errors import RagateError
 from ragate.report.route_frontier import frontier
 from ragate.report.route_plot import by_dataset, plot_routes
 from ragate.report.route_targets import targets_markdown
 from ragate.report.routes import (
     DEFAULT_TARGETS,
     RouteTable,
+    _cell,
     checks_markdown,
     frontier_markdown,
     read_route_table,
@@ -38,7 +40,7 @@ def patterns_markdown(table: RouteTable, metric: str) -> str:
     route alone is, by sending on; where all or none are, the route chosen changes nothing but the cost."""
     names = sorted(set(table.datasets)) if len(set(table.datasets)) > 1 else []
     datasets = np.array(table.datasets)
-    head = "| " + " | ".join(table.routes) + " | questions | share |" + "".join(f" {d} |" for d in names)
+    head = "| " + " | ".join(map(_cell, table.routes)) + " | questions | share |" + "".join(f" {_cell(d)} |" for d in names)
     lines = [head, "|" + "---|" * (len(table.routes) + 2 + len(names))]
     for pattern, rows in right_patterns(table, metric).items():
         marks = " | ".join("right" if ok else "wrong" for ok in pattern)
@@ -62,6 +64,10 @@ def routes_report(
     datasets, the pooled frontier and then each dataset's (the pooled policies' choices on its questions). ``seed``
     sets the cross-fitting halves and the bootstrap, ``samples`` the bootstrap's resamples. ``plot``: a PNG path
     where the pooled frontier is drawn (written atomically; the report then says the figure's data)."""
+    if not (isinstance(seed, int) and seed >= 0):
+        raise RagateError(f"the seed (--seed) is a whole number, 0 or more, not {seed!r}")
+    if not (isinstance(samples, int) and samples >= 1):
+        raise RagateError(f"the bootstrap's resamples (--resamples) are a whole number, 1 or more, not {samples!r}")
     table = read_route_table(run_dirs, routes)
     rows = frontier(table, metric, targets=targets, seed=seed)
     nll = [r for r, ok in zip(routes, np.isfinite(table.nll).all(axis=0), strict=True) if not ok]

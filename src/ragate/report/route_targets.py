@@ -22,7 +22,7 @@ import numpy as np
 from ragate.eval.metrics import paired_bootstrap_diff
 from ragate.eval.summary import verdict
 from ragate.report.route_fit import calibrated_cascade
-from ragate.report.routes import RouteTable, Row, cross_fitted, learned, outcome
+from ragate.report.routes import RouteTable, Row, _cell, cross_fitted, learned, outcome
 
 POLICIES = ("cascade: NLL", "cascade: calibrated", "learned:")  # the rows tuned for a target
 
@@ -71,11 +71,11 @@ def targets_markdown(
         best = max(within, key=lambda r: float(np.mean(r.score)))
         lo, _ = paired_bootstrap_diff(best.score.tolist(), last.score.tolist(), samples=samples, seed=seed)
         met = "yes" if 100 * lo >= -1.0 else f"no: the interval reaches {100 * lo:+.1f}, {-1.0 - 100 * lo:.1f} points past -1"
-        lines.append(f"| best policy at ≤ 40% of {last.name}'s retrievals, not below it by > 1 point | {best.name} "
-                     f"({_spent(best):.2f} retrievals/q; the best of {len(within)} rows within, chosen on these "
-                     f"questions) vs {last.name} | {_gap(best, last, samples, seed)} | {met} |")  # fmt: skip
+        lines.append(f"| best policy at ≤ 40% of {_cell(last.name)}'s retrievals, not below it by > 1 point | "
+                     f"{_cell(best.name)} ({_spent(best):.2f} retrievals/q; the best of {len(within)} rows within, chosen on these "
+                     f"questions) vs {_cell(last.name)} | {_gap(best, last, samples, seed)} | {met} |")  # fmt: skip
     else:
-        lines.append(f"| best policy at ≤ 40% of {last.name}'s retrievals | – | no policy row spent so little | no |")
+        lines.append(f"| best policy at ≤ 40% of {_cell(last.name)}'s retrievals | – | no policy row spent so little | no |")
     # 2: the cascade and the learned policy against adaptive-rag at its mean retrievals
     adaptive = by_name.get("adaptive-rag: question classifier")
     if adaptive is not None:
@@ -109,7 +109,7 @@ def targets_markdown(
             met = "yes" if lo >= 0.25 else f"no: the interval reaches {100 * lo:.0f}%, {100 * (0.25 - lo):.0f} points of the gap short"
         lines.append(f"| ≥ 25% of the gap from the best fixed route to the oracle closed at its cost | the cascade "
                      f"(calibrated checks) tuned to ≤ {_spent(fixed):.2f} retrievals/q ({_spent(row):.2f}) vs "
-                     f"{fixed.name} and the oracle | {100 * share:.0f}% [{100 * lo:.0f}%, {100 * hi:.0f}%] of the gap | {met} |")  # fmt: skip
+                     f"{_cell(fixed.name)} and the oracle | {100 * share:.0f}% [{100 * lo:.0f}%, {100 * hi:.0f}%] of the gap | {met} |")  # fmt: skip
     elif oracle is not None:
         lines.append("| ≥ 25% of the gap from the best fixed route to the oracle closed at its cost | – | no "
                      "log-probabilities in the records: no cascade to tune | not computed |")  # fmt: skip

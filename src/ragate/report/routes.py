@@ -34,7 +34,7 @@ import numpy as np
 from ragate.errors import RagateError
 from ragate.eval.metrics import paired_bootstrap_diff
 from ragate.eval.summary import verdict
-from ragate.methods.route import answers_agree
+from ragate.methods.route import answers_agree, route_specs
 from ragate.methods.route_policy import (
     Linear,
     RoutePolicyModel,
@@ -43,6 +43,7 @@ from ragate.methods.route_policy import (
     learned_values,
     question_vector,
 )
+from ragate.methods.spec import RouteSpec
 from ragate.methods.trace import Stage, answer_nll
 from ragate.text import evidence_applies, extract_answer
 
@@ -489,17 +490,26 @@ def _check_line(
 
 def read_route_table(run_dirs: Sequence[str | Any], routes: Sequence[str]) -> RouteTable:
     """The route table of ``routes`` over the eval runs ``run_dirs`` (a route's answer from the first run that
-    holds it)."""
+    holds it); routes that a route method would refuse (unknown, in two answer formats, not cheapest first) are
+    refused here too, so that a cascade, a policy and the oracle replay what a route method can run."""
     from pathlib import Path
 
     from ragate.eval.records import read_records
 
     if len(set(routes)) != len(routes) or len(routes) < 2:
         raise RagateError(f"--routes names two routes or more, each once, cheapest first (got {','.join(routes)})")
+    route_specs(RouteSpec(tuple(routes)))  # routes this version knows, in one answer format, cheapest first
     records: list[dict[str, Any]] = []
     for run_dir in run_dirs:
         path = Path(run_dir) / "questions.jsonl"
         if not path.is_file():
             raise RagateError(f"{run_dir} holds no questions.jsonl: give an eval run directory (ragate eval --out DIR)")
-        records += read_records(path, repair=False)
+        records += read_records(path, repair=False, check=_answer_fault)
     return route_table(records, routes)
+
+
+def _answer_fault(record: dict[str, Any]) -> str | None:
+    """An answer a route table reads (a method's record without an error) must hold its scores."""
+    if "method" in record and "error" not in record and "scores" not in record:
+        return 'no "scores" in this answer (a route table compares the routes\' scores)'
+    return None

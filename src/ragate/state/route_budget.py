@@ -86,6 +86,7 @@ def check_route_budget(budget: Any, window: int, spec: MethodSpec, gain: float =
     """Refuse, before the model loads, settings a live route budget cannot honour: another policy than learned,
     a budget outside what its routes can spend (0 up to the dearest route's mean retrievals), a short window."""
     model = route_model(spec)
+    _check_first_route(spec)
     high = max(model.costs)
     if not (is_number(budget) and 0 < budget <= high):
         raise RagateError(
@@ -96,6 +97,22 @@ def check_route_budget(budget: Any, window: int, spec: MethodSpec, gain: float =
         raise RagateError(f"--budget-gain must be a number >= 0 (0: no feedback), got {gain:g}")
     if window < MIN_WINDOW:
         raise RagateError(f"--window {window} is too short to estimate a mean: use at least {MIN_WINDOW} (default 200)")
+
+
+def _check_first_route(spec: MethodSpec) -> None:
+    """A live route budget prices the routes after the first (the policy's costs: the first has run when it
+    chooses), so it holds B only where the first route makes no retrieval; refused otherwise, naming the fix."""
+    from ragate.methods.registry import get_method
+
+    assert spec.route is not None
+    first = spec.route.routes[0]
+    if get_method(first).retrieves:
+        raise RagateError(
+            f"a live route budget holds the retrievals of the routes after the first, and the first route {first!r} "
+            "may retrieve too, which the policy's price does not count: put a closed-book route first (wo-rag, "
+            "no-retrieval) and refit, or serve the file without --budget (its lambda was set for its budget on the "
+            "questions it was fitted on)"
+        )
 
 
 def price_for(rows: np.ndarray, costs: np.ndarray, level: float) -> float:
