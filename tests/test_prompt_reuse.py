@@ -189,6 +189,27 @@ def test_a_prompt_evaluated_before_is_restored_whole_with_its_logits(twins: dict
     assert all(getattr(first, f) == getattr(second, f) for f in fields)
 
 
+def test_a_reuse_block_inside_another_counts_its_own_tokens_and_the_outer_one_goes_on(twins: dict[str, Pipeline]) -> None:
+    """A call cache's block (each computed call opens one) inside an engine block of the caller's: the inner call
+    reuses the state the outer block kept and counts it, and after it the outer block reuses again and counts
+    only its own tokens."""
+    calls = twins["on"].lm
+    raw = calls.inner  # type: ignore[attr-defined]
+    raw.drop_prompt_states()
+    request = GenerationRequest((Message("user", LONG_QUESTION + " (nested)"),), max_tokens=2)
+    with raw.exact_prefix_reuse() as outer:
+        raw.clear_cache()
+        first = raw.generate([request])[0]
+        assert outer.tokens == 0  # nothing kept before it
+        raw.clear_cache()
+        with calls.tally() as inner:  # type: ignore[attr-defined]
+            calls.generate([request])
+        assert inner.reused_tokens == first.prompt_tokens and outer.tokens == 0
+        raw.clear_cache()
+        raw.generate([request])
+    assert outer.tokens == first.prompt_tokens and outer.seconds > 0
+
+
 def test_an_answer_does_not_depend_on_the_questions_before_it(twins: dict[str, Pipeline]) -> None:
     rag = twins["on"]
     first = rag.answer(QUESTIONS[0], method="etc", max_tokens=24)
