@@ -156,11 +156,11 @@ def _stage(value: Any) -> bool:
         and is_count(value.get("prompt_tokens"))
         and is_count(value.get("completion_tokens"))
         and is_number(value.get("seconds"))
-        and _float_or_none(value.get("logprob"))
+        and _finite_or_none(value.get("logprob"))
     )
 
 
-def _float_or_none(value: Any) -> bool:
+def _finite_or_none(value: Any) -> bool:
     return value is None or is_number(value)
 
 

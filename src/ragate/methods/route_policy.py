@@ -142,6 +142,11 @@ class RoutePolicyModel:
         """The policy a calibration file of ``routes`` routes holds, checked; a :class:`RagateError` naming
         ``where`` and the field otherwise."""
         check_features(data, kind, where)
+        return cls._read(kind, data, routes, where)._checked(where)
+
+    @classmethod
+    def _read(cls, kind: str, data: Mapping[str, Any], routes: int, where: str) -> RoutePolicyModel:
+        """:meth:`from_json`'s fields, each checked in itself."""
         if kind == "adaptive-rag":
             found = data.get("classifier")
             if isinstance(found, int) and not isinstance(found, bool):
@@ -151,7 +156,7 @@ class RoutePolicyModel:
             classifier = Linear.from_json(found, f"{where}, 'classifier'")
             if any(not 0 <= c < routes for c in classifier.classes):
                 raise RagateError(f"{where}: the classifier's classes name routes beyond the {routes} routes")
-            return cls(kind, choose=classifier)._checked(where)
+            return cls(kind, choose=classifier)
         if kind not in ("learned", "calibrated"):
             raise RagateError(f"{where}: unknown route policy {kind!r}: {POLICY_NAMES}")
         right, costs, lam = data.get("right"), data.get("costs"), data.get("lambda")
@@ -164,19 +169,18 @@ class RoutePolicyModel:
             if not isinstance(stops, list) or len(stops) != fitted or not all(s is None or _finite(s) for s in stops):
                 raise RagateError(f"{where}: 'stops' must hold {fitted} thresholds (a number, or null: never stops)")
             return cls(kind, right=_right_fits(right, where),
-                       stops=tuple(math.inf if s is None else float(s) for s in stops))._checked(where)  # fmt: skip
+                       stops=tuple(math.inf if s is None else float(s) for s in stops))  # fmt: skip
         if not isinstance(costs, list) or len(costs) != routes or not all(_finite(c) and c >= 0 for c in costs):
             raise RagateError(f"{where}: 'costs' must hold each route's mean retrievals ({routes} numbers, 0 or more)")
         if costs[0] != 0:
             raise RagateError(f"{where}: 'costs' starts with 0 (the first route has run when the policy chooses)")
         if not _finite(lam) or float(lam) < 0:  # type: ignore[arg-type]
             raise RagateError(f"{where}: 'lambda' must be a number, 0 or more, not {lam!r}")
-        model = cls(kind, right=_right_fits(right, where), costs=tuple(map(float, costs)), lam=float(lam))  # type: ignore[arg-type]
-        return model._checked(where)
+        return cls(kind, right=_right_fits(right, where), costs=tuple(map(float, costs)), lam=float(lam))  # type: ignore[arg-type]
 
     def _checked(self, where: str) -> RoutePolicyModel:
         """This policy, refused naming ``where`` where a fitted model reads another number of features than the
-        policy's names list (each :class:`Linear` is checked only in itself when read)."""
+        policy's names list (:meth:`_read` checks each :class:`Linear` only in itself)."""
         width = len(feature_names(self.kind))
         for fit in (self.choose, *self.right):
             if isinstance(fit, Linear) and len(fit.mean) != width:
