@@ -381,3 +381,54 @@ def test_the_demo_questions_sit_clear_of_the_shipped_tau() -> None:
     tau = shipped["tau"]
     assert scores[asked["SKIP"].group(1)] <= tau - 0.05  # type: ignore[union-attr]
     assert scores[asked["RAG"].group(1)] >= tau + 0.05  # type: ignore[union-attr]
+
+
+def test_an_idle_server_admits_a_request_whatever_its_stale_estimates_say() -> None:
+    """After the model stalled (CI: a paused LM server), an idle server answered every request with 429 "the
+    requests ahead would keep this one past its limit", with nothing ahead: one slow answer's spread, or a queued
+    request's overrun, put its estimate past the deadline, and a refused request teaches nothing, so it never
+    mended."""
+    from ragate.service.admission import Slots, Ticket
+
+    now = [0.0]
+    slots = Slots(4, lambda used: None, clock=lambda: now[0], deadline=10.0, parallel=1)
+    for seconds in (1.0, 12.0):  # answers take a second; one took 12 s (the model was slow for a while)
+        work = slots.take()
+        assert work is not None
+        slots.begin(work)
+        now[0] += seconds
+        slots.give(work, seconds)
+    times = slots._times["answer"]
+    assert times.mean + 2 * times.sd > 10.0  # alone, it is expected past the deadline
+    ahead = slots.take()  # yet nothing is at work: admitted
+    assert ahead is not None
+    assert slots.take() is None and slots.retry_after() >= 1  # behind it, the estimate counts: refused
+    slots.begin(ahead)
+    now[0] += 1.0
+    slots.give(ahead, 1.0)
+    for _ in range(20):  # answers take a second again: the estimate mends and the queue opens
+        work = slots.take()
+        assert work is not None
+        slots.begin(work)
+        now[0] += 1.0
+        slots.give(work, 1.0)
+    assert slots.take() is not None and slots.take() is not None
+
+    stalled = Slots(4, lambda used: None, clock=lambda: now[0], deadline=10.0, parallel=1)
+    works = [stalled.take() for _ in range(2)]
+    first = works[0]
+    assert first is not None
+    stalled.begin(first)
+    now[0] += 1.0
+    stalled.give(first, 1.0)
+    queued = [stalled.take() for _ in range(2)]  # one at work, one queued behind it (expected 2 s)
+    tickets = [Ticket(stalled, w) for w in (works[1], *queued) if w is not None]
+    assert len(tickets) == 3 and all(t.start() for t in tickets)
+    for t in tickets:  # the model stalls: each gives up at the timeout, and its worker ends 20 s later
+        t.wanted()
+        t.give_up()
+    now[0] += 30.0
+    for t in tickets:
+        t.done()
+    assert stalled._times["answer"].overrun > 4.0  # 30 s where 2 s were expected: 1 s x (1 + 14) > 10 s
+    assert stalled.used == 0 and stalled.take() is not None  # idle: admitted, and the overrun starts to fade

@@ -53,9 +53,9 @@ class Slots:
     the model); the soonest of these. One mean over all kinds said 1 s while answers held every slot for 42 s,
     because searches took milliseconds.
 
-    With a ``deadline`` (the request timeout), a request is admitted only if it can finish within it: the
-    requests of its kind at work ahead of it, ``parallel`` at a time (1 for a local model, which answers one
-    request at a time), each for what is left of the kind's mean time, then itself, plus :data:`SPREAD` standard
+    With a ``deadline`` (the request timeout), a request behind others is admitted only if it can finish within
+    it (one with none of its kind at work is always admitted, see :meth:`_ahead`): the requests of its kind at
+    work ahead of it, ``parallel`` at a time (1 for a local model, which answers one request at a time), each for what is left of the kind's mean time, then itself, plus :data:`SPREAD` standard
     deviations of a request's time for each of them (the times of requests in one queue move together with the
     machine's load, so their sum spreads by sd * n, not the sd * sqrt(n) of independent ones), or, where larger,
     the largest share
@@ -98,7 +98,7 @@ class Slots:
             expected = None
             if kind in self._times:  # the queue is reckoned once: the refusal and the work's expected end
                 expected, margin = self._finish(kind)
-                if self.deadline is not None and expected + margin > self.deadline:
+                if self._ahead(kind) and self.deadline is not None and expected + margin > self.deadline:
                     return None
             self.used += 1
             work = Work(kind, self._clock(), expected=expected)
@@ -116,9 +116,16 @@ class Slots:
         """Whether a new request of ``kind`` would finish past the deadline (its expected time plus the margin).
         Admitting it would only turn it into a 504 after holding a slot (goodput 0); refused, it hears when to
         retry."""
-        if self.deadline is None or kind not in self._times:
+        if self.deadline is None or kind not in self._times or not self._ahead(kind):
             return False
         return sum(self._finish(kind)) > self.deadline
+
+    def _ahead(self, kind: str) -> bool:
+        """Whether a request of ``kind`` is at work. With none, a new one is admitted whatever the estimate says:
+        it is the only way a stale estimate mends (one slow answer's spread, or a stalled model's overrun, kept an
+        idle server refusing every request, since a refused request teaches nothing), and a lone request waits for
+        nobody."""
+        return any(w.kind == kind for w in self._at_work)
 
     def _left(self, work: Work, now: float) -> float:
         mean = self._times[work.kind].mean if work.kind in self._times else 1.0
