@@ -88,7 +88,9 @@ def test_every_method_on_a_text_only_backend_errs_clearly_or_runs(name: str, dem
             and "Methods that run on it:" in message
             and "verbal-confidence" in message
         )
-        assert "--fallback" in message and not lm.calls  # refused before any call was paid
+        assert not lm.calls  # refused before any call was paid
+        # a single-shot method may keep its selector with another gate; a dynamic or route method has none to swap
+        assert ("--fallback" in message) == (spec.dynamic is None and spec.route is None), message
     elif spec.gate.kind == "skr":  # runs text-only, given a label set (tests/test_targ_baselines.py)
         with pytest.raises(RagateError, match="pass --skr-labels FILE"):
             run_method(spec, "Where is the Louvre?", lm, demo)
@@ -172,6 +174,18 @@ def test_topk_entropy_estimators_bound_the_exact_entropy(logits: list[float], k:
     assert lumped <= capped + 1e-9 <= exact + 2e-9 <= uniform + 3e-9
     if k >= len(lp):
         assert math.isclose(lumped, exact, abs_tol=1e-9)
+
+
+def test_a_dynamic_method_the_backend_cannot_run_is_not_offered_a_fallback_gate() -> None:
+    """`ragate ask --method ircot` over a chat endpoint was told to keep its selector with `--fallback GATE`,
+    which then refused it: a dynamic method has no gate to swap."""
+    chat = replace(SCRIPTED_CAPABILITIES, continues=False)
+    for caps, why in ((chat, "cannot continue the model's own text"), (TEXT_ONLY, "returns no logprobs")):
+        with pytest.raises(CapabilityError) as refused:
+            require(get_method("ircot"), caps, engine="openai")
+        said = str(refused.value)
+        assert said.startswith("method 'ircot' cannot run on the openai backend") and why in said, said
+        assert "--fallback" not in said and "Methods that run on it: " in said
 
 
 def test_capability_error_on_too_few_alternatives_names_the_numbers() -> None:

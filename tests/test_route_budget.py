@@ -510,6 +510,9 @@ def test_a_route_the_backend_cannot_run_is_refused_before_any_call() -> None:
     bare = Capabilities(logprobs=False, top_k=0, attentions=False, sampling=True, chat_template=True,
                         full_distribution=False, token_ids=False, prefix_cache=False)  # fmt: skip
     lm = ScriptedBackend([], capabilities=bare)
-    with open_index(demo_index()) as demo, pytest.raises(CapabilityError, match="method 'wo-rag' needs token logprobs"):
+    with open_index(demo_index()) as demo, pytest.raises(CapabilityError) as refused:
         Pipeline(method="route", routes=["wo-rag", "single-rag", "dragin"], lm=lm, retriever=demo)
     assert lm.calls == []
+    said = str(refused.value)
+    assert "the route method cannot run its route 'wo-rag'" in said and "returns no logprobs" in said
+    assert "--fallback" not in said  # a route and a dynamic method have no gate to swap (it was offered)

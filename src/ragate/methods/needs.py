@@ -68,7 +68,7 @@ def method_support(spec: MethodSpec, caps: Capabilities) -> tuple[Support, str]:
     if spec.dynamic is not None and not caps.continues:
         return "unavailable", (
             "the backend cannot continue the model's own text (an OpenAI-style chat endpoint), which a dynamic "
-            "method does after every retrieval; run it with a local engine"
+            "method does after every retrieval; run it with a local engine (--backend llama.cpp or transformers)"
         )
     return support(method_need(spec), caps)
 
@@ -91,7 +91,10 @@ def require(
         from ragate.methods.route import route_specs
 
         for route in route_specs(spec.route):
-            require(route, caps, engine=engine)
+            try:
+                require(route, caps, engine=engine)
+            except CapabilityError as err:
+                raise CapabilityError(f"the route method cannot run its route {route.name!r}: {err}") from None
         return spec
     status, why = method_support(spec, caps)
     if status != "unavailable":
@@ -113,6 +116,11 @@ def require(
             raise CapabilityError(f"the fallback gate {fallback!r} cannot run either: {fell_why}")
         return replace(spec, name=f"{spec.name}:fallback={fallback}" if rename else spec.name, gate=gate)
     would = runnable(all_methods().values(), caps)
+    if spec.dynamic is not None:  # --fallback swaps a single-shot method's gate; a dynamic method has none
+        raise CapabilityError(
+            f"method {spec.name!r} cannot run on the {engine} backend: {why}. Methods that run on it: "
+            f"{', '.join(would)}"
+        )
     gates = [g for g in gate_names() if support(gate_need(g), caps)[0] != "unavailable"]
     raise CapabilityError(
         f"method {spec.name!r} needs {need.describe()}, but {why} (the {engine} backend). Methods that run on "
