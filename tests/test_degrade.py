@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -402,7 +403,10 @@ def test_an_idle_server_admits_a_request_whatever_its_stale_estimates_say() -> N
     assert times.mean + 2 * times.sd > 10.0  # alone, it is expected past the deadline
     ahead = slots.take()  # yet nothing is at work: admitted
     assert ahead is not None
-    assert slots.take() is None and slots.retry_after() >= 1  # behind it, the estimate counts: refused
+    assert slots.take() is None  # behind it, the estimate counts: refused
+    # told to retry once the one at work is expected to end (then nothing is ahead), not when its stale estimate
+    # would fit behind it (it said 14 s)
+    assert slots.retry_after() == math.ceil(times.mean) < math.ceil(sum(slots._finish("answer")) - 10.0)
     slots.begin(ahead)
     now[0] += 1.0
     slots.give(ahead, 1.0)
@@ -421,7 +425,7 @@ def test_an_idle_server_admits_a_request_whatever_its_stale_estimates_say() -> N
     stalled.begin(first)
     now[0] += 1.0
     stalled.give(first, 1.0)
-    queued = [stalled.take() for _ in range(2)]  # one at work, one queued behind it (expected 2 s)
+    queued = [stalled.take() for _ in range(2)]  # queued behind the second one taken (expected 2 s and 3 s)
     tickets = [Ticket(stalled, w) for w in (works[1], *queued) if w is not None]
     assert len(tickets) == 3 and all(t.start() for t in tickets)
     for t in tickets:  # the model stalls: each gives up at the timeout, and its worker ends 20 s later
@@ -430,5 +434,6 @@ def test_an_idle_server_admits_a_request_whatever_its_stale_estimates_say() -> N
     now[0] += 30.0
     for t in tickets:
         t.done()
-    assert stalled._times["answer"].overrun > 4.0  # 30 s where 2 s were expected: 1 s x (1 + 14) > 10 s
+    assert stalled._times["answer"].overrun > 9.0  # 30 s where 2 s were expected: alone, 1 s x (1 + 14) > 10 s
+    assert sum(stalled._finish("answer")) > 10.0  # the old rule refused even a lone request, and so for good
     assert stalled.used == 0 and stalled.take() is not None  # idle: admitted, and the overrun starts to fade

@@ -516,3 +516,8 @@ def test_a_route_the_backend_cannot_run_is_refused_before_any_call() -> None:
     said = str(refused.value)
     assert "the route method cannot run its route 'wo-rag'" in said and "returns no logprobs" in said
     assert "--fallback" not in said  # a route and a dynamic method have no gate to swap (it was offered)
+    with open_index(demo_index()) as demo, pytest.raises(CapabilityError) as refused:  # single-shot routes too
+        Pipeline(method="route", routes=["no-retrieval", "dtr"], lm=lm, retriever=demo)
+    said = str(refused.value)
+    assert "the route method cannot run its route 'dtr'" in said and "returns no logprobs" in said
+    assert "--fallback" not in said and not lm.calls

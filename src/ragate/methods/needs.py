@@ -79,12 +79,19 @@ def runnable(specs: Iterable[MethodSpec], caps: Capabilities) -> list[str]:
 
 
 def require(
-    spec: MethodSpec, caps: Capabilities, *, engine: str, fallback: str | None = None, rename: bool = True
+    spec: MethodSpec,
+    caps: Capabilities,
+    *,
+    engine: str,
+    fallback: str | None = None,
+    rename: bool = True,
+    swappable: bool = True,
 ) -> MethodSpec:
     """``spec`` itself when it runs on ``caps``; else ``spec`` with the ``fallback`` gate, renamed
     ``NAME:fallback=GATE`` (``rename``; an eval run records the fallback in its config instead) so that answers
     say which gate decided; else a :class:`CapabilityError` naming what is missing and the methods that would
-    run."""
+    run. ``swappable=False``: the method is a route of a route method, which has no gate to swap either, so the
+    error offers no ``--fallback``."""
     from ragate.methods.registry import all_methods  # the registry imports this module's users
 
     if spec.route is not None:  # a route method runs where every route runs (no fallback: a route is a method)
@@ -92,7 +99,7 @@ def require(
 
         for route in route_specs(spec.route):
             try:
-                require(route, caps, engine=engine)
+                require(route, caps, engine=engine, swappable=False)
             except CapabilityError as err:
                 raise CapabilityError(f"the route method cannot run its route {route.name!r}: {err}") from None
         return spec
@@ -116,7 +123,7 @@ def require(
             raise CapabilityError(f"the fallback gate {fallback!r} cannot run either: {fell_why}")
         return replace(spec, name=f"{spec.name}:fallback={fallback}" if rename else spec.name, gate=gate)
     would = runnable(all_methods().values(), caps)
-    if spec.dynamic is not None:  # --fallback swaps a single-shot method's gate; a dynamic method has none
+    if spec.dynamic is not None or not swappable:  # --fallback swaps a single-shot method's gate
         raise CapabilityError(
             f"method {spec.name!r} cannot run on the {engine} backend: {why}. Methods that run on it: "
             f"{', '.join(would)}"

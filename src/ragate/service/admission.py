@@ -53,15 +53,16 @@ class Slots:
     the model); the soonest of these. One mean over all kinds said 1 s while answers held every slot for 42 s,
     because searches took milliseconds.
 
-    With a ``deadline`` (the request timeout), a request behind others is admitted only if it can finish within
-    it (one with none of its kind at work is always admitted, see :meth:`_ahead`): the requests of its kind at
-    work ahead of it, ``parallel`` at a time (1 for a local model, which answers one request at a time), each for what is left of the kind's mean time, then itself, plus :data:`SPREAD` standard
-    deviations of a request's time for each of them (the times of requests in one queue move together with the
-    machine's load, so their sum spreads by sd * n, not the sd * sqrt(n) of independent ones), or, where larger,
-    the largest share
+    With a ``deadline`` (the request timeout), a request behind others of its kind is admitted only if it can
+    finish within it (one with none of its kind at work is always admitted, see :meth:`_ahead`): the requests of
+    its kind at work ahead of it, ``parallel`` at a time (1 for a local model, which answers one request at a
+    time), each for what is left of the kind's mean time, then itself, plus :data:`SPREAD` standard deviations of
+    a request's time for each of them (the times of requests in one queue move together with the machine's load,
+    so their sum spreads by sd * n, not the sd * sqrt(n) of independent ones), or, where larger, the largest share
     by which a recent queued request's time overran what was expected when it was admitted (:data:`FORGET`): on a
     busy core the queue drains slower than its requests' recent times add up to (the server's own HTTP work grows
-    with the arrivals, other processes), and the admission learns by how much. A request's time counts from when its model work began
+    with the arrivals, other processes), and the admission learns by how much. A request's time counts from when
+    its model work began
     (:meth:`begin`), not from when it took its slot (its wait in the queue would be counted twice); on one lane
     from the end of the request before it where that is later, so the gaps between requests on a busy server
     count. Under overload the server then refuses early (429, ``Retry-After`` from the expected wait) instead of
@@ -84,7 +85,7 @@ class Slots:
         self._times: dict[str, _Times] = {}
         self._last_end: dict[str, float] = {}  # when the last request of each kind that ran ended
         self._at_work: list[Work] = []
-        self.deadline = deadline  # the request timeout: admit only what can finish within it
+        self.deadline = deadline  # the request timeout: admit behind others only what can finish within it
         self.parallel = max(1, parallel or n)  # requests of one kind truly at work at once (1: a local model)
 
     def now(self) -> float:
@@ -122,10 +123,19 @@ class Slots:
 
     def _ahead(self, kind: str) -> bool:
         """Whether a request of ``kind`` is at work. With none, a new one is admitted whatever the estimate says:
-        it is the only way a stale estimate mends (one slow answer's spread, or a stalled model's overrun, kept an
-        idle server refusing every request, since a refused request teaches nothing), and a lone request waits for
-        nobody."""
+        it is the probe by which a stale estimate mends (one slow answer's spread, or the overrun learnt while the
+        model stalled, kept an idle server refusing every request, since a refused request teaches nothing). One
+        at a time, also with several lanes: a server that is truly too slow for the deadline spends one request's
+        work at a time on finding out."""
         return any(w.kind == kind for w in self._at_work)
+
+    def _drain(self, kind: str, now: float) -> float:
+        """Seconds until no request of ``kind`` is at work, as expected: the longest of the ``parallel`` lanes
+        its requests at work drain in."""
+        lanes = [0.0] * self.parallel
+        for left in sorted((self._left(w, now) for w in self._at_work if w.kind == kind), reverse=True):
+            lanes[lanes.index(min(lanes))] += left
+        return max(lanes)
 
     def _left(self, work: Work, now: float) -> float:
         mean = self._times[work.kind].mean if work.kind in self._times else 1.0
@@ -174,14 +184,16 @@ class Slots:
 
     def retry_after(self, kind: str = "answer") -> int:
         """Seconds until a request of ``kind`` would be admitted: the soonest free slot, or, where the deadline
-        refused it, until enough of the queue ahead of it has drained."""
+        refused it, until enough of the queue ahead of it has drained (at most until all of it has: a request
+        with none of its kind at work is admitted)."""
         with self._lock:
             if not self._at_work:
                 return 1
             now = self._clock()
-            if self._late(kind):
+            if self._late(kind):  # until it would fit, or until nothing of its kind is at work (then admitted)
                 assert self.deadline is not None
-                return max(1, math.ceil(sum(self._finish(kind)) - self.deadline))
+                fits = sum(self._finish(kind)) - self.deadline
+                return max(1, math.ceil(min(fits, self._drain(kind, now))))
             if self.used < self.n:
                 return 1
             return max(1, math.ceil(min(self._left(w, now) for w in self._at_work)))
