@@ -241,6 +241,16 @@ def test_two_processes_started_together_on_an_empty_cache_share_the_demo_index(t
     assert not any("Loading weights" in err for _, err in outs)  # a dependency's progress bar stays quiet
 
 
+def _answer(slots: Any, now: list[float], *seconds: float) -> None:
+    """Requests admitted one after another, each served ``seconds`` on the clock ``now``."""
+    for took in seconds:
+        work = slots.take()
+        assert work is not None
+        slots.begin(work)
+        now[0] += took
+        slots.give(work, took)
+
+
 def test_admission_takes_only_what_can_finish_within_the_deadline() -> None:
     """Under 50 clients on a slow machine all 8 admitted requests ended in 504 after 600 s (a local model answers
     one at a time: the 8th waited for 7 others) while 42 clients heard `Retry-After: 1` thousands of times."""
@@ -292,12 +302,7 @@ def test_admission_counts_service_time_from_the_model_and_keeps_a_margin_for_its
     for t in tickets:
         t.give_up()
     assert slots.used == 0
-    for seconds in (0.2, 0.9, 0.3, 1.0, 0.4, 0.8):  # answers of varying length, mean ~0.6 s
-        w = slots.take()
-        assert w is not None
-        slots.begin(w)
-        now[0] += seconds
-        slots.give(w, seconds)
+    _answer(slots, now, 0.2, 0.9, 0.3, 1.0, 0.4, 0.8)  # answers of varying length, mean ~0.6 s
     times = slots._times["answer"]
     admitted = 0
     while slots.take() is not None:
@@ -393,12 +398,7 @@ def test_an_idle_server_admits_a_request_whatever_its_stale_estimates_say() -> N
 
     now = [0.0]
     slots = Slots(4, lambda used: None, clock=lambda: now[0], deadline=10.0, parallel=1)
-    for seconds in (1.0, 12.0):  # answers take a second; one took 12 s (the model was slow for a while)
-        work = slots.take()
-        assert work is not None
-        slots.begin(work)
-        now[0] += seconds
-        slots.give(work, seconds)
+    _answer(slots, now, 1.0, 12.0)  # answers take a second; one took 12 s (the model was slow for a while)
     times = slots._times["answer"]
     assert times.mean + 2 * times.sd > 10.0  # alone, it is expected past the deadline
     ahead = slots.take()  # yet nothing is at work: admitted
@@ -410,12 +410,7 @@ def test_an_idle_server_admits_a_request_whatever_its_stale_estimates_say() -> N
     slots.begin(ahead)
     now[0] += 1.0
     slots.give(ahead, 1.0)
-    for _ in range(20):  # answers take a second again: the estimate mends and the queue opens
-        work = slots.take()
-        assert work is not None
-        slots.begin(work)
-        now[0] += 1.0
-        slots.give(work, 1.0)
+    _answer(slots, now, *[1.0] * 20)  # answers take a second again: the estimate mends and the queue opens
     assert slots.take() is not None and slots.take() is not None
 
     stalled = Slots(4, lambda used: None, clock=lambda: now[0], deadline=10.0, parallel=1)
