@@ -129,13 +129,14 @@ class Slots:
         work at a time on finding out."""
         return any(w.kind == kind for w in self._at_work)
 
-    def _drain(self, kind: str, now: float) -> float:
-        """Seconds until no request of ``kind`` is at work, as expected: the longest of the ``parallel`` lanes
-        its requests at work drain in."""
-        lanes = [0.0] * self.parallel
+    def _lanes(self, kind: str, now: float) -> list[tuple[float, int]]:
+        """The requests of ``kind`` at work, drained in order over ``parallel`` lanes: per lane, the seconds
+        expected until it frees and how many requests it holds."""
+        lanes = [(0.0, 0)] * self.parallel
         for left in sorted((self._left(w, now) for w in self._at_work if w.kind == kind), reverse=True):
-            lanes[lanes.index(min(lanes))] += left
-        return max(lanes)
+            i = min(range(len(lanes)), key=lambda j: lanes[j][0])  # the first lane to free
+            lanes[i] = (lanes[i][0] + left, lanes[i][1] + 1)
+        return lanes
 
     def _left(self, work: Work, now: float) -> float:
         mean = self._times[work.kind].mean if work.kind in self._times else 1.0
@@ -144,15 +145,9 @@ class Slots:
     def _finish(self, kind: str) -> tuple[float, float]:
         """Seconds until a request of ``kind`` admitted now would finish as expected, and the margin kept above
         that (:data:`SPREAD` standard deviations, or the recent overrun where larger)."""
-        now, times = self._clock(), self._times[kind]
-        ahead = sorted((self._left(w, now) for w in self._at_work if w.kind == kind), reverse=True)
+        times = self._times[kind]
         # with `parallel` lanes the queue drains in order: the new one starts when the first lane frees
-        lanes = [[0.0, 0] for _ in range(self.parallel)]
-        for left in ahead:
-            lane = min(lanes, key=lambda x: x[0])
-            lane[0] += left
-            lane[1] += 1
-        seconds, count = min(lanes, key=lambda x: x[0])
+        seconds, count = min(self._lanes(kind, self._clock()), key=lambda lane: lane[0])
         expected = seconds + times.mean
         return expected, max(SPREAD * times.sd * (count + 1), expected * times.overrun)
 
@@ -193,7 +188,8 @@ class Slots:
             if self._late(kind):  # until it would fit, or until nothing of its kind is at work (then admitted)
                 assert self.deadline is not None
                 fits = sum(self._finish(kind)) - self.deadline
-                return max(1, math.ceil(min(fits, self._drain(kind, now))))
+                drained = max(seconds for seconds, _ in self._lanes(kind, now))  # then nothing is ahead
+                return max(1, math.ceil(min(fits, drained)))
             if self.used < self.n:
                 return 1
             return max(1, math.ceil(min(self._left(w, now) for w in self._at_work)))
